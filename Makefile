@@ -1,0 +1,42 @@
+# `make demo` and `make test` set everything up from a fresh machine (Python venv in .venv,
+# Debian packages for headless Qt) and then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 \
+	libxcb-xinerama0 libxcb-xfixes0 libxcb-shape0 libxkbcommon-x11-0 libxcb-cursor0 libdbus-1-3 \
+	libgl1 libegl1 libfontconfig1 libglib2.0-0
+
+.PHONY: demo test lint typecheck unit gui system-deps clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[napari,dev]"
+	touch $(STAMP)
+
+system-deps:
+	@if ! command -v xvfb-run >/dev/null 2>&1 || ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+		echo "installing Debian packages for headless Qt"; \
+		$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) \
+			apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/bigslide demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/npe2 validate --imports bigslide
+	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/pytest -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from bigslide.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks run by `bigslide bench <name>`: side-by-side timings and memory."""

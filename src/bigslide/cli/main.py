@@ -1,0 +1,191 @@
+"""`bigslide` command line: train, predict, heatmap, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bigslide.errors import BigslideError, ConfigError
+
+BENCHES = ("grid", "acc", "patchgd", "biglayer")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # stop like Ctrl-C: the run saves a checkpoint on the way out
+
+
+def _set_dotted(values: dict[str, Any], assignment: str) -> None:
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. method.params.chunk_size=16")
+    node = values
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {assignment!r}: {part} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from bigslide.engine.config import TrainConfig
+
+    config = TrainConfig.from_yaml(args.config) if args.config else TrainConfig()
+    values = config.to_dict()
+    if args.demo:
+        values["data"]["demo"] = True
+    if args.method:
+        values["method"] = {"name": args.method, "params": {}}
+    for assignment in args.set or []:
+        _set_dotted(values, assignment)
+    if args.max_steps is not None:
+        values["optim"]["max_steps"] = args.max_steps
+    if args.epochs is not None:
+        values["optim"]["epochs"] = args.epochs
+    if args.out:
+        values["run"]["out_dir"] = args.out
+    if args.device:
+        values["run"]["device"] = args.device
+    return TrainConfig.from_dict(values, source="command line")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from bigslide.cli.progress import run_with_progress
+    from bigslide.engine import train
+
+    if not args.config and not args.demo:
+        raise ConfigError("train: give a CONFIG file or --demo")
+    config = config_from_args(args)
+    result = run_with_progress(train(config, resume=args.resume), quiet=args.quiet)
+    print(f"checkpoint: {result.checkpoint}\nmetrics: {result.out_dir / 'metrics.json'}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bigslide.cli.report import write_predictions
+    from bigslide.data.table import SlideTable
+    from bigslide.engine import predict_slides
+
+    table = SlideTable.from_csv(args.slides)
+    preds, _ = predict_slides(args.checkpoint, table, device=args.device or "auto", repeats=args.repeats)
+    path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps)
+    print(f"predictions: {path}")
+    return 0
+
+
+def cmd_heatmap(args: argparse.Namespace) -> int:
+    from bigslide.cli.report import write_heatmaps
+    from bigslide.engine import predict_slide
+
+    pred = predict_slide(args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto")
+    for path in write_heatmaps(pred, Path(args.out)):
+        print(path)
+    probs = ", ".join(f"{c}={p:.3f}" for c, p in zip(pred.classes, pred.probs))
+    print(f"{Path(args.slide).name}: {pred.label} ({probs})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bigslide.cli.demo import run_demo
+
+    return run_demo(Path(args.out), method=args.method, epochs=args.epochs, quiet=args.quiet)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"bigslide.bench.{args.bench}")
+    return int(module.run(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigslide", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (YAML config, or --demo)")
+    p.add_argument("config", nargs="?", help="YAML config (as written to <out>/config.yaml by any run)")
+    p.add_argument("--demo", action="store_true", help="train on the bundled synthetic slides")
+    p.add_argument("--method", help="method name (see `bigslide methods`)")
+    p.add_argument("--max-steps", type=int, help="stop after this many batches")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--out", help="output folder (checkpoints, metrics, config)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override, e.g. optim.lr=1e-4 (repeatable)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("predict", help="predict slides from a CSV with a checkpoint")
+    p.add_argument("--slides", required=True, help="CSV with a slide column (label optional)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", default="predictions")
+    p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-heatmaps", action="store_true")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--slide", required=True)
+    p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
+    p.add_argument("--out", default="heatmaps")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.set_defaults(func=cmd_heatmap)
+
+    p = sub.add_parser("demo", help="make synthetic slides, train briefly, write metrics and a heatmap")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--method", default="abmil_acc")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("methods", help="list the training methods")
+    p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("bench", help="benchmarks (side-by-side timings and memory)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    for name in BENCHES:
+        try:
+            module = importlib.import_module(f"bigslide.bench.{name}")
+        except ModuleNotFoundError:
+            continue
+        bp = bench.add_parser(
+            name, help=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
+        )
+        module.add_arguments(bp)
+        bp.set_defaults(func=cmd_bench)
+    return parser
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from bigslide.methods import available_methods, get_method
+
+    for name in available_methods():
+        cls = get_method(name)
+        print(f"{name:16s} {cls.kind:6s} {cls.summary}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return int(args.func(args))
+    except BigslideError as err:
+        print(f"bigslide: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bigslide: stopped; the last checkpoint is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

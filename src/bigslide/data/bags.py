@@ -1,0 +1,105 @@
+"""Bags of tiles for MIL methods: N tiles per slide from its TileGrid, read lazily, augmented per slide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideTable
+from bigslide.errors import DataError
+from bigslide.grid import TileGrid
+from bigslide.methods.base import Sample
+
+
+def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """One random flip/rotation and brightness/contrast change, the same for every tile of the bag
+    (Big-Layers §4.2.6): the bag stays one coherent view of the slide."""
+    k = int(rng.integers(4))
+    if k:
+        x = torch.rot90(x, k, dims=(-2, -1))
+    if rng.random() < 0.5:
+        x = torch.flip(x, dims=(-1,))
+    brightness = float(rng.uniform(-0.05, 0.05))
+    contrast = float(rng.uniform(0.9, 1.1))
+    mean = x.mean()
+    return ((x - mean) * contrast + mean + brightness).clamp_(0.0, 1.0)
+
+
+class BagDataset(Dataset[Sample]):
+    """Item i = a bag from slide i: `bag_size` tiles sampled without replacement (0 = every tile).
+
+    Sampling depends on (seed, epoch, i) only, so runs are reproducible and resumable; call
+    `set_epoch` each epoch for fresh bags.
+    """
+
+    def __init__(
+        self,
+        table: SlideTable,
+        *,
+        tile_size: int,
+        level: int = 0,
+        bag_size: int = 32,
+        min_tissue: float = 0.6,
+        augment: bool = False,
+        seed: int = 0,
+        slides: SlideCache | None = None,
+    ) -> None:
+        self.table = table
+        self.tile_size = tile_size
+        self.level = level
+        self.bag_size = bag_size
+        self.augment = augment
+        self.seed = seed
+        self.epoch = 0
+        self.slides = slides or SlideCache(mpp=None)
+        self.grids: list[TileGrid] = []
+        for entry in table.entries:
+            grid = self.slides.grid(entry, tile_size, level, min_tissue)
+            if len(grid) == 0:
+                raise DataError(
+                    f"{entry.path}: no tile of {tile_size} px at level {level} has tissue >= {min_tissue}"
+                    + (f" inside the regions of {entry.regions}" if entry.regions else "")
+                )
+            self.grids.append(grid)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def tile_indices(self, i: int, *, repeat: int = 0) -> np.ndarray:
+        n = len(self.grids[i])
+        if self.bag_size <= 0 or self.bag_size >= n:
+            return np.arange(n)
+        rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
+        return np.sort(rng.choice(n, self.bag_size, replace=False))
+
+    def read_bag(self, i: int, indices: np.ndarray) -> Sample:
+        entry, grid = self.table.entries[i], self.grids[i]
+        slide = self.slides.open(entry.path)
+        t = grid.tile_size
+        tiles = np.stack(
+            [slide.read_region((int(x), int(y)), grid.level, (t, t)) for x, y in grid.coords[indices]]
+        )
+        x = torch.from_numpy(tiles).permute(0, 3, 1, 2).float().div_(255.0)
+        if self.augment:
+            x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
+        return Sample(
+            x=x,
+            y=self.table.encode(entry.label),
+            slide=str(entry.path),
+            coords=grid.coords[indices],
+            tile_size_level0=grid.tile_size_level0,
+        )
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.read_bag(i, self.tile_indices(i))
+
+
+def slide_name(path: str | Path) -> str:
+    return Path(path).name

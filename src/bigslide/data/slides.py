@@ -1,0 +1,45 @@
+"""Open slides and their tile grids once per dataset (slides are opened lazily and kept open)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from bigslide.data.table import SlideEntry
+from bigslide.grid import TileGrid
+from bigslide.regions import load_regions
+from bigslide.slide import Slide, open_slide
+
+
+class SlideCache:
+    def __init__(self, *, mpp: float | None = None) -> None:
+        self.assumed_mpp = mpp
+        self._slides: dict[Path, Slide] = {}
+        self._grids: dict[tuple, TileGrid] = {}
+
+    def open(self, path: Path) -> Slide:
+        slide = self._slides.get(path)
+        if slide is None:
+            slide = open_slide(path)
+            if slide.mpp is None and self.assumed_mpp is None:
+                warnings.warn(
+                    f"{path}: no pixel size (mpp) in the file; distances are in pixels", stacklevel=2
+                )
+            self._slides[path] = slide
+        return slide
+
+    def grid(self, entry: SlideEntry, tile_size: int, level: int, min_tissue: float) -> TileGrid:
+        key = (entry.path, entry.regions, tile_size, level, min_tissue)
+        grid = self._grids.get(key)
+        if grid is None:
+            regions = load_regions(entry.regions) if entry.regions else None
+            grid = TileGrid.from_slide(
+                self.open(entry.path), tile_size, level=level, min_tissue=min_tissue, regions=regions
+            )
+            self._grids[key] = grid
+        return grid
+
+    def close(self) -> None:
+        for slide in self._slides.values():
+            slide.close()
+        self._slides.clear()

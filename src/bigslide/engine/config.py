@@ -1,0 +1,156 @@
+"""The run configuration: one dataclass tree shared by the CLI, the GUI and checkpoints (YAML round-trip)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bigslide.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    csv: str | None = field(default=None, metadata={"help": "slide table: slide,label[,split][,regions]"})
+    demo: bool = field(default=False, metadata={"help": "use the bundled synthetic slide set"})
+    tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at the read level"})
+    level: int = field(default=0, metadata={"help": "pyramid level tiles are read from"})
+    bag_size: int = field(default=32, metadata={"help": "tiles sampled per slide for training (0 = all)"})
+    min_tissue: float = field(default=0.6, metadata={"help": "minimum tissue fraction of a tile"})
+    image_size: int = field(
+        default=256, metadata={"help": "side of the image rendered per slide (image methods)"}
+    )
+    batch_size: int = field(
+        default=1, metadata={"help": "images per batch (image methods; bags come one at a time)"}
+    )
+    augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
+    inference_repeats: int = field(
+        default=1, metadata={"help": "sampled bags averaged at inference (0 = all tiles)"}
+    )
+    mpp: float | None = field(default=None, metadata={"help": "µm per pixel to assume when a slide has none"})
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = field(default="resnet18", metadata={"help": "timm model name"})
+    pretrained: bool = field(default=False, metadata={"help": "ImageNet weights from the timm hub"})
+    weights: str | None = field(default=None, metadata={"help": "local backbone state dict"})
+
+
+@dataclass
+class MethodConfig:
+    name: str = "abmil_acc"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    epochs: int = 1
+    max_steps: int | None = None
+    grad_clip: float | None = None
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = 0
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/latest"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0 = at the end of each epoch
+    deterministic: bool = False
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
+        return _build(cls, values, source)
+
+    def to_yaml(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        config = _build(cls, values, str(path))
+        if config.data.csv and not Path(config.data.csv).is_absolute():
+            config.data.csv = str((path.parent / config.data.csv).resolve())
+        return config
+
+
+def _build(cls: type, values: Any, where: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in values.items()}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if hint in (int, float):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (hint is int and value != int(value))
+        ):
+            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+        return hint(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value

@@ -1,0 +1,144 @@
+"""Inference: slide-level probabilities and heatmaps (attention or Z-block maps) on the level-0 grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bigslide.data.bags import BagDataset
+from bigslide.data.images import SlideImageDataset
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.engine import setup
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.config import TrainConfig
+from bigslide.explain.heatmap import ScoreGrid
+from bigslide.methods.base import Method, Prediction, Sample
+
+SlideDataset = BagDataset | SlideImageDataset
+
+
+@dataclass
+class DatasetPredictions:
+    labels: np.ndarray  # (n,)
+    probs: np.ndarray  # (n, C)
+    grids: list[dict[str, ScoreGrid]] = field(default_factory=list)
+
+
+def predict_sample(method: Method, sample: Sample) -> Prediction:
+    method.model.eval()
+    sample.x = sample.x.to(method.device)
+    return method.predict(sample)
+
+
+def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | None) -> dict[str, ScoreGrid]:
+    """The prediction's per-tile scores or patch-grid maps placed on the slide's level-0 grid."""
+    if pred.instance_scores is not None and sample.coords is not None:
+        grid = ScoreGrid.from_tiles(sample.coords, pred.instance_scores, sample.tile_size_level0, mpp=mpp)
+        return {"attention": grid}
+    grids = {}
+    for name, values in pred.maps.items():
+        stride = pred.map_stride or sample.x.shape[-1] / values.shape[1]
+        origin = (
+            sample.origin[0] + pred.map_offset * sample.downsample,
+            sample.origin[1] + pred.map_offset * sample.downsample,
+        )
+        grids[name] = ScoreGrid(values, stride * sample.downsample, origin, mpp, name)
+    return grids
+
+
+def predict_dataset(
+    method: Method, dataset: SlideDataset, *, repeats: int = 1, with_grids: bool = False
+) -> DatasetPredictions:
+    """Predict every item; bags average `repeats` sampled bags (Big-Layers §4.2.4), 0 = all tiles at once."""
+    labels, probs, grids = [], [], []
+    n = len(dataset)
+    for i in range(n):
+        if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
+            samples = [dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k)) for k in range(repeats)]
+        elif isinstance(dataset, BagDataset):
+            samples = [dataset.read_bag(i, np.arange(len(dataset.grids[i])))]
+        else:
+            samples = [dataset[i]]
+        preds = [predict_sample(method, s) for s in samples]
+        labels.append(samples[0].y)
+        probs.append(np.mean([p.probs for p in preds], axis=0))
+        if with_grids:
+            mpp = dataset.slides.open(Path(samples[0].slide)).mpp
+            if preds[0].instance_scores is not None:  # pool repeated bags into one grid
+                coords = np.concatenate([s.coords for s in samples if s.coords is not None])
+                scores = np.concatenate([p.instance_scores for p in preds if p.instance_scores is not None])
+                merged = Sample(
+                    samples[0].x, samples[0].y, samples[0].slide, coords, samples[0].tile_size_level0
+                )
+                grids.append(sample_grids(merged, Prediction(preds[0].probs, scores), mpp))
+            else:
+                grids.append(sample_grids(samples[0], preds[0], mpp))
+    return DatasetPredictions(np.array(labels), np.array(probs), grids)
+
+
+@dataclass
+class SlidePrediction:
+    slide: Path
+    probs: np.ndarray
+    classes: list[str]
+    grids: dict[str, ScoreGrid]
+
+    @property
+    def label(self) -> str:
+        return self.classes[int(np.argmax(self.probs))]
+
+
+def load_trained(checkpoint: str | Path, *, device: str = "auto") -> tuple[Method, TrainConfig, list[str]]:
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
+    classes = list(state["classes"])
+    method = setup.build_method(config, classes, setup.resolve_device(device))
+    method.model.load_state_dict(state["model"])
+    method.model.eval()
+    return method, config, classes
+
+
+def predict_slides(
+    checkpoint: str | Path,
+    table: SlideTable,
+    *,
+    device: str = "auto",
+    repeats: int = 0,
+) -> tuple[list[SlidePrediction], DatasetPredictions]:
+    """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0."""
+    method, config, classes = load_trained(checkpoint, device=device)
+    table = SlideTable(
+        [
+            SlideEntry(e.path, e.label if e.label in classes else classes[0], e.split, e.regions)
+            for e in table.entries
+        ],
+        classes,
+    )
+    slides = SlideCache(mpp=config.data.mpp)
+    dataset = setup.build_dataset(config, method.kind, table, train=False, slides=slides)
+    try:
+        preds = predict_dataset(method, dataset, repeats=repeats, with_grids=True)
+    finally:
+        slides.close()
+    out = [
+        SlidePrediction(e.path, preds.probs[i], classes, preds.grids[i]) for i, e in enumerate(table.entries)
+    ]
+    return out, preds
+
+
+def predict_slide(
+    checkpoint: str | Path,
+    slide: str | Path,
+    *,
+    regions: str | Path | None = None,
+    device: str = "auto",
+    repeats: int = 0,
+) -> SlidePrediction:
+    """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence")."""
+    entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
+    table = SlideTable([entry], ["?"])
+    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats)
+    return preds[0]

@@ -1,0 +1,179 @@
+"""The training run: a generator of events that returns a `RunResult`.
+
+The CLI prints the events; the napari plugin runs the same generator in a worker thread. Closing the
+generator (GUI Stop, Ctrl-C in the CLI) saves a checkpoint, so a stopped run can be resumed exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigslide.data.slides import SlideCache
+from bigslide.engine import setup
+from bigslide.engine.checkpoint import (
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
+from bigslide.engine.config import TrainConfig
+from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
+from bigslide.engine.inference import predict_dataset
+from bigslide.engine.metrics import classification_metrics
+from bigslide.engine.stepper import OptimStepper
+from bigslide.errors import ConfigError, TrainingError
+from bigslide.methods.base import Batch, Sample
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    checkpoint: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+
+
+def collate(samples: list[Sample], device: torch.device) -> Batch:
+    x = torch.stack([s.x for s in samples]) if len(samples) > 1 else samples[0].x
+    if samples[0].coords is None and x.ndim == 3:  # one image: add the batch axis
+        x = x.unsqueeze(0)
+    y = torch.tensor([s.y for s in samples], dtype=torch.long)
+    return Batch(x=x.to(device), y=y.to(device), samples=samples)
+
+
+def checkpoint_path(config: TrainConfig) -> Path:
+    return Path(config.run.out_dir) / "checkpoints" / "last.pt"
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None, RunResult]:
+    """Train `config.method` on the slide table; yields events at least once per batch."""
+    out = Path(config.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(out / "config.yaml")
+    seed_everything(config.run.seed, deterministic=config.run.deterministic)
+    device = setup.resolve_device(config.run.device)
+
+    table = setup.load_table(config).with_splits(seed=config.run.seed)
+    train_table, val_table = table.subset("train"), table.subset("val")
+    if len(train_table) == 0:
+        raise ConfigError("data: no slide is in the train split")
+    method = setup.build_method(config, table.classes, device)
+    yield Message(
+        f"{method.name} on {device.type}: {len(train_table)} train / {len(val_table)} val slides, "
+        f"classes {table.classes}"
+    )
+    slides = SlideCache(mpp=config.data.mpp)
+    train_ds = setup.build_dataset(config, method.kind, train_table, train=True, slides=slides)
+    val_ds = (
+        setup.build_dataset(config, method.kind, val_table, train=False, slides=slides)
+        if len(val_table)
+        else None
+    )
+
+    batch_size = 1 if method.kind == "bag" else max(1, config.data.batch_size)
+    batches_per_epoch = math.ceil(len(train_table) / batch_size)
+    total = config.optim.epochs * batches_per_epoch
+    if config.optim.max_steps:
+        total = min(total, config.optim.max_steps)
+    optimizer = setup.build_optimizer(config, method)
+    schedule = setup.build_schedule(config, optimizer, total)
+    amp = None if config.run.amp == "none" else config.run.amp
+    stepper = OptimStepper(optimizer, grad_clip=config.optim.grad_clip, amp=amp, device=device)
+
+    state = {"epoch": 0, "batch": 0, "step": 0}
+    history: list[dict[str, Any]] = []
+    ckpt = checkpoint_path(config)
+    if resume and ckpt.is_file():
+        saved = load_checkpoint(ckpt)
+        method.model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        state = dict(saved["position"])
+        history = list(saved.get("history", []))
+        set_rng_state(saved["rng"])
+        yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
+
+    def save() -> CheckpointSaved:
+        payload = {
+            "config": config.to_dict(),
+            "classes": table.classes,
+            "method": method.name,
+            "model": method.model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "position": dict(state),
+            "history": history,
+            "rng": rng_state(),
+        }
+        return CheckpointSaved(str(save_checkpoint(payload, ckpt)), state["step"])
+
+    saved_at = -1
+    try:
+        while state["epoch"] < config.optim.epochs and state["step"] < total:
+            epoch = state["epoch"]
+            train_ds.set_epoch(epoch)
+            order = np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds))
+            batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+            seen_y: list[int] = []
+            seen_p: list[np.ndarray] = []
+            while state["batch"] < len(batches) and state["step"] < total:
+                batch = collate([train_ds[int(i)] for i in batches[state["batch"]]], device)
+                method.model.train()
+                result = method.train_step(batch, stepper)
+                if not math.isfinite(result.loss):
+                    where = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
+                    raise TrainingError(
+                        f"loss became {result.loss} at step {state['step'] + 1} (epoch {epoch}){where}. "
+                        "Lower optim.lr, set optim.grad_clip, or turn off run.amp."
+                    )
+                schedule.step()
+                state["batch"] += 1
+                state["step"] += 1
+                seen_y.extend(batch.y.tolist())
+                seen_p.extend(torch.softmax(result.logits.float(), dim=1).cpu().numpy())
+                yield Loss(state["step"], result.loss)
+                yield Progress(state["step"], total, epoch)
+                if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
+                    saved_at = state["step"]
+                    yield save()
+            record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
+            train_metrics = classification_metrics(np.array(seen_y), np.array(seen_p))
+            record["train"] = train_metrics
+            yield Metrics(epoch, "train", train_metrics)
+            if val_ds is not None:
+                preds = predict_dataset(method, val_ds, repeats=config.data.inference_repeats)
+                val_metrics = classification_metrics(preds.labels, preds.probs)
+                record["val"] = val_metrics
+                yield Metrics(epoch, "val", val_metrics)
+            history.append(record)
+            if state["batch"] >= len(batches):
+                state["epoch"] += 1
+                state["batch"] = 0
+            saved_at = state["step"]
+            yield save()
+    except GeneratorExit:
+        if state["step"] != saved_at:
+            save()
+        slides.close()
+        raise
+    (out / "metrics.json").write_text(json.dumps(history, indent=2))
+    slides.close()
+    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"])
+
+
+def run_to_end(gen: Generator[Event, None, RunResult]) -> RunResult:
+    """Drive a run without looking at its events (tests, scripts)."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value

@@ -1,0 +1,100 @@
+"""Build what a run needs from its config: slide table, datasets, method, optimizer and schedule."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from bigslide.data.bags import BagDataset
+from bigslide.data.images import SlideImageDataset
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideTable
+from bigslide.engine.config import TrainConfig
+from bigslide.errors import ConfigError
+from bigslide.methods.base import Method, ModelSpec, get_method, make_params
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device: cuda was asked for but no CUDA device is available; use auto or cpu")
+    return torch.device(name)
+
+
+def demo_dir() -> Path:
+    return Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide")) / "demo-slides"
+
+
+def load_table(config: TrainConfig) -> SlideTable:
+    if config.data.demo:
+        from bigslide.synthetic.slides import make_slide_set
+
+        csv = make_slide_set(demo_dir())
+        return SlideTable.from_csv(csv)
+    if not config.data.csv:
+        raise ConfigError("data.csv: no slide table given (or set data.demo: true for the bundled slides)")
+    return SlideTable.from_csv(config.data.csv)
+
+
+def build_method(config: TrainConfig, classes: list[str], device: torch.device) -> Method:
+    cls = get_method(config.method.name)
+    params = make_params(config.method.name, config.method.params)
+    spec = ModelSpec(
+        backbone=config.model.backbone,
+        pretrained=config.model.pretrained,
+        weights=config.model.weights,
+        num_classes=len(classes),
+    )
+    return cls(params, spec, device)
+
+
+def build_dataset(
+    config: TrainConfig, kind: str, table: SlideTable, *, train: bool, slides: SlideCache
+) -> BagDataset | SlideImageDataset:
+    d = config.data
+    if kind == "bag":
+        return BagDataset(
+            table,
+            tile_size=d.tile_size,
+            level=d.level,
+            bag_size=d.bag_size if train else (0 if d.inference_repeats == 0 else d.bag_size),
+            min_tissue=d.min_tissue,
+            augment=d.augment and train,
+            seed=config.run.seed,
+            slides=slides,
+        )
+    return SlideImageDataset(
+        table, image_size=d.image_size, augment=d.augment and train, seed=config.run.seed, slides=slides
+    )
+
+
+def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimizer:
+    params = list(method.trainable_parameters())
+    if not params:
+        raise ConfigError(f"method {config.method.name}: nothing to train (no parameter requires grad)")
+    return torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+
+
+def build_schedule(
+    config: TrainConfig, optimizer: torch.optim.Optimizer, total_batches: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant, linear decay to 0 or cosine decay to 0, stepped once per batch."""
+    o = config.optim
+    warmup = max(o.warmup_steps, 0)
+    rest = max(total_batches - warmup, 1)
+
+    def factor(batch: int) -> float:
+        if batch < warmup:
+            return (batch + 1) / warmup
+        t = min((batch - warmup) / rest, 1.0)
+        if o.schedule == "linear":
+            return 1.0 - t
+        if o.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * t))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,82 @@
+"""Encoders from timm: any timm model name, with ImageNet normalisation built in.
+
+Inputs everywhere in bigslide are RGB floats in [0, 1]; the encoder normalises them with the
+backbone's own mean/std so pretrained weights see what they were trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+from bigslide.errors import ConfigError
+
+
+class Normalize(nn.Module):
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+class Encoder(nn.Module):
+    """`normalize` then a timm backbone with its classifier removed: (B, 3, H, W) -> (B, dim)."""
+
+    def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.backbone = backbone
+        self.dim: int = int(getattr(backbone, "num_features"))  # noqa: B009 (typed as Tensor | Module)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(self.normalize(x))
+
+
+def create_encoder(
+    name: str,
+    *,
+    pretrained: bool = False,
+    weights: str | Path | None = None,
+    out_dim: int | None = None,
+    **timm_kwargs: Any,
+) -> Encoder:
+    """A timm backbone by name as an `Encoder`.
+
+    `pretrained=True` uses timm's hub weights; `weights` loads a local state dict (timm naming) instead.
+    `out_dim` adds a linear projection to that size (timm's `num_classes`), e.g. PatchGD's latent size.
+    """
+    try:
+        backbone = timm.create_model(
+            name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
+        )
+    except RuntimeError as err:  # timm raises RuntimeError for unknown names
+        raise ConfigError(f"model.backbone: {err}") from None
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise ConfigError(f"model.weights: no such file {path}")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        missing, unexpected = backbone.load_state_dict(state, strict=False)
+        ignorable = {k for k in missing if k.startswith(("fc.", "head", "classifier"))}
+        if set(missing) - ignorable or unexpected:
+            raise ConfigError(
+                f"model.weights: {path} does not fit {name}: missing {sorted(set(missing) - ignorable)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}"
+            )
+    cfg: dict[str, Any] = getattr(backbone, "pretrained_cfg", None) or {}
+    mean = tuple(cfg.get("mean", (0.485, 0.456, 0.406)))
+    std = tuple(cfg.get("std", (0.229, 0.224, 0.225)))
+    encoder = Encoder(backbone, mean, std)
+    if out_dim:
+        encoder.dim = out_dim
+    return encoder

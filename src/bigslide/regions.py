@@ -1,0 +1,179 @@
+"""Annotated regions in level-0 pixels, read from and written to QuPath-style GeoJSON.
+
+QuPath exports annotations as a FeatureCollection (or a list of Features) whose geometries are in
+level-0 pixel coordinates (x right, y down) and whose class sits in `properties.classification.name`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import shapely
+from shapely.geometry import MultiPolygon, Polygon, box, mapping
+
+from bigslide.errors import RegionError
+
+Polygonal: TypeAlias = Polygon | MultiPolygon
+
+
+@dataclass(frozen=True)
+class Region:
+    """A polygonal region (holes allowed) in level-0 pixels, with its class name ("" when unclassified)."""
+
+    geometry: Polygonal
+    name: str = ""
+
+    def label(self, index: int) -> str:
+        return f"region {index}" + (f" ({self.name!r})" if self.name else "")
+
+
+def load_regions(path: str | Path) -> list[Region]:
+    """Read Polygon / MultiPolygon features from a GeoJSON file (FeatureCollection, Feature or list)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise RegionError(f"{path}: no such regions file") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RegionError(f"{path}: not valid JSON ({exc})") from exc
+    features = _features(data, path)
+    return [_parse_feature(feature, index, path) for index, feature in enumerate(features)]
+
+
+def save_regions(regions: Sequence[Region], path: str | Path) -> Path:
+    """Write `regions` as a QuPath-compatible GeoJSON FeatureCollection of annotations.
+
+    A region without a name is written without a classification, so QuPath shows it unclassified.
+    """
+    path = Path(path)
+    features = []
+    for region in regions:
+        properties: dict[str, Any] = {"objectType": "annotation"}
+        if region.name:
+            properties["classification"] = {"name": region.name}
+        features.append(
+            {"type": "Feature", "geometry": _plain(mapping(region.geometry)), "properties": properties}
+        )
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}), encoding="utf-8")
+    return path
+
+
+def centres_inside(coords: np.ndarray, tile_size_level0: int, regions: Sequence[Region]) -> np.ndarray:
+    """Bool mask: True where the tile centre lies strictly inside any region (holes excluded)."""
+    coords = np.asarray(coords, dtype=np.float64).reshape(-1, 2)
+    if not regions or len(coords) == 0:
+        return np.zeros(len(coords), bool)
+    union = shapely.union_all([r.geometry for r in regions])
+    centre = coords + tile_size_level0 / 2
+    return np.asarray(shapely.contains_xy(union, centre[:, 0], centre[:, 1]), dtype=bool)
+
+
+def check_inside(regions: Sequence[Region], dimensions: tuple[int, int], source: str | Path) -> None:
+    """Raise RegionError naming the first region that has no area inside the slide of `dimensions`."""
+    slide_box = box(0, 0, dimensions[0], dimensions[1])
+    for index, region in enumerate(regions):
+        if region.geometry.intersection(slide_box).area <= 0:
+            xmin, ymin, xmax, ymax = region.geometry.bounds
+            raise RegionError(
+                f"{source}: {region.label(index)} with bounds x {xmin:g}..{xmax:g}, y {ymin:g}..{ymax:g} "
+                f"lies outside the slide ({dimensions[0]} x {dimensions[1]} px)"
+            )
+
+
+def _features(data: Any, path: Path) -> list[Any]:
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict) and data.get("type") == "FeatureCollection":
+        features = data.get("features")
+        if not isinstance(features, list):
+            raise RegionError(f"{path}: FeatureCollection has no 'features' list")
+        return features
+    if isinstance(data, dict) and data.get("type") == "Feature":
+        return [data]
+    raise RegionError(f"{path}: expected a GeoJSON FeatureCollection, Feature or list of Features")
+
+
+def _parse_feature(feature: Any, index: int, path: Path) -> Region:
+    where = f"{path}: feature {index}"
+    if not isinstance(feature, dict) or not isinstance(feature.get("geometry"), dict):
+        raise RegionError(f"{where}: not a GeoJSON Feature with a geometry")
+    geometry = feature["geometry"]
+    kind = geometry.get("type")
+    coordinates = geometry.get("coordinates")
+    if kind == "Polygon":
+        shape: Polygonal = _polygon(coordinates, where)
+    elif kind == "MultiPolygon":
+        if not isinstance(coordinates, list) or not coordinates:
+            raise RegionError(f"{where}: MultiPolygon needs a non-empty list of polygons")
+        shape = MultiPolygon([_polygon(part, f"{where} part {i}") for i, part in enumerate(coordinates)])
+    else:
+        raise RegionError(f"{where}: geometry type {kind!r} is not supported (use Polygon or MultiPolygon)")
+    if not shape.is_valid:
+        shape = _polygonal(shapely.make_valid(shape))
+    if shape.is_empty or shape.area <= 0:
+        raise RegionError(f"{where}: polygon has no area")
+    return Region(shape, _name(feature.get("properties")))
+
+
+def _polygon(rings: Any, where: str) -> Polygon:
+    if not isinstance(rings, list) or not rings:
+        raise RegionError(f"{where}: Polygon needs a list of rings")
+    parsed = [_ring(ring, f"{where} ring {i}") for i, ring in enumerate(rings)]
+    return Polygon(parsed[0], parsed[1:])
+
+
+def _ring(ring: Any, where: str) -> list[tuple[float, float]]:
+    if not isinstance(ring, list):
+        raise RegionError(f"{where}: a ring must be a list of [x, y] points")
+    points = []
+    for point in ring:
+        if (
+            not isinstance(point, list | tuple)
+            or len(point) < 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in point[:2])
+            or not all(math.isfinite(v) for v in point[:2])
+        ):
+            raise RegionError(f"{where}: point {point!r} is not a pair of finite numbers")
+        points.append((float(point[0]), float(point[1])))
+    distinct = len(set(points))
+    if distinct < 3:
+        raise RegionError(f"{where}: a ring needs at least 3 distinct points, got {distinct}")
+    return points
+
+
+def _polygonal(geometry: Any) -> Polygonal:
+    """The polygonal part of a repaired geometry (make_valid may add stray lines or points)."""
+    if isinstance(geometry, Polygon | MultiPolygon):
+        return geometry
+    parts = [g for g in getattr(geometry, "geoms", []) if isinstance(g, Polygon | MultiPolygon)]
+    polygons: list[Polygon] = []
+    for part in parts:
+        polygons.extend(part.geoms if isinstance(part, MultiPolygon) else [part])
+    return MultiPolygon(polygons)
+
+
+def _name(properties: Any) -> str:
+    if not isinstance(properties, dict):
+        return ""
+    classification = properties.get("classification")
+    if isinstance(classification, dict) and isinstance(classification.get("name"), str):
+        return str(classification["name"])
+    if isinstance(classification, str):
+        return classification
+    name = properties.get("name")
+    return name if isinstance(name, str) else ""
+
+
+def _plain(value: Any) -> Any:
+    """shapely's mapping() uses tuples; JSON wants lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,232 @@
+"""Read whole-slide images (Aperio SVS, generic pyramidal TIFF, OME-TIFF) through tiffslide.
+
+Coordinates follow openslide: `read_region` takes its top-left corner in level-0 pixels and its size in
+pixels of the level read. Every failure a user can cause (missing, truncated, non-TIFF or unsupported
+file) raises `SlideError` naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from PIL import Image
+
+from bigslide.errors import SlideError
+
+BACKGROUND = 255
+"""Value of pixels outside the slide: white, as glass without tissue looks."""
+
+
+class Slide:
+    """An open pyramidal slide. Use `open_slide`; close it (or use `with`) to release the file."""
+
+    def __init__(self, path: Path, handle: Any) -> None:
+        self.path = path
+        self._handle = handle
+        self._arrays = _level_arrays(path, handle)
+        self._local = threading.local()
+        self._local.arrays = self._arrays
+        self.level_dimensions: tuple[tuple[int, int], ...] = tuple(
+            (int(a.shape[1]), int(a.shape[0])) for a in self._arrays
+        )
+        w0, h0 = self.level_dimensions[0]
+        self.level_downsamples: tuple[float, ...] = tuple(
+            (w0 / w + h0 / h) / 2 for w, h in self.level_dimensions
+        )
+        self.mpp = _parse_mpp(handle.properties)
+        self.pixels_read: Counter[int] = Counter()
+        """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
+
+    # -- geometry -------------------------------------------------------------------------------
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """Level-0 size (width, height)."""
+        return self.level_dimensions[0]
+
+    @property
+    def level_count(self) -> int:
+        return len(self.level_dimensions)
+
+    def best_level_for_downsample(self, downsample: float) -> int:
+        """The most detailed level whose downsample does not exceed `downsample` (1% tolerance)."""
+        best = 0
+        for level, ds in enumerate(self.level_downsamples):
+            if ds <= downsample * 1.01:
+                best = level
+        return best
+
+    # -- pixels ---------------------------------------------------------------------------------
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> np.ndarray:
+        """RGB pixels (h, w, 3) uint8 of `size` = (w, h) at `level`, top-left `location` in level-0 px.
+
+        Parts of the region outside the slide are white (255), like empty glass.
+        """
+        self._check_level(level)
+        width, height = (int(v) for v in size)
+        if width < 0 or height < 0:
+            raise SlideError(f"{self.path}: region size must be non-negative, got {size}")
+        ds = self.level_downsamples[level]
+        x0 = math.floor(location[0] / ds)
+        y0 = math.floor(location[1] / ds)
+        out = np.full((height, width, 3), BACKGROUND, np.uint8)
+        level_w, level_h = self.level_dimensions[level]
+        cx0, cy0 = max(x0, 0), max(y0, 0)
+        cx1, cy1 = min(x0 + width, level_w), min(y0 + height, level_h)
+        if cx1 > cx0 and cy1 > cy0:
+            out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = self._read_level(level, cy0, cy1, cx0, cx1)
+        return out
+
+    def read_level(self, level: int) -> np.ndarray:
+        """A whole level as (h, w, 3) uint8 — meant for the small levels only."""
+        self._check_level(level)
+        w, h = self.level_dimensions[level]
+        return self._read_level(level, 0, h, 0, w)
+
+    def thumbnail(self, max_size: int) -> np.ndarray:
+        """The slide with its longer side at most `max_size`, read from the smallest level that suffices."""
+        level = self.thumbnail_level(max_size)
+        image = self.read_level(level)
+        h, w = image.shape[:2]
+        scale = max_size / max(h, w)
+        if scale >= 1:
+            return image
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BOX))
+
+    def thumbnail_level(self, max_size: int) -> int:
+        """The smallest level whose longer side is still >= `max_size` (level 0 if none is)."""
+        chosen = 0
+        for level, (w, h) in enumerate(self.level_dimensions):
+            if max(w, h) >= max_size:
+                chosen = level
+        return chosen
+
+    def pyramid(self) -> list[da.Array]:
+        """One lazy (h, w, 3) uint8 dask array per level, chunked by the file's own tiles."""
+        return [_rgb_dask(a) for a in self._arrays]
+
+    def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        try:
+            block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
+        except Exception as exc:  # decoder errors come from several libraries
+            raise SlideError(
+                f"{self.path}: cannot read level {level} rows {y0}:{y1} cols {x0}:{x1} ({exc})"
+            ) from exc
+        self.pixels_read[level] += (y1 - y0) * (x1 - x0)
+        return _to_rgb(block)
+
+    def _thread_arrays(self) -> list[Any]:
+        # tiffslide keeps one zarr store per thread; reading through another thread's store is unsafe
+        arrays = getattr(self._local, "arrays", None)
+        if arrays is None:
+            group = self._handle.zarr_group
+            arrays = self._local.arrays = [group[str(level)] for level in range(self.level_count)]
+        return arrays
+
+    def _check_level(self, level: int) -> None:
+        if not 0 <= level < self.level_count:
+            raise SlideError(f"{self.path}: level {level} does not exist (slide has {self.level_count})")
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> Slide:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Slide({str(self.path)!r}, dimensions={self.dimensions}, levels={self.level_count})"
+
+
+def open_slide(path: str | Path) -> Slide:
+    """Open a pyramidal (or single-level) tiled TIFF slide; raise `SlideError` naming `path` on failure."""
+    import tiffslide
+
+    path = Path(path)
+    if not path.exists():
+        raise SlideError(f"{path}: no such slide file")
+    if not path.is_file():
+        raise SlideError(f"{path}: not a file")
+    try:
+        handle = tiffslide.TiffSlide(path)
+    except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
+        raise SlideError(f"{path}: not a readable TIFF slide ({exc})") from exc
+    try:
+        _check_complete(path, handle)
+        return Slide(path, handle)
+    except SlideError:
+        handle.close()
+        raise
+    except Exception as exc:
+        handle.close()
+        raise SlideError(f"{path}: unsupported slide layout ({exc})") from exc
+
+
+def _level_arrays(path: Path, handle: Any) -> list[Any]:
+    axes = handle.properties["tiffslide.series-axes"]
+    group = handle.zarr_group
+    arrays = [group[str(level)] for level in range(handle.level_count)]
+    for array in arrays:
+        if array.dtype != np.uint8:
+            raise SlideError(f"{path}: pixels are {array.dtype}, only 8-bit RGB slides are supported")
+        if axes == "YXS" and array.shape[2] not in (3, 4):
+            raise SlideError(f"{path}: {array.shape[2]} samples per pixel, expected RGB(A)")
+    if axes not in ("YXS", "YX"):
+        raise SlideError(f"{path}: image axes {axes!r} are not supported (expected RGB)")
+    return arrays
+
+
+def _check_complete(path: Path, handle: Any) -> None:
+    """Raise when tile data of a level points past the end of the file (a truncated copy)."""
+    size = path.stat().st_size
+    series = handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]]
+    for level, pyramid_level in enumerate(series.levels):
+        for page in pyramid_level.pages:
+            ends = [o + c for o, c in zip(page.dataoffsets, page.databytecounts) if c]
+            if not ends and getattr(page, "shape", None):
+                raise SlideError(f"{path}: level {level} has no image data (truncated file?)")
+            if ends and max(ends) > size:
+                raise SlideError(
+                    f"{path}: level {level} data ends at byte {max(ends)} but the file has {size} bytes "
+                    "(truncated file)"
+                )
+
+
+def _parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
+    def value(key: str) -> float | None:
+        raw = properties.get(key)
+        try:
+            number = float(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            return None
+        return number if number and math.isfinite(number) and number > 0 else None
+
+    mpp_x, mpp_y = value("tiffslide.mpp-x"), value("tiffslide.mpp-y")
+    if mpp_x is None and mpp_y is None:
+        return None
+    return (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
+
+
+def _to_rgb(block: np.ndarray) -> np.ndarray:
+    if block.ndim == 2:
+        return np.repeat(block[..., None], 3, axis=2)
+    return np.ascontiguousarray(block[..., :3])
+
+
+def _rgb_dask(array: Any) -> da.Array:
+    lazy = da.from_zarr(array)
+    if lazy.ndim == 2:
+        return da.stack([lazy] * 3, axis=-1)
+    return lazy[..., :3] if lazy.shape[2] != 3 else lazy

@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pytest
+
+from bigslide.engine.config import TrainConfig
+from bigslide.errors import ConfigError
+
+
+def test_yaml_round_trip_keeps_every_value(tmp_path: Path) -> None:
+    config = TrainConfig()
+    config.method.name = "patchgd"
+    config.method.params = {"patch_size": 64, "epsilon": 3}
+    config.optim.lr = 3e-5
+    config.optim.max_steps = 7
+    config.run.amp = "bf16"
+    config.data.mpp = 0.25
+    path = config.to_yaml(tmp_path / "c.yaml")
+    again = TrainConfig.from_yaml(path)
+    assert again == config
+
+
+def test_relative_csv_is_resolved_against_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "cfg").mkdir()
+    path = tmp_path / "cfg" / "c.yaml"
+    path.write_text("data:\n  csv: ../slides.csv\n")
+    assert TrainConfig.from_yaml(path).data.csv == str((tmp_path / "slides.csv").resolve())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("optim:\n  lr: fast\n", "optim.lr: expected float"),
+        ("optim:\n  epochs: 1.5\n", "optim.epochs: expected int"),
+        ("run:\n  device: tpu\n", "run.device: 'tpu' is not one of"),
+        ("data:\n  tile: 3\n", "unknown key(s) ['tile']"),
+        ("bogus: 1\n", "unknown key(s) ['bogus']"),
+        ("data: [1, 2]\n", "data: expected a mapping"),
+        ("data: {augment: 1}\n", "data.augment: expected true/false"),
+        ("[1, 2]\n", "expected a mapping at the top level"),
+        ("data: {csv: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_values_name_the_parameter(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_yaml(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_missing_config_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml"):
+        TrainConfig.from_yaml(tmp_path / "nope.yaml")

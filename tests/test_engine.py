@@ -1,0 +1,144 @@
+"""The training engine end to end on small synthetic slides: events, checkpoints, stop, resume, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bigslide.data.table import SlideTable
+from bigslide.engine import (
+    CheckpointSaved,
+    Loss,
+    Metrics,
+    Progress,
+    TrainConfig,
+    predict_slide,
+    run_to_end,
+    train,
+)
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.errors import TrainingError
+from bigslide.synthetic.slides import make_slide_set
+
+
+@pytest.fixture(scope="session")
+def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_slide_set(tmp_path_factory.mktemp("engine-slides"), n_slides=6, size=(768, 768), seed=3)
+
+
+def small_config(csv: Path, out: Path, method: str = "frozen_abmil", **params: object) -> TrainConfig:
+    config = TrainConfig()
+    config.data.csv = str(csv)
+    config.data.tile_size = 32
+    config.data.bag_size = 6
+    config.data.image_size = 64
+    config.model.backbone = "resnet18"
+    config.method.name = method
+    config.method.params = dict(params)
+    config.optim.epochs = 2
+    config.optim.lr = 1e-3
+    config.run.out_dir = str(out)
+    config.run.device = "cpu"
+    config.run.deterministic = True
+    return config
+
+
+def losses(events: list[object]) -> list[float]:
+    return [e.value for e in events if isinstance(e, Loss)]
+
+
+def drain(gen) -> tuple[list[object], object]:  # type: ignore[no-untyped-def]
+    events = []
+    while True:
+        try:
+            events.append(next(gen))
+        except StopIteration as stop:
+            return events, stop.value
+
+
+def test_run_yields_progress_metrics_and_checkpoints_and_saves_its_config(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    config = small_config(slide_csv, tmp_path / "run")
+    events, result = drain(train(config))
+    n_train = len(SlideTable.from_csv(slide_csv).subset("train"))
+    assert n_train >= 2
+    assert [e.step for e in events if isinstance(e, Progress)] == list(range(1, 2 * n_train + 1))
+    assert {(e.epoch, e.split) for e in events if isinstance(e, Metrics)} == {
+        (0, "train"),
+        (0, "val"),
+        (1, "train"),
+        (1, "val"),
+    }
+    assert [e.step for e in events if isinstance(e, CheckpointSaved)] == [n_train, 2 * n_train]
+    assert all(np.isfinite(losses(events)))
+    assert result.checkpoint == tmp_path / "run" / "checkpoints" / "last.pt"
+    assert TrainConfig.from_yaml(tmp_path / "run" / "config.yaml") == config
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert load_checkpoint(result.checkpoint)["position"] == {"epoch": 2, "batch": 0, "step": 2 * n_train}
+
+
+def test_closing_the_run_saves_a_checkpoint_and_resume_repeats_the_same_losses(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    full, _ = drain(train(small_config(slide_csv, tmp_path / "full", "full_bag")))
+
+    config = small_config(slide_csv, tmp_path / "stopped", "full_bag")
+    gen = train(config)
+    seen = []
+    for event in gen:
+        seen.append(event)
+        if isinstance(event, Progress) and event.step == 2:
+            break
+    gen.close()  # what the GUI's Stop and the CLI's Ctrl-C do
+    assert load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["position"]["step"] == 2
+    rest, _ = drain(train(config, resume=True))
+    assert losses(seen) + losses(rest) == pytest.approx(losses(full), rel=1e-6, abs=1e-7)
+
+
+def test_non_finite_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(
+    slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_config(slide_csv, tmp_path / "nan")
+    config.optim.epochs = 3
+    run_to_end(train(config))
+    good = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.pt")
+    from bigslide.methods.mil_baselines import FrozenABMIL
+
+    monkeypatch.setattr(FrozenABMIL, "train_step", lambda self, batch, stepper: _nan_step())
+    config.optim.epochs = 4
+    with pytest.raises(TrainingError, match=r"loss became nan at step \d+ .*last good checkpoint .*last.pt"):
+        run_to_end(train(config, resume=True))
+    kept = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.pt")
+    assert kept["position"] == good["position"]
+    for key, value in good["model"].items():
+        assert torch.equal(kept["model"][key], value)
+
+
+def _nan_step():  # type: ignore[no-untyped-def]
+    from bigslide.methods.base import StepResult
+
+    return StepResult(float("nan"), torch.zeros(1, 2))
+
+
+def test_predict_slide_gives_probabilities_and_an_attention_grid_over_every_tissue_tile(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    config = small_config(slide_csv, tmp_path / "p")
+    config.optim.epochs = 1
+    result = run_to_end(train(config))
+    slide = slide_csv.parent / "slide_000.svs"
+    pred = predict_slide(result.checkpoint, slide)
+    assert pred.probs.shape == (2,)
+    assert pred.probs.sum() == pytest.approx(1.0, abs=1e-5)
+    grid = pred.grids["attention"]
+    from bigslide import TileGrid, open_slide
+
+    with open_slide(slide) as s:
+        tiles = TileGrid.from_slide(s, 32, min_tissue=config.data.min_tissue)
+    assert np.isfinite(grid.scores).sum() == len(tiles)
+    assert grid.cell_size_level0 == 32
+    assert grid.mpp == pytest.approx((0.5, 0.5))

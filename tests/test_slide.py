@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from bigslide.errors import SlideError
+from bigslide.slide import open_slide
+from conftest import MakeSlide, WrittenSlide, textured_image
+
+FLAVOURS = ["svs_slide", "tiff_slide", "ome_slide"]
+
+
+@pytest.fixture(params=FLAVOURS)
+def written(request: pytest.FixtureRequest) -> WrittenSlide:
+    return request.getfixturevalue(request.param)
+
+
+def test_geometry_matches_written_pyramid(written: WrittenSlide) -> None:
+    with open_slide(written.path) as slide:
+        assert slide.dimensions == (1300, 1000)
+        assert slide.level_count == 3
+        assert slide.level_dimensions == ((1300, 1000), (650, 500), (325, 250))
+        assert slide.level_downsamples == (1.0, 2.0, 4.0)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_whole_level_pixels_equal_written(written: WrittenSlide, level: int) -> None:
+    with open_slide(written.path) as slide:
+        w, h = slide.level_dimensions[level]
+        region = slide.read_region((0, 0), level, (w, h))
+    assert region.dtype == np.uint8
+    np.testing.assert_array_equal(region, written.levels[level])
+
+
+@pytest.mark.parametrize(
+    ("location", "level", "size"),
+    [((300, 200), 0, (257, 130)), ((300, 200), 1, (100, 60)), ((1000, 600), 2, (70, 40))],
+)
+def test_region_location_is_level0(
+    written: WrittenSlide, location: tuple[int, int], level: int, size: tuple[int, int]
+) -> None:
+    ds = 2**level
+    x, y = location[0] // ds, location[1] // ds
+    expected = written.levels[level][y : y + size[1], x : x + size[0]]
+    with open_slide(written.path) as slide:
+        np.testing.assert_array_equal(slide.read_region(location, level, size), expected)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "mpp"), [("svs_slide", (0.5, 0.5)), ("tiff_slide", (0.25, 0.25)), ("ome_slide", (0.25, 0.25))]
+)
+def test_mpp_parsed(request: pytest.FixtureRequest, fixture: str, mpp: tuple[float, float]) -> None:
+    with open_slide(request.getfixturevalue(fixture).path) as slide:
+        assert slide.mpp == pytest.approx(mpp, rel=1e-6)
+
+
+@pytest.mark.parametrize("flavour", ["svs", "tiff", "ome"])
+def test_mpp_absent_is_none(make_slide: MakeSlide, flavour: str) -> None:
+    written = make_slide(textured_image(300, 300), flavour=flavour, n_levels=1, mpp=None)
+    with open_slide(written.path) as slide:
+        assert slide.mpp is None
+        assert slide.level_count == 1
+
+
+def test_region_across_border_is_padded_white(svs_slide: WrittenSlide) -> None:
+    image = svs_slide.levels[0]
+    with open_slide(svs_slide.path) as slide:
+        corner = slide.read_region((1290, 995), 0, (20, 10))
+        before = slide.read_region((-3, -2), 1, (6, 5))
+        outside = slide.read_region((5000, 5000), 0, (4, 4))
+    assert corner.shape == (10, 20, 3)
+    np.testing.assert_array_equal(corner[:5, :10], image[995:, 1290:])
+    assert (corner[5:] == 255).all()
+    assert (corner[:, 10:] == 255).all()
+    # level 1: (-3, -2) level-0 is (-2, -1) at level 1 (floor), so 2 white columns and 1 white row
+    assert (before[:1] == 255).all()
+    assert (before[:, :2] == 255).all()
+    np.testing.assert_array_equal(before[1:, 2:], svs_slide.levels[1][:4, :4])
+    assert (outside == 255).all()
+
+
+def test_multipage_pyramid_and_single_level(tmp_path: Path) -> None:
+    image = textured_image(600, 520, seed=3)
+    levels = [image, image[::2, ::2].copy()]
+    path = tmp_path / "pages.tif"
+    with tifffile.TiffWriter(path) as tif:
+        for index, level in enumerate(levels):
+            tif.write(
+                level,
+                tile=(128, 128),
+                photometric="rgb",
+                subfiletype=1 if index else 0,
+                resolution=(1e4 / 0.5, 1e4 / 0.5),
+                resolutionunit="CENTIMETER",
+            )
+    with open_slide(path) as slide:
+        assert slide.level_dimensions == ((520, 600), (260, 300))
+        assert slide.mpp == pytest.approx((0.5, 0.5))
+        np.testing.assert_array_equal(slide.read_region((0, 0), 1, (260, 300)), levels[1])
+    flat = tmp_path / "flat.tif"
+    tifffile.imwrite(flat, image, photometric="rgb")
+    with open_slide(flat) as slide:
+        assert slide.level_count == 1
+        np.testing.assert_array_equal(slide.read_region((10, 20), 0, (30, 40)), image[20:60, 10:40])
+
+
+def test_pyramid_is_lazy_and_tile_chunked(make_slide: MakeSlide) -> None:
+    written = make_slide(textured_image(700, 900, seed=1), flavour="tiff", tile=128)
+    with open_slide(written.path) as slide:
+        pyramid = slide.pyramid()
+        assert [p.shape for p in pyramid] == [(700, 900, 3), (350, 450, 3), (175, 225, 3)]
+        assert all(p.dtype == np.uint8 for p in pyramid)
+        assert pyramid[0].chunks[0] == (128, 128, 128, 128, 128, 60)
+        assert pyramid[0].chunks[1] == (128,) * 7 + (4,)
+        assert pyramid[2].chunksize == (128, 128, 3)
+        for level, lazy in enumerate(pyramid):
+            np.testing.assert_array_equal(lazy.compute(), written.levels[level])
+
+
+def test_thumbnail_reads_smallest_sufficient_level(svs_slide: WrittenSlide) -> None:
+    with open_slide(svs_slide.path) as slide:
+        thumb = slide.thumbnail(400)
+        assert thumb.shape == (308, 400, 3)
+        assert set(slide.pixels_read) == {1}
+        small = slide.thumbnail(325)
+        np.testing.assert_array_equal(small, svs_slide.levels[2])
+        assert slide.level_dimensions[0] == (1300, 1000)
+        assert 0 not in slide.pixels_read
+
+
+@pytest.mark.parametrize(
+    ("downsample", "level"), [(0.5, 0), (1.0, 0), (1.9, 0), (2.0, 1), (3.5, 1), (4.0, 2), (64.0, 2)]
+)
+def test_best_level_for_downsample(svs_slide: WrittenSlide, downsample: float, level: int) -> None:
+    with open_slide(svs_slide.path) as slide:
+        assert slide.best_level_for_downsample(downsample) == level
+
+
+def _bad_file(kind: str, folder: Path, good: Path) -> Path:
+    data = good.read_bytes()
+    path = folder / f"{kind}.svs"
+    if kind == "missing":
+        return path
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "text":
+        path.write_text("this is not a slide\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated_header":
+        path.write_bytes(data[:100])
+    elif kind == "truncated_half":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "grey16":
+        tifffile.imwrite(path, np.zeros((64, 64), np.uint16), tile=(16, 16))
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind", ["missing", "directory", "text", "empty", "truncated_header", "truncated_half", "grey16"]
+)
+def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: WrittenSlide, kind: str) -> None:
+    path = _bad_file(kind, tmp_path, svs_slide.path)
+    with pytest.raises(SlideError) as info:
+        open_slide(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_level_raises_slide_error(svs_slide: WrittenSlide) -> None:
+    with open_slide(svs_slide.path) as slide, pytest.raises(SlideError, match="level 3"):
+        slide.read_region((0, 0), 3, (10, 10))
+
+
+def test_reads_from_several_threads_agree(svs_slide: WrittenSlide) -> None:
+    starts = [(x, y) for y in range(0, 900, 150) for x in range(0, 1200, 150)]
+    with open_slide(svs_slide.path) as slide, ThreadPoolExecutor(4) as pool:
+        regions = list(pool.map(lambda xy: slide.read_region(xy, 0, (100, 100)), starts))
+    for (x, y), region in zip(starts, regions):
+        np.testing.assert_array_equal(region, svs_slide.levels[0][y : y + 100, x : x + 100])

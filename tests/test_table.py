@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.errors import DataError
+
+
+@pytest.fixture
+def slide_dir(tmp_path: Path) -> Path:
+    (tmp_path / "s").mkdir()
+    for name in "abcdefgh":
+        (tmp_path / "s" / f"{name}.svs").write_bytes(b"x")
+    (tmp_path / "r.geojson").write_text("{}")
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_reads_relative_paths_labels_splits_and_regions(slide_dir: Path) -> None:
+    csv = write(
+        slide_dir / "t.csv", "slide,label,split,regions\ns/a.svs,tumor,train,r.geojson\ns/b.svs,normal,val,\n"
+    )
+    table = SlideTable.from_csv(csv)
+    assert [e.path for e in table.entries] == [slide_dir / "s/a.svs", slide_dir / "s/b.svs"]
+    assert table.classes == ["normal", "tumor"]
+    assert [table.encode(e.label) for e in table.entries] == [1, 0]
+    assert table.entries[0].regions == slide_dir / "r.geojson"
+    assert table.entries[1].regions is None
+    assert [len(table.subset(s)) for s in ("train", "val", "test")] == [1, 1, 0]
+
+
+def test_round_trip_writes_paths_relative_to_the_csv(slide_dir: Path) -> None:
+    table = SlideTable([SlideEntry(slide_dir / "s/a.svs", "tumor", "train", slide_dir / "r.geojson")])
+    out = table.to_csv(slide_dir / "out.csv")
+    assert "s/a.svs,tumor,train,r.geojson" in out.read_text()
+    assert SlideTable.from_csv(out).entries == table.entries
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("path,label\ns/a.svs,x\n", "missing column(s) ['slide']"),
+        ("slide,label\ns/zz.svs,x\n", "row 2: slide file not found"),
+        ("slide,label\ns/a.svs,x\ns/a.svs,y\n", "row 3: a.svs is listed twice (first at row 2)"),
+        ("slide,label\ns/a.svs,\n", "row 2: empty label"),
+        ("slide,label,split\ns/a.svs,x,training\n", "row 2: split 'training' is not one of"),
+        ("slide,label,regions\ns/a.svs,x,missing.geojson\n", "row 2: regions file not found"),
+        ("slide,label\n", "has no rows"),
+    ],
+)
+def test_bad_rows_are_named(slide_dir: Path, text: str, message: str) -> None:
+    csv = write(slide_dir / "bad.csv", text)
+    with pytest.raises(DataError) as err:
+        SlideTable.from_csv(csv)
+    assert message in str(err.value)
+    assert str(csv) in str(err.value)
+
+
+def test_unknown_label_against_known_classes(slide_dir: Path) -> None:
+    csv = write(slide_dir / "t.csv", "slide,label\ns/a.svs,tumour\n")
+    with pytest.raises(DataError, match="row 2: unknown label 'tumour'"):
+        SlideTable.from_csv(csv, classes=["normal", "tumor"])
+
+
+def test_stratified_split_keeps_given_splits_and_balances_classes(slide_dir: Path) -> None:
+    rows = ["slide,label,split"] + [
+        f"s/{n}.svs,{'tumor' if i % 2 else 'normal'}," for i, n in enumerate("abcdefg")
+    ]
+    rows.append("s/h.svs,tumor,test")
+    table = SlideTable.from_csv(write(slide_dir / "t.csv", "\n".join(rows) + "\n")).with_splits(
+        val_fraction=0.5
+    )
+    assert table.entries[-1].split == "test"
+    val = table.subset("val")
+    assert len(val) == 4  # half of the 7 unsplit rows, rounded
+    assert sorted(e.label for e in val.entries) == ["normal", "normal", "tumor", "tumor"]
+    again = SlideTable.from_csv(slide_dir / "t.csv").with_splits(val_fraction=0.5)
+    assert [e.split for e in again.entries] == [e.split for e in table.entries]
