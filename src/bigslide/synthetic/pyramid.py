@@ -107,7 +107,7 @@ def write_pyramid(
                 )
             return path
 
-        metadata = None
+        metadata: dict[str, object] | None = None
         if flavour == "ome":
             metadata = {"axes": "YXS"}
             if mpp is not None:

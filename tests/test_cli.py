@@ -1,0 +1,111 @@
+"""The command line: bad input exits non-zero with one line naming the culprit; a run trains and predicts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigslide.cli.main import main
+from bigslide.synthetic.slides import make_slide_set
+
+
+@pytest.fixture(scope="module")
+def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_slide_set(tmp_path_factory.mktemp("cli-slides"), n_slides=4, size=(512, 512), seed=2)
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(args)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_train_without_config_or_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["train"], capsys)
+    assert code == 2
+    assert "give a CONFIG file or --demo" in one_line(err)
+
+
+def test_missing_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["train", str(tmp_path / "missing.yaml")], capsys)
+    assert code == 2
+    assert "missing.yaml: no such config file" in one_line(err)
+
+
+def test_bad_override_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["train", "--demo", "--set", "optim.lr=fast", "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "optim.lr: expected float, got 'fast'" in one_line(err)
+
+
+def test_unknown_method_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["train", "--demo", "--method", "magic", "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "unknown method 'magic'" in one_line(err)
+
+
+def test_predict_names_the_bad_slide_in_the_csv(
+    slide_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "fake.svs"
+    fake.write_text("this is not a slide")
+    csv = tmp_path / "slides.csv"
+    csv.write_text(f"slide,label\n{slide_csv.parent / 'slide_000.svs'},tumor\nfake.svs,normal\n")
+    ckpt = tmp_path / "none.pt"
+    code, err = run_cli(["predict", "--slides", str(csv), "--checkpoint", str(ckpt)], capsys)
+    assert code == 2
+    assert "none.pt: no such checkpoint" in one_line(err)
+
+
+def test_train_then_predict_and_heatmap_from_a_fresh_process(slide_csv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"data: {{csv: {slide_csv}, tile_size: 32, bag_size: 4}}\n"
+        "method: {name: frozen_abmil}\nrun: {device: cpu}\n"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "bigslide",
+        "train",
+        str(config),
+        "--max-steps",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ckpt = out / "checkpoints" / "last.pt"
+    assert ckpt.is_file()
+    assert (out / "config.yaml").is_file()
+
+    bad_csv = tmp_path / "bad.csv"
+    (tmp_path / "fake.svs").write_text("this is not a slide")
+    bad_csv.write_text(f"slide,label\n{slide_csv.parent / 'slide_000.svs'},tumor\nfake.svs,normal\n")
+    pred = [sys.executable, "-m", "bigslide", "predict", "--slides", str(bad_csv), "--checkpoint", str(ckpt)]
+    done = subprocess.run([*pred, "--out", str(tmp_path / "p")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "fake.svs" in one_line(done.stderr)
+
+    heat = [sys.executable, "-m", "bigslide", "heatmap", "--slide", str(slide_csv.parent / "slide_000.svs")]
+    done = subprocess.run(
+        [*heat, "--checkpoint", str(ckpt), "--out", str(tmp_path / "h")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.suffix for p in (tmp_path / "h").iterdir()) == [".geojson", ".npz", ".png"]
