@@ -18,7 +18,7 @@ from bigslide.methods import get_method
 
 def demo_config(out: Path, method: str, epochs: int) -> TrainConfig:
     config = TrainConfig()
-    config.data.demo = True
+    config.data.source = "demo"
     config.data.tile_size = 64
     config.data.bag_size = 48
     config.data.image_size = 256

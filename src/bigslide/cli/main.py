@@ -40,7 +40,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     config = TrainConfig.from_yaml(args.config) if args.config else TrainConfig()
     values = config.to_dict()
     if args.demo:
-        values["data"]["demo"] = True
+        values["data"]["source"] = "demo"
     if args.method:
         values["method"] = {"name": args.method, "params": {}}
     for assignment in args.set or []:

@@ -17,7 +17,11 @@ from bigslide.errors import ConfigError
 @dataclass
 class DataConfig:
     csv: str | None = field(default=None, metadata={"help": "slide table: slide,label[,split][,regions]"})
-    demo: bool = field(default=False, metadata={"help": "use the bundled synthetic slide set"})
+    source: Literal["csv", "demo", "ultramnist"] = field(
+        default="csv",
+        metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
+    )
+    ultramnist_count: int = field(default=200, metadata={"help": "training canvases (validation: a quarter)"})
     tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at the read level"})
     level: int = field(default=0, metadata={"help": "pyramid level tiles are read from"})
     bag_size: int = field(default=32, metadata={"help": "tiles sampled per slide for training (0 = all)"})

@@ -16,8 +16,9 @@ from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
+from bigslide.synthetic.ultramnist import UltraMNIST
 
-SlideDataset = BagDataset | SlideImageDataset
+SlideDataset = BagDataset | SlideImageDataset | UltraMNIST
 
 
 @dataclass
@@ -66,6 +67,7 @@ def predict_dataset(
         labels.append(samples[0].y)
         probs.append(np.mean([p.probs for p in preds], axis=0))
         if with_grids:
+            assert not isinstance(dataset, UltraMNIST), "heatmaps are placed on slides"
             mpp = dataset.slides.open(Path(samples[0].slide)).mpp
             if preds[0].instance_scores is not None:  # pool repeated bags into one grid
                 coords = np.concatenate([s.coords for s in samples if s.coords is not None])

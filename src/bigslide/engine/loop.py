@@ -30,8 +30,8 @@ from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metric
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.stepper import OptimStepper
-from bigslide.errors import ConfigError, TrainingError
-from bigslide.methods.base import Batch, Sample
+from bigslide.errors import TrainingError
+from bigslide.methods.base import Batch, Sample, get_method
 
 
 @dataclass
@@ -62,25 +62,18 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
     seed_everything(config.run.seed, deterministic=config.run.deterministic)
     device = setup.resolve_device(config.run.device)
 
-    table = setup.load_table(config).with_splits(seed=config.run.seed)
-    train_table, val_table = table.subset("train"), table.subset("val")
-    if len(train_table) == 0:
-        raise ConfigError("data: no slide is in the train split")
-    method = setup.build_method(config, table.classes, device)
-    yield Message(
-        f"{method.name} on {device.type}: {len(train_table)} train / {len(val_table)} val slides, "
-        f"classes {table.classes}"
-    )
+    method_kind = get_method(config.method.name).kind
     slides = SlideCache(mpp=config.data.mpp)
-    train_ds = setup.build_dataset(config, method.kind, train_table, train=True, slides=slides)
-    val_ds = (
-        setup.build_dataset(config, method.kind, val_table, train=False, slides=slides)
-        if len(val_table)
-        else None
+    data = setup.build_data(config, method_kind, slides)
+    train_ds, val_ds = data.train, data.val
+    method = setup.build_method(config, data.classes, device)
+    n_val = len(val_ds) if val_ds is not None else 0
+    yield Message(
+        f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, classes {data.classes}"
     )
 
     batch_size = 1 if method.kind == "bag" else max(1, config.data.batch_size)
-    batches_per_epoch = math.ceil(len(train_table) / batch_size)
+    batches_per_epoch = math.ceil(len(train_ds) / batch_size)
     total = config.optim.epochs * batches_per_epoch
     if config.optim.max_steps:
         total = min(total, config.optim.max_steps)
@@ -105,7 +98,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
     def save() -> CheckpointSaved:
         payload = {
             "config": config.to_dict(),
-            "classes": table.classes,
+            "classes": data.classes,
             "method": method.name,
             "model": method.model.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Method, ModelSpec, get_method, make_params
+from bigslide.synthetic.ultramnist import UltraMNIST
 
 
 def resolve_device(name: str) -> torch.device:
@@ -30,14 +32,45 @@ def demo_dir() -> Path:
 
 
 def load_table(config: TrainConfig) -> SlideTable:
-    if config.data.demo:
+    if config.data.source == "demo":
         from bigslide.synthetic.slides import make_slide_set
 
-        csv = make_slide_set(demo_dir())
-        return SlideTable.from_csv(csv)
+        return SlideTable.from_csv(make_slide_set(demo_dir()))
     if not config.data.csv:
-        raise ConfigError("data.csv: no slide table given (or set data.demo: true for the bundled slides)")
+        raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
     return SlideTable.from_csv(config.data.csv)
+
+
+TrainData = BagDataset | SlideImageDataset | UltraMNIST
+
+
+@dataclass
+class RunData:
+    classes: list[str]
+    train: TrainData
+    val: TrainData | None
+
+
+def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
+    """The train and validation datasets for a method of `kind` ("bag" or "image")."""
+    d = config.data
+    if d.source == "ultramnist":
+        if kind != "image":
+            raise ConfigError(f"data.source: ultramnist gives images; method {config.method.name} needs bags")
+        n_val = max(1, d.ultramnist_count // 4)
+        train = UltraMNIST(d.ultramnist_count, size=d.image_size, seed=config.run.seed, split="train")
+        return RunData(
+            train.classes, train, UltraMNIST(n_val, size=d.image_size, seed=config.run.seed, split="val")
+        )
+    table = load_table(config).with_splits(seed=config.run.seed)
+    train_table, val_table = table.subset("train"), table.subset("val")
+    if len(train_table) == 0:
+        raise ConfigError("data: no slide is in the train split")
+    return RunData(
+        table.classes,
+        build_dataset(config, kind, train_table, train=True, slides=slides),
+        build_dataset(config, kind, val_table, train=False, slides=slides) if len(val_table) else None,
+    )
 
 
 def build_method(config: TrainConfig, classes: list[str], device: torch.device) -> Method:

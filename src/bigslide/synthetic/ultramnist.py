@@ -150,6 +150,9 @@ class UltraMNIST(Dataset[Sample]):
     def __len__(self) -> int:
         return self.n
 
+    def set_epoch(self, epoch: int) -> None:
+        """Canvases are fixed per index; present so the engine treats every dataset alike."""
+
     def canvas(self, index: int) -> UltraMNISTCanvas:
         if not 0 <= index < self.n:
             raise IndexError(f"index {index} out of range for {self.n} canvases")
