@@ -33,7 +33,7 @@ def one_line(err: str) -> str:
 def test_train_without_config_or_demo(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(["train"], capsys)
     assert code == 2
-    assert "give a CONFIG file or --demo" in one_line(err)
+    assert "data.csv: no slide table given (or set data.source: demo" in one_line(err)
 
 
 def test_missing_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

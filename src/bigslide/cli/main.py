@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -60,11 +61,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bigslide.cli.progress import run_with_progress
     from bigslide.engine import train
 
-    if not args.config and not args.demo:
-        raise ConfigError("train: give a CONFIG file or --demo")
     config = config_from_args(args)
-    result = run_with_progress(train(config, resume=args.resume), quiet=args.quiet)
-    print(f"checkpoint: {result.checkpoint}\nmetrics: {result.out_dir / 'metrics.json'}")
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
+    result = run_with_progress(train(config, resume=args.resume), quiet=args.quiet or not main_rank)
+    if main_rank:
+        print(f"checkpoint: {result.checkpoint}\nmetrics: {result.out_dir / 'metrics.json'}")
     return 0
 
 

@@ -54,10 +54,12 @@ class MethodConfig:
 
 @dataclass
 class OptimConfig:
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: momentum 0.9
     lr: float = 1e-4
     weight_decay: float = 0.0
     epochs: int = 1
     max_steps: int | None = None
+    accumulate: int = 1  # complete gradients averaged per optimizer step (per rank)
     grad_clip: float | None = None
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,13 @@ from bigslide.engine.checkpoint import (
     set_rng_state,
 )
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import TrainingError
-from bigslide.methods.base import Batch, Sample, get_method
+from bigslide.methods.base import Batch, Method, Sample, get_method
 
 
 @dataclass
@@ -40,6 +42,7 @@ class RunResult:
     checkpoint: Path | None
     history: list[dict[str, Any]] = field(default_factory=list)
     steps: int = 0
+    method: Method | None = None  # the trained method (its modules are `method.model`)
 
 
 def collate(samples: list[Sample], device: torch.device) -> Batch:
@@ -57,30 +60,42 @@ def checkpoint_path(config: TrainConfig) -> Path:
 def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None, RunResult]:
     """Train `config.method` on the slide table; yields events at least once per batch."""
     out = Path(config.run.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config.to_yaml(out / "config.yaml")
+    ranks = from_environment(config.run.device)
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        config.to_yaml(out / "config.yaml")
     seed_everything(config.run.seed, deterministic=config.run.deterministic)
-    device = setup.resolve_device(config.run.device)
+    device = ranks.device or setup.resolve_device(config.run.device)
 
     method_kind = get_method(config.method.name).kind
     slides = SlideCache(mpp=config.data.mpp)
     data = setup.build_data(config, method_kind, slides)
     train_ds, val_ds = data.train, data.val
     method = setup.build_method(config, data.classes, device)
+    ranks.broadcast_module(method.model)
+    if not ranks.is_main:
+        val_ds = None  # rank 0 validates and saves; the others only train
     n_val = len(val_ds) if val_ds is not None else 0
     yield Message(
         f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, classes {data.classes}"
     )
 
     batch_size = 1 if method.kind == "bag" else max(1, config.data.batch_size)
-    batches_per_epoch = math.ceil(len(train_ds) / batch_size)
+    batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(train_ds)))) / batch_size)
     total = config.optim.epochs * batches_per_epoch
     if config.optim.max_steps:
         total = min(total, config.optim.max_steps)
     optimizer = setup.build_optimizer(config, method)
     schedule = setup.build_schedule(config, optimizer, total)
     amp = None if config.run.amp == "none" else config.run.amp
-    stepper = OptimStepper(optimizer, grad_clip=config.optim.grad_clip, amp=amp, device=device)
+    stepper = OptimStepper(
+        optimizer,
+        grad_clip=config.optim.grad_clip,
+        amp=amp,
+        device=device,
+        accumulate=config.optim.accumulate,
+        grad_sync=ranks.average_gradients if ranks.active else None,
+    )
 
     state = {"epoch": 0, "batch": 0, "step": 0}
     history: list[dict[str, Any]] = []
@@ -96,6 +111,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
         yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
 
     def save() -> CheckpointSaved:
+        if not ranks.is_main:
+            return CheckpointSaved(str(ckpt), state["step"])
         payload = {
             "config": config.to_dict(),
             "classes": data.classes,
@@ -114,7 +131,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
         while state["epoch"] < config.optim.epochs and state["step"] < total:
             epoch = state["epoch"]
             train_ds.set_epoch(epoch)
-            order = np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds))
+            order = ranks.shard(np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds)))
             batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
             seen_y: list[int] = []
             seen_p: list[np.ndarray] = []
@@ -128,7 +145,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
                         f"loss became {result.loss} at step {state['step'] + 1} (epoch {epoch}){where}. "
                         "Lower optim.lr, set optim.grad_clip, or turn off run.amp."
                     )
-                schedule.step()
+                with warnings.catch_warnings():
+                    # with accumulation the first batches do not step the optimizer yet; that is intended
+                    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                    schedule.step()
                 state["batch"] += 1
                 state["step"] += 1
                 seen_y.extend(batch.y.tolist())
@@ -156,11 +176,13 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
     except GeneratorExit:
         if state["step"] != saved_at:
             save()
-        slides.close()
         raise
-    (out / "metrics.json").write_text(json.dumps(history, indent=2))
-    slides.close()
-    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"])
+    finally:
+        slides.close()
+        ranks.close()
+    if ranks.is_main:
+        (out / "metrics.json").write_text(json.dumps(history, indent=2))
+    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"], method)
 
 
 def run_to_end(gen: Generator[Event, None, RunResult]) -> RunResult:

@@ -109,7 +109,10 @@ def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimize
     params = list(method.trainable_parameters())
     if not params:
         raise ConfigError(f"method {config.method.name}: nothing to train (no parameter requires grad)")
-    return torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+    o = config.optim
+    if o.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
 def build_schedule(

@@ -1,0 +1,94 @@
+"""Data-parallel training under torchrun: each rank takes its share of the bags / images, and gradients are
+averaged across ranks at every optimizer step.
+
+Averaging at the step (one flat all-reduce of every gradient) is what DDP does, with its `no_sync()` during
+accumulation built in: ε inner iterations of PatchGD, ACC's chunk replays and `optim.accumulate` batches
+all communicate once. It needs no wrapper around the method's modules, so every method runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bigslide.errors import ConfigError
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    device: torch.device | None = None
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def shard(self, order: np.ndarray) -> np.ndarray:
+        """This rank's share of an epoch, padded by wrapping so that every rank takes as many steps."""
+        if not self.active:
+            return order
+        per_rank = -(-len(order) // self.world)
+        padded = np.resize(order, per_rank * self.world)
+        return padded[self.rank :: self.world]
+
+    def broadcast_module(self, module: nn.Module) -> None:
+        """Start every rank from rank 0's parameters and buffers."""
+        if self.active:
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        if not self.active:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
+
+
+def from_environment(device: str) -> DistContext:
+    """Join the process group torchrun describes in the environment; a plain run gets a one-rank context."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    if device == "cuda" and not use_cuda:
+        raise ConfigError("run.device: cuda was asked for but no CUDA device is available; use auto or cpu")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return DistContext(
+        rank=rank,
+        world=world,
+        device=torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"),
+        owns_group=owns,
+    )
