@@ -1,0 +1,82 @@
+"""A small live line plot (training loss and metrics) drawn with QPainter: cheap to redraw per step."""
+
+from __future__ import annotations
+
+import math
+
+from qtpy.QtCore import QPointF, QRectF, Qt
+from qtpy.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
+from qtpy.QtWidgets import QSizePolicy, QWidget
+
+PALETTE = ("#4cc9f0", "#f72585", "#ffd60a", "#80ed99", "#b388eb", "#ff9f1c")
+
+
+class LinePlot(QWidget):
+    """Named series of (x, y) points on one pair of axes, with a legend; `add_point` repaints."""
+
+    def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = title
+        self.series: dict[str, list[tuple[float, float]]] = {}
+        self.setMinimumHeight(150)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+
+    def add_point(self, name: str, x: float, y: float) -> None:
+        if math.isfinite(x) and math.isfinite(y):
+            self.series.setdefault(name, []).append((float(x), float(y)))
+            self.update()
+
+    def clear(self) -> None:
+        self.series.clear()
+        self.update()
+
+    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 - Qt override
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.fillRect(self.rect(), QColor("#262930"))
+        area = QRectF(self.rect()).adjusted(44, 22, -10, -22)
+        text = QColor("#d1d2d4")
+        painter.setPen(text)
+        painter.drawText(QRectF(0, 2, self.width(), 18), Qt.AlignmentFlag.AlignHCenter, self.title)
+        points = [p for values in self.series.values() for p in values]
+        if not points:
+            painter.drawText(area, Qt.AlignmentFlag.AlignCenter, "no data yet — press Start")
+            painter.end()
+            return
+        x_lo, x_hi = _span(p[0] for p in points)
+        y_lo, y_hi = _span(p[1] for p in points)
+        painter.setPen(QPen(QColor("#5a5d66"), 1))
+        painter.drawRect(area)
+        painter.setPen(text)
+        for value, y in ((y_hi, area.top()), (y_lo, area.bottom())):
+            painter.drawText(QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, f"{value:.3g}")
+        for value, x in ((x_lo, area.left()), (x_hi, area.right() - 40)):
+            painter.drawText(QRectF(x, area.bottom() + 2, 40, 16), Qt.AlignmentFlag.AlignLeft, f"{value:g}")
+
+        def to_screen(x: float, y: float) -> QPointF:
+            return QPointF(
+                area.left() + (x - x_lo) / (x_hi - x_lo) * area.width(),
+                area.bottom() - (y - y_lo) / (y_hi - y_lo) * area.height(),
+            )
+
+        for index, (name, values) in enumerate(self.series.items()):
+            colour = QColor(PALETTE[index % len(PALETTE)])
+            painter.setPen(QPen(colour, 2))
+            if len(values) == 1:
+                painter.drawEllipse(to_screen(*values[0]), 3, 3)
+            else:
+                path = QPainterPath(to_screen(*values[0]))
+                for x, y in values[1:]:
+                    path.lineTo(to_screen(x, y))
+                painter.drawPath(path)
+            painter.drawText(QPointF(area.left() + 6, area.top() + 14 + 15 * index), name)
+        painter.end()
+
+
+def _span(values: object) -> tuple[float, float]:
+    items = list(values)  # type: ignore[call-overload]
+    lo, hi = min(items), max(items)
+    if hi - lo < 1e-12:
+        pad = abs(lo) * 0.1 or 1.0
+        return lo - pad, hi + pad
+    return lo, hi

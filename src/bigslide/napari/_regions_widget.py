@@ -1,0 +1,233 @@
+"""Regions panel: draw the areas tiles (or the whole image) are sampled from, save/load QuPath GeoJSON,
+and preview the tiles that training will use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from napari.qt.threading import thread_worker
+from napari.utils.notifications import show_error
+from qtpy.QtCore import QTimer
+from qtpy.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from bigslide.errors import BigslideError
+from bigslide.napari._layers import (
+    add_tile_preview,
+    layers_with_role,
+    polygons_to_shapes,
+    regions_layer_kwargs,
+    remove_layers,
+    slide_layers,
+)
+from bigslide.napari._regions import layer_regions, slide_regions
+from bigslide.napari._session import session_for
+
+if TYPE_CHECKING:
+    import napari
+
+
+class RegionsWidget(QWidget):
+    """One click gives the selected slide a "sampling regions" layer to draw polygons in."""
+
+    def __init__(self, napari_viewer: napari.Viewer) -> None:
+        super().__init__()
+        self.viewer = napari_viewer
+        self.session = session_for(napari_viewer)
+        self.preview_worker: Any = None
+
+        self.slide_box = QComboBox()
+        self.slide_box.setToolTip("The slide the regions belong to")
+        self.new_button = QPushButton("New sampling regions")
+        self.new_button.setToolTip("Adds a layer for this slide and starts polygon drawing")
+        self.load_button = QPushButton("Load GeoJSON…")
+        self.save_button = QPushButton("Save GeoJSON…")
+        self.preview = QCheckBox("Preview sampled tiles")
+        self.preview.setToolTip("Outlines every tile that passes the tissue and region filters")
+        self.status = QLabel("Select a slide, press 'New sampling regions' and draw polygons.")
+        self.status.setWordWrap(True)
+
+        self.new_button.clicked.connect(lambda: self.new_regions_layer())
+        self.load_button.clicked.connect(lambda: self.load_geojson())
+        self.save_button.clicked.connect(lambda: self.save_geojson())
+        self.preview.toggled.connect(self._on_preview_toggled)
+        self._preview_timer = QTimer(self)
+        self._preview_timer.setSingleShot(True)
+        self._preview_timer.setInterval(600)
+        self._preview_timer.timeout.connect(self.update_preview)
+
+        form = QFormLayout()
+        form.addRow("slide", self.slide_box)
+        files = QHBoxLayout()
+        files.addWidget(self.load_button)
+        files.addWidget(self.save_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.new_button)
+        layout.addLayout(files)
+        layout.addWidget(self.preview)
+        layout.addWidget(self.status)
+        layout.addStretch()
+
+        self.viewer.layers.events.inserted.connect(self._on_layers_changed)
+        self.viewer.layers.events.removed.connect(self._on_layers_changed)
+        self.viewer.layers.selection.events.active.connect(self._on_active_layer)
+        self._on_layers_changed()
+
+    # -- slide choice ------------------------------------------------------------------------------
+    def _on_layers_changed(self, event: Any = None) -> None:
+        current = self.slide_box.currentText()
+        names = [layer.name for layer in slide_layers(self.viewer)]
+        self.slide_box.clear()
+        self.slide_box.addItems(names)
+        if current in names:
+            self.slide_box.setCurrentText(current)
+        if event is not None and getattr(event, "type", "") == "inserted":
+            layer = event.value
+            if layer.metadata.get("bigslide_role") == "regions":
+                layer.events.data.connect(lambda _e: self._schedule_preview())
+
+    def _on_active_layer(self, event: Any) -> None:
+        layer = event.value
+        if layer is not None and layer in slide_layers(self.viewer):
+            self.slide_box.setCurrentText(layer.name)
+
+    def slide_layer(self) -> Any:
+        name = self.slide_box.currentText()
+        return next((layer for layer in slide_layers(self.viewer) if layer.name == name), None)
+
+    def _require_slide(self) -> Any:
+        layer = self.slide_layer()
+        if layer is None:
+            show_error("Open a slide first (File ▸ Open, or File ▸ Open Sample ▸ bigslide).")
+        return layer
+
+    # -- regions layers ----------------------------------------------------------------------------
+    def regions_layer(self, create: bool = False) -> Any:
+        slide = self.slide_layer()
+        if slide is None:
+            return None
+        existing = layers_with_role(self.viewer, "regions", slide.metadata["path"])
+        if existing or not create:
+            return existing[0] if existing else None
+        return self.viewer.add_shapes(
+            None, shape_type="polygon", **regions_layer_kwargs(slide, f"{slide.name} sampling regions")
+        )
+
+    def new_regions_layer(self) -> Any:
+        """The selected slide's regions layer (created when missing), selected and in polygon mode."""
+        if self._require_slide() is None:
+            return None
+        layer = self.regions_layer(create=True)
+        self.viewer.layers.selection.active = layer
+        layer.mode = "add_polygon"
+        self.status.setText("Click to add vertices; double-click closes a polygon. Press Escape to stop.")
+        return layer
+
+    def load_geojson(self, path: str | Path | None = None) -> Any:
+        from bigslide.regions import load_regions
+
+        if self._require_slide() is None:
+            return None
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Load regions", "", "GeoJSON (*.geojson *.json)")
+            if not path:
+                return None
+        try:
+            regions = load_regions(path)
+        except BigslideError as err:
+            show_error(str(err))
+            return None
+        layer = self.regions_layer(create=True)
+        layer.add_polygons(polygons_to_shapes([r.geometry for r in regions]))
+        self.session.update(self.slide_layer().metadata["path"], regions=Path(path).resolve())
+        self.status.setText(f"Loaded {len(regions)} regions from {Path(path).name}.")
+        return layer
+
+    def save_geojson(self, path: str | Path | None = None) -> Path | None:
+        """Write the drawn regions (level-0 px, QuPath convention) and use the file in the slide table."""
+        from bigslide.regions import save_regions
+
+        slide = self._require_slide()
+        if slide is None:
+            return None
+        regions = layer_regions(self.viewer, slide.metadata["path"])
+        if regions is None:
+            show_error(f"No regions drawn on {slide.name}: press 'New sampling regions' and draw polygons.")
+            return None
+        if path is None:
+            suggestion = str(Path(slide.metadata["path"]).with_suffix(".regions.geojson"))
+            path, _ = QFileDialog.getSaveFileName(self, "Save regions", suggestion, "GeoJSON (*.geojson)")
+            if not path:
+                return None
+        saved = save_regions(regions, path)
+        self.session.add(slide.metadata["path"], regions=saved.resolve())
+        self.status.setText(f"Saved {len(regions)} regions to {saved.name}.")
+        return saved
+
+    # -- tile preview ------------------------------------------------------------------------------
+    def _on_preview_toggled(self, checked: bool) -> None:
+        if checked:
+            self.update_preview()
+        else:
+            remove_layers(self.viewer, role="tiles")
+
+    def _schedule_preview(self) -> None:
+        if self.preview.isChecked():
+            self._preview_timer.start()
+
+    def update_preview(self) -> Any:
+        """Compute the tiles of the selected slide in a worker and draw them; returns the worker."""
+        slide = self._require_slide()
+        if slide is None:
+            return None
+        path = slide.metadata["path"]
+        try:
+            regions = slide_regions(self.viewer, self.session, path)
+        except BigslideError as err:
+            show_error(str(err))
+            return None
+        worker = _tile_grid(
+            path, self.session.tile_size, self.session.level, self.session.min_tissue, regions
+        )
+        worker.returned.connect(self._show_tiles(slide))
+        worker.errored.connect(lambda err: show_error(f"Tile preview failed: {err}"))
+        self.preview_worker = worker
+        self.status.setText("Finding tiles…")
+        worker.start()
+        return worker
+
+    def _show_tiles(self, slide: Any) -> Callable[[Any], None]:
+        def show(grid: Any) -> None:
+            if not self.preview.isChecked() or slide not in self.viewer.layers:
+                return
+            previous = self.viewer.layers.selection.active
+            add_tile_preview(self.viewer, slide, grid.coords, grid.tile_size_level0)
+            if previous in self.viewer.layers:  # keep drawing where the user was drawing
+                self.viewer.layers.selection.active = previous
+            self.status.setText(
+                f"{len(grid)} tiles of {grid.tile_size_level0} px will be sampled from {slide.name}."
+            )
+            self.session.update(slide.metadata["path"], tiles=len(grid))
+
+        return show
+
+
+@thread_worker(ignore_errors=True)
+def _tile_grid(path: str, tile_size: int, level: int, min_tissue: float, regions: Any) -> Any:
+    from bigslide.grid import TileGrid
+    from bigslide.slide import open_slide
+
+    with open_slide(path) as slide:
+        return TileGrid.from_slide(slide, tile_size, level=level, min_tissue=min_tissue, regions=regions)

@@ -1,0 +1,280 @@
+"""Results panel: run a checkpoint on a slide, overlay its heatmaps exactly on the tissue, export them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from napari.qt.threading import create_worker
+from napari.utils.notifications import show_error, show_info
+from qtpy.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from bigslide.errors import BigslideError
+from bigslide.napari._layers import (
+    HEATMAP_COLORMAPS,
+    add_heatmap,
+    layers_with_role,
+    renormalise,
+    slide_layers,
+)
+from bigslide.napari._qt import percent_slider
+from bigslide.napari._session import session_for
+
+if TYPE_CHECKING:
+    import napari
+
+NORMALISATIONS = ("rank", "percentile", "minmax", "raw")
+HEATMAP_TITLES = {
+    "attention": "attention",
+    "norm": "Z-block norm",
+    "pca": "Z-block PCA",
+    "evidence": "class evidence",
+}
+
+
+class ResultsWidget(QWidget):
+    def __init__(self, napari_viewer: napari.Viewer) -> None:
+        super().__init__()
+        self.viewer = napari_viewer
+        self.session = session_for(napari_viewer)
+        self.worker: Any = None
+        self.prediction: Any = None
+
+        self.checkpoint = QLineEdit()
+        self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
+        browse = QPushButton("…")
+        browse.setMaximumWidth(30)
+        browse.clicked.connect(self._browse_checkpoint)
+        self.slide_box = QComboBox()
+        self.device = QComboBox()
+        self.device.addItems(["auto", "cpu", "cuda"])
+        self.run_button = QPushButton("Run on slide")
+        self.run_button.setToolTip("Predict the slide and overlay its heatmaps")
+        self.run_button.clicked.connect(lambda: self.run())
+        self.result = QLabel("Choose a checkpoint and a slide.")
+        self.result.setWordWrap(True)
+
+        self.heatmap_box = QComboBox()
+        self.colormap = QComboBox()
+        self.colormap.addItems(HEATMAP_COLORMAPS)
+        self.normalisation = QComboBox()
+        self.normalisation.addItems(NORMALISATIONS)
+        self.normalisation.setToolTip("rank: even spread of colours; raw: the scores as they are")
+        self.opacity = percent_slider(50)
+        self.colormap.currentTextChanged.connect(lambda _t: self.apply_display())
+        self.normalisation.currentTextChanged.connect(lambda _t: self.apply_display())
+        self.opacity.valueChanged.connect(lambda _v: self.apply_display())
+        self.heatmap_box.currentTextChanged.connect(self._on_heatmap_chosen)
+
+        self.png_button = QPushButton("PNG overlay…")
+        self.npz_button = QPushButton("Grid (.npz)…")
+        self.geojson_button = QPushButton("QuPath tiles…")
+        self.png_button.clicked.connect(lambda: self.export_png())
+        self.npz_button.clicked.connect(lambda: self.export_npz())
+        self.geojson_button.clicked.connect(lambda: self.export_geojson())
+
+        ckpt_row = QHBoxLayout()
+        ckpt_row.addWidget(self.checkpoint)
+        ckpt_row.addWidget(browse)
+        form = QFormLayout()
+        form.addRow("checkpoint", ckpt_row)
+        form.addRow("slide", self.slide_box)
+        form.addRow("device", self.device)
+        display = QFormLayout()
+        display.addRow("heatmap", self.heatmap_box)
+        display.addRow("colormap", self.colormap)
+        display.addRow("normalisation", self.normalisation)
+        display.addRow("opacity", self.opacity)
+        exports = QHBoxLayout()
+        for button in (self.png_button, self.npz_button, self.geojson_button):
+            exports.addWidget(button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.run_button)
+        layout.addWidget(self.result)
+        layout.addLayout(display)
+        layout.addWidget(QLabel("Export the chosen heatmap:"))
+        layout.addLayout(exports)
+        layout.addStretch()
+
+        self.viewer.layers.events.inserted.connect(self._on_layers_changed)
+        self.viewer.layers.events.removed.connect(self._on_layers_changed)
+        self._on_layers_changed()
+
+    # -- choices ---------------------------------------------------------------------------------------
+    def _on_layers_changed(self, _event: Any = None) -> None:
+        for box, layers in (
+            (self.slide_box, slide_layers(self.viewer)),
+            (self.heatmap_box, layers_with_role(self.viewer, "heatmap")),
+        ):
+            current = box.currentText()
+            box.blockSignals(True)
+            box.clear()
+            box.addItems([layer.name for layer in layers])
+            if current in [layer.name for layer in layers]:
+                box.setCurrentText(current)
+            box.blockSignals(False)
+
+    def slide_layer(self) -> Any:
+        name = self.slide_box.currentText()
+        return next((layer for layer in slide_layers(self.viewer) if layer.name == name), None)
+
+    def heatmap_layer(self) -> Any:
+        name = self.heatmap_box.currentText()
+        return next((layer for layer in layers_with_role(self.viewer, "heatmap") if layer.name == name), None)
+
+    def _browse_checkpoint(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Checkpoint", "", "Checkpoint (*.pt)")
+        if path:
+            self.checkpoint.setText(path)
+
+    # -- inference -----------------------------------------------------------------------------------
+    def run(self) -> Any:
+        """Predict the chosen slide in a worker thread; returns the started worker (or None)."""
+        from bigslide.engine.inference import predict_slide
+
+        slide = self.slide_layer()
+        checkpoint = Path(self.checkpoint.text().strip()).expanduser()
+        if slide is None:
+            show_error("Open a slide first.")
+            return None
+        if not checkpoint.is_file():
+            show_error(f"No checkpoint at '{checkpoint}': train a model or choose a .pt file.")
+            return None
+        row = self.session.row(slide.metadata["path"])
+        regions = row.regions if row is not None else None
+        worker = create_worker(
+            predict_slide,
+            checkpoint,
+            slide.metadata["path"],
+            regions=regions,
+            device=self.device.currentText(),
+            _start_thread=False,
+            _ignore_errors=True,
+        )
+        worker.returned.connect(lambda prediction: self.show_prediction(prediction, slide))
+        worker.errored.connect(lambda err: show_error(f"Inference failed: {err}"))
+        worker.finished.connect(lambda: self.run_button.setEnabled(True))
+        self.worker = worker
+        self.run_button.setEnabled(False)
+        self.result.setText(f"Running {checkpoint.name} on {slide.name}…")
+        worker.start()
+        return worker
+
+    def show_prediction(self, prediction: Any, slide: Any) -> list[Any]:
+        """Add one heatmap layer per grid of the prediction, aligned with `slide`."""
+        if slide not in self.viewer.layers:
+            return []
+        self.prediction = prediction
+        probs = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+        self.result.setText(f"<b>{prediction.label}</b> ({probs})")
+        added = []
+        for key, grid in prediction.grids.items():
+            title = HEATMAP_TITLES.get(key, key)
+            added.append(self.add_grid(grid, slide, f"{slide.name} {title}"))
+        if added:
+            self.heatmap_box.setCurrentText(added[0].name)
+        self.viewer.layers.selection.active = slide
+        return added
+
+    def add_grid(self, grid: Any, slide: Any, name: str) -> Any:
+        layer = add_heatmap(self.viewer, grid, slide, name=name, normalisation=self._normalisation())
+        if not grid.is_rgb:
+            layer.colormap = self.colormap.currentText()
+        layer.opacity = self.opacity.value() / 100
+        return layer
+
+    # -- display ---------------------------------------------------------------------------------------
+    def _normalisation(self) -> Any:
+        return self.normalisation.currentText()
+
+    def _on_heatmap_chosen(self, _name: str) -> None:
+        layer = self.heatmap_layer()
+        if layer is None:
+            return
+        for widget in (self.colormap, self.normalisation, self.opacity):
+            widget.blockSignals(True)
+        if layer.colormap.name in HEATMAP_COLORMAPS:
+            self.colormap.setCurrentText(layer.colormap.name)
+        self.normalisation.setCurrentText(layer.metadata.get("normalisation", "rank"))
+        self.opacity.setValue(round(layer.opacity * 100))
+        for widget in (self.colormap, self.normalisation, self.opacity):
+            widget.blockSignals(False)
+
+    def apply_display(self) -> None:
+        layer = self.heatmap_layer()
+        if layer is None:
+            return
+        layer.opacity = self.opacity.value() / 100
+        if layer.rgb:
+            return
+        layer.colormap = self.colormap.currentText()
+        if layer.metadata.get("normalisation") != self._normalisation():
+            renormalise(layer, self._normalisation())
+
+    # -- export ----------------------------------------------------------------------------------------
+    def _export_target(self, path: str | Path | None, suffix: str, title: str) -> tuple[Any, Path] | None:
+        layer = self.heatmap_layer()
+        if layer is None:
+            show_error("No heatmap yet: run a checkpoint on a slide first.")
+            return None
+        if path is None:
+            default = (
+                Path(layer.metadata.get("slide") or "heatmap").with_suffix("").name + f"_{layer.name}{suffix}"
+            )
+            path, _ = QFileDialog.getSaveFileName(self, title, default.replace(" ", "_"), f"*{suffix}")
+            if not path:
+                return None
+        return layer, Path(path)
+
+    def export_png(self, path: str | Path | None = None) -> Path | None:
+        from bigslide.explain.export import overlay_png
+        from bigslide.slide import open_slide
+
+        target = self._export_target(path, ".png", "Save overlay")
+        if target is None:
+            return None
+        layer, out = target
+        try:
+            with open_slide(layer.metadata["slide"]) as slide:
+                saved = overlay_png(
+                    layer.metadata["grid"],
+                    slide,
+                    out,
+                    normalisation=self._normalisation(),
+                    cmap=self.colormap.currentText(),
+                    alpha=max(layer.opacity, 0.05),
+                )
+        except BigslideError as err:
+            show_error(str(err))
+            return None
+        show_info(f"Saved {saved}")
+        return saved
+
+    def export_npz(self, path: str | Path | None = None) -> Path | None:
+        target = self._export_target(path, ".npz", "Save score grid")
+        if target is None:
+            return None
+        saved: Path = target[0].metadata["grid"].save_npz(target[1])
+        show_info(f"Saved {saved}")
+        return saved
+
+    def export_geojson(self, path: str | Path | None = None) -> Path | None:
+        from bigslide.explain.export import grid_geojson
+
+        target = self._export_target(path, ".geojson", "Save QuPath tiles")
+        if target is None:
+            return None
+        saved = grid_geojson(target[0].metadata["grid"], target[1])
+        show_info(f"Saved {saved}")
+        return saved

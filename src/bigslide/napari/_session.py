@@ -1,0 +1,120 @@
+"""State shared by the dock widgets of one viewer: the training set and the tiling settings.
+
+napari builds each dock widget on its own; they meet here, one `Session` per viewer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from psygnal import Signal
+
+from bigslide.engine.config import DataConfig
+from bigslide.errors import DataError
+
+if TYPE_CHECKING:
+    import napari
+
+    from bigslide.data.table import SlideTable
+
+SPLIT_CHOICES = ("", "train", "val", "test")  # "" = decided at training time (stratified)
+
+
+@dataclass
+class SlideRow:
+    path: Path
+    label: str = ""
+    split: str = ""
+    regions: Path | None = None
+    tiles: int | None = None
+    from_layer: bool = False
+
+
+class Session:
+    changed = Signal()
+    """Rows were added, removed or edited."""
+
+    def __init__(self) -> None:
+        defaults = DataConfig()
+        self.rows: list[SlideRow] = []
+        self.tile_size = defaults.tile_size
+        self.level = defaults.level
+        self.min_tissue = defaults.min_tissue
+
+    def row(self, path: str | Path) -> SlideRow | None:
+        key = Path(path).resolve()
+        return next((r for r in self.rows if r.path == key), None)
+
+    def add(
+        self,
+        path: str | Path,
+        *,
+        label: str = "",
+        split: str = "",
+        regions: Path | None = None,
+        from_layer: bool = False,
+    ) -> SlideRow:
+        """Add a slide, or update the known one (non-empty values win)."""
+        row = self.row(path)
+        if row is None:
+            row = SlideRow(Path(path).resolve(), from_layer=from_layer)
+            self.rows.append(row)
+        row.label = label or row.label
+        row.split = split or row.split
+        row.regions = regions or row.regions
+        self.changed.emit()
+        return row
+
+    def remove(self, path: str | Path) -> None:
+        row = self.row(path)
+        if row is not None:
+            self.rows.remove(row)
+            self.changed.emit()
+
+    def update(self, path: str | Path, **values: Any) -> None:
+        row = self.row(path)
+        if row is None:
+            return
+        for key, value in values.items():
+            setattr(row, key, value)
+        self.changed.emit()
+
+    def load_csv(self, path: str | Path) -> int:
+        """Add every row of a slide table; returns how many were read."""
+        from bigslide.data.table import SlideTable
+
+        table = SlideTable.from_csv(path)
+        for entry in table.entries:
+            self.add(entry.path, label=entry.label, split=entry.split or "", regions=entry.regions)
+        return len(table.entries)
+
+    def table(self) -> SlideTable:
+        """The rows as a slide table; a slide without a label is a `DataError` naming it."""
+        from bigslide.data.table import SlideEntry, SlideTable
+
+        if not self.rows:
+            raise DataError("the training set is empty: open slides or load a slide table (CSV) first")
+        unlabelled = [r.path.name for r in self.rows if not r.label.strip()]
+        if unlabelled:
+            raise DataError(
+                f"slide(s) without a label: {', '.join(unlabelled)}; type a label in the Slides panel"
+            )
+        return SlideTable(
+            [SlideEntry(r.path, r.label.strip(), r.split or None, r.regions) for r in self.rows]
+        )
+
+    def save_csv(self, path: str | Path) -> Path:
+        return self.table().to_csv(path)
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+
+
+def session_for(viewer: napari.Viewer) -> Session:
+    session = _SESSIONS.get(viewer)
+    if session is None:
+        session = _SESSIONS[viewer] = Session()
+    return session

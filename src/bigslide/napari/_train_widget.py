@@ -1,0 +1,270 @@
+"""Train panel: pick a method and its parameters, press Start, watch progress; Stop saves a checkpoint.
+
+The engine's training generator runs in a napari worker thread; its events update the progress bar
+and the plots in the GUI thread. Stop asks the worker to quit; once it reports `aborted`, the engine
+generator is closed (in the worker thread, so the GUI stays live) and writes `checkpoints/last.pt`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from napari.qt.threading import create_worker
+from napari.utils.notifications import show_error, show_info
+from qtpy.QtCore import Qt, Signal
+from qtpy.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig
+from bigslide.engine.events import CheckpointSaved, Loss, Message, Metrics, Progress
+from bigslide.errors import BigslideError
+from bigslide.napari._forms import DataclassForm
+from bigslide.napari._plot import LinePlot
+from bigslide.napari._qt import combo_box, float_box, spin_box
+from bigslide.napari._run import drive, write_run_folder
+from bigslide.napari._session import session_for
+
+if TYPE_CHECKING:
+    import napari
+
+BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
+DATA_FIELDS = ("bag_size", "image_size", "batch_size", "augment")
+PLOTTED_METRICS = ("accuracy", "auc")
+
+
+class TrainWidget(QWidget):
+    run_created = Signal(object)
+    """Emitted with the worker of a new run just before it starts (connect here to see every signal)."""
+
+    def __init__(self, napari_viewer: napari.Viewer) -> None:
+        super().__init__()
+        self.viewer = napari_viewer
+        self.session = session_for(napari_viewer)
+        self.worker: Any = None
+        self.run_gen: Any = None
+        self.config_path: Path | None = None
+        self.last_checkpoint: Path | None = None
+        self.stopped = False
+
+        from bigslide.methods.base import available_methods
+
+        self.method_box = QComboBox()
+        self.method_box.addItems(available_methods())
+        self.method_box.setToolTip("Training method; its parameters are listed below")
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        self.params_box = QGroupBox("Method parameters")
+        self.params_layout = QVBoxLayout(self.params_box)
+        self.params_form: DataclassForm | None = None
+        self.data_form = DataclassForm(DataConfig, include=DATA_FIELDS)
+
+        self.backbone = combo_box(BACKBONES, editable=True, tip="Any timm model name")
+        self.epochs = spin_box(1, 10_000, OptimConfig().epochs)
+        self.lr = float_box(1e-6, 1.0, OptimConfig().lr, 1e-4, decimals=6)
+        self.max_steps = spin_box(0, 10**9, 0, tip="Stop after this many steps (0 = run all epochs)")
+        self.device = QComboBox()
+        self.device.addItems(["auto", "cpu", "cuda"])
+        self.out_dir = QLineEdit(str(Path.cwd() / "runs" / "napari"))
+        self.out_dir.setToolTip("Run folder: slide table, regions, config.yaml and checkpoints go here")
+        browse = QPushButton("…")
+        browse.setMaximumWidth(30)
+        browse.clicked.connect(self._browse_out_dir)
+
+        self.start_button = QPushButton("Start")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.start_button.clicked.connect(lambda: self.start())
+        self.stop_button.clicked.connect(self.stop)
+        self.progress = QProgressBar()
+        self.progress.setFormat("step %v / %m")
+        self.status = QLabel("Label the slides in the Slides panel, then press Start.")
+        self.status.setWordWrap(True)
+        self.loss_plot = LinePlot("training loss")
+        self.metric_plot = LinePlot("metrics per epoch")
+
+        out_row = QHBoxLayout()
+        out_row.addWidget(self.out_dir)
+        out_row.addWidget(browse)
+        settings = QFormLayout()
+        settings.addRow("method", self.method_box)
+        settings.addRow(self.summary)
+        settings.addRow("backbone", self.backbone)
+        settings.addRow("epochs", self.epochs)
+        settings.addRow("learning rate", self.lr)
+        settings.addRow("max steps", self.max_steps)
+        settings.addRow("device", self.device)
+        settings.addRow("output folder", out_row)
+        data_box = QGroupBox("Data")
+        QVBoxLayout(data_box).addWidget(self.data_form.native)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.stop_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(settings)
+        layout.addWidget(self.params_box)
+        layout.addWidget(data_box)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.loss_plot)
+        layout.addWidget(self.metric_plot)
+
+        self.method_box.currentTextChanged.connect(self._on_method_changed)
+        self._on_method_changed(self.method_box.currentText())
+
+    # -- form ----------------------------------------------------------------------------------------
+    def _on_method_changed(self, name: str) -> None:
+        from bigslide.methods.base import get_method
+
+        if self.params_form is not None:
+            self.params_layout.removeWidget(self.params_form.native)
+            self.params_form.native.deleteLater()
+            self.params_form = None
+        if not name:
+            return
+        cls = get_method(name)
+        self.summary.setText(
+            f"<i>{cls.summary}</i> ({'tiles → bag' if cls.kind == 'bag' else 'whole image'})"
+        )
+        self.params_form = DataclassForm(cls.Params)
+        self.params_layout.addWidget(self.params_form.native)
+        self.params_box.setVisible(len(self.params_form) > 0)
+
+    def set_method(self, name: str, **params: Any) -> None:
+        self.method_box.setCurrentText(name)
+        if self.params_form is not None:
+            self.params_form.set_values(params)
+
+    def _browse_out_dir(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Run folder", self.out_dir.text())
+        if folder:
+            self.out_dir.setText(folder)
+
+    # -- run -----------------------------------------------------------------------------------------
+    def write_config(self) -> Path:
+        """Write the run folder for the current choices; returns `<out>/config.yaml`."""
+        optim = OptimConfig(
+            lr=self.lr.value(), epochs=self.epochs.value(), max_steps=self.max_steps.value() or None
+        )
+        return write_run_folder(
+            self.viewer,
+            self.session,
+            self.out_dir.text(),
+            method=self.method_box.currentText(),
+            method_params=self.params_form.values() if self.params_form is not None else {},
+            data_values=self.data_form.values(),
+            model=ModelConfig(backbone=self.backbone.currentText().strip()),
+            optim=optim,
+            device=self.device.currentText(),
+        )
+
+    def start(self) -> Any:
+        """Start training in a worker thread; returns the worker, or None when the setup is wrong."""
+        from bigslide.engine.config import TrainConfig
+        from bigslide.engine.loop import train
+
+        if self.worker is not None:
+            return None
+        try:
+            self.config_path = self.write_config()
+            config = TrainConfig.from_yaml(self.config_path)
+        except (BigslideError, OSError) as err:
+            show_error(f"Cannot start training: {err}")
+            return None
+        _limit_torch_threads()
+        self.run_gen = train(config)
+        self.stopped = False
+        self.last_checkpoint = None
+        worker = create_worker(drive, self.run_gen, _start_thread=False, _ignore_errors=True)
+        worker.yielded.connect(self._on_event)
+        # closing runs in the worker thread (direct connection), so saving never freezes the GUI
+        worker.aborted.connect(self._close_run, Qt.ConnectionType.DirectConnection)
+        worker.returned.connect(self._on_returned)
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_finished)
+        self.worker = worker
+        self.loss_plot.clear()
+        self.metric_plot.clear()
+        self.progress.setRange(0, 0)
+        self._set_running(True)
+        self.status.setText(f"Starting {config.method.name}… (config: {self.config_path})")
+        self.run_created.emit(worker)
+        worker.start()
+        return worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.stopped = True
+            self.status.setText("Stopping after the current step; saving a checkpoint…")
+            self.stop_button.setEnabled(False)
+            self.worker.quit()
+
+    def _close_run(self) -> None:
+        if self.run_gen is not None:
+            self.run_gen.close()  # the engine saves checkpoints/last.pt on close
+
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, Progress):
+            self.progress.setRange(0, max(event.total, 1))
+            self.progress.setValue(event.step)
+        elif isinstance(event, Loss):
+            self.loss_plot.add_point("loss", event.step, event.value)
+        elif isinstance(event, Metrics):
+            for key in PLOTTED_METRICS:
+                if key in event.values:
+                    self.metric_plot.add_point(f"{event.split} {key}", event.epoch + 1, event.values[key])
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in event.values.items() if k in PLOTTED_METRICS)
+            self.status.setText(f"epoch {event.epoch + 1} {event.split}: {shown}")
+        elif isinstance(event, CheckpointSaved):
+            self.last_checkpoint = Path(event.path)
+        elif isinstance(event, Message):
+            self.status.setText(event.text)
+
+    def _on_returned(self, result: Any) -> None:
+        self.last_checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
+        self.status.setText(f"Finished. Checkpoint: {self.last_checkpoint}")
+        show_info(f"Training finished; checkpoint saved to {self.last_checkpoint}")
+
+    def _on_error(self, err: Exception) -> None:
+        show_error(f"Training failed: {err}")
+        self.status.setText(f"Training failed: {err}")
+
+    def _on_finished(self) -> None:
+        if self.stopped and self.config_path is not None:
+            checkpoint = self.config_path.parent / "checkpoints" / "last.pt"
+            if checkpoint.is_file():
+                self.last_checkpoint = checkpoint
+                self.status.setText(f"Stopped. Checkpoint: {checkpoint}")
+        self.worker = None
+        self.run_gen = None
+        self._set_running(False)
+        if self.progress.maximum() == 0:
+            self.progress.setRange(0, 1)
+
+    def _set_running(self, running: bool) -> None:
+        self.start_button.setEnabled(not running)
+        self.stop_button.setEnabled(running)
+        for widget in (self.method_box, self.params_box, self.backbone, self.epochs, self.lr, self.device):
+            widget.setEnabled(not running)
+
+
+def _limit_torch_threads() -> None:
+    """Leave one core to the GUI thread so the viewer stays responsive while training."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    if cores > 1 and torch.get_num_threads() >= cores:
+        torch.set_num_threads(cores - 1)

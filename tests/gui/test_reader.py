@@ -1,0 +1,91 @@
+"""Opening slides through napari's reader machinery: lazy, multiscale, in µm, fast on huge files."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pytest
+from dask.callbacks import Callback
+
+from bigslide.napari._reader import get_reader
+from bigslide.synthetic.pyramid import LazyLevel, write_pyramid
+
+
+class ComputedKeys(Callback):
+    """Records the names of every dask array whose chunks get computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
+        self.names.add(key[0] if isinstance(key, tuple) else str(key))
+
+
+@pytest.mark.parametrize("flavour", ["svs_slide", "tiff_slide", "ome_slide"])
+def test_open_through_napari(viewer: Any, flavour: str, request: pytest.FixtureRequest) -> None:
+    written = request.getfixturevalue(flavour)
+    layers = viewer.open(written.path, plugin="bigslide")
+    assert len(layers) == 1
+    layer = layers[0]
+    assert layer.multiscale
+    assert layer.rgb
+    assert len(layer.data) == len(written.levels) == layer.metadata["levels"]
+    for level, expected in zip(layer.data, written.levels):
+        assert level.shape == expected.shape
+        assert level.chunksize[:2] == (256, 256) or level.shape[0] < 256
+    np.testing.assert_allclose(layer.scale, (written.mpp, written.mpp))
+    assert [str(u) for u in layer.units] == ["micrometer", "micrometer"]
+    assert layer.metadata["path"] == str(written.path)
+    assert tuple(layer.metadata["mpp"]) == (written.mpp, written.mpp)
+    # the pixels napari would show at the coarsest level are the file's
+    np.testing.assert_array_equal(np.asarray(layer.data[-1]), written.levels[-1])
+
+
+def test_rejects_what_it_cannot_read(tmp_path: Path, svs_slide: Any) -> None:
+    png = tmp_path / "picture.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    fake = tmp_path / "fake.svs"
+    fake.write_text("not a slide")
+    truncated = tmp_path / "truncated.svs"
+    truncated.write_bytes(svs_slide.path.read_bytes()[:3000])
+    renamed = tmp_path / "slide.txt"
+    renamed.write_bytes(svs_slide.path.read_bytes())
+    for path in (png, fake, truncated, renamed, tmp_path / "missing.svs", tmp_path):
+        start = time.perf_counter()
+        assert get_reader(str(path)) is None, path
+        assert time.perf_counter() - start < 0.5
+    assert get_reader(str(svs_slide.path)) is not None
+
+
+@pytest.fixture(scope="session")
+def huge_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 16,384 x 24,576 px slide (1.2 GB of RGB at level 0), mostly empty glass, written lazily."""
+    blank = np.full((1024, 1024, 3), 240, np.uint8)
+    spot = blank.copy()
+    spot[256:768, 256:768] = (150, 60, 140)
+    levels = [
+        LazyLevel(16384 // 2**i, 24576 // 2**i, lambda ty, tx: spot if (ty + tx) % 7 == 0 else blank)
+        for i in range(4)
+    ]
+    path = tmp_path_factory.mktemp("huge") / "huge.svs"
+    return write_pyramid(path, levels, mpp=0.25, tile=1024, compression="zstd")
+
+
+def test_huge_slide_opens_lazily(viewer: Any, qtbot: Any, huge_slide: Path) -> None:
+    recorder = ComputedKeys()
+    start = time.perf_counter()
+    with recorder, dask.config.set(scheduler="threads"):
+        [layer] = viewer.open(huge_slide, plugin="bigslide")
+        opened = time.perf_counter() - start
+        viewer.window._qt_window.show()
+        qtbot.wait(300)  # let napari draw what is on screen
+    assert opened < 2.0
+    assert layer.data[0].shape == (16384, 24576, 3)
+    names = [level.name for level in layer.data]
+    assert names[-1] in recorder.names  # napari did draw, from the coarsest level
+    assert names[0] not in recorder.names

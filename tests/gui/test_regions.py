@@ -1,0 +1,78 @@
+"""Sampling regions: drawn in level-0 pixels on the slide, saved as QuPath GeoJSON, previewed as tiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import shapely
+
+from bigslide.grid import TileGrid
+from bigslide.regions import load_regions
+from bigslide.slide import open_slide
+
+
+def test_sample_slide_and_lesions(viewer: Any) -> None:
+    layers = viewer.open_sample("bigslide", "slide")
+    slide, lesions = layers
+    assert slide.multiscale
+    assert slide.metadata["levels"] == 3
+    assert lesions.metadata["bigslide_role"] == "lesions"
+    np.testing.assert_allclose(lesions.scale, slide.scale)
+    assert lesions.units == slide.units
+    # lesion vertices are level-0 pixels: they lie on the lesion file's polygons
+    truth = load_regions(lesions.metadata["path"])
+    for shape, region in zip(lesions.data, truth):
+        np.testing.assert_allclose(shape[:, ::-1], np.asarray(region.geometry.exterior.coords)[:-1])
+
+
+def test_draw_save_load_regions(viewer: Any, dock: Any, tmp_path: Path, svs_slide: Any) -> None:
+    [slide] = viewer.open(svs_slide.path, plugin="bigslide")
+    panel = dock("Sampling regions")
+    layer = panel.new_regions_layer()
+    assert layer.mode == "add_polygon"
+    np.testing.assert_allclose(layer.scale, slide.scale)
+    # a user clicks at world positions (µm); napari stores them through the layer's scale
+    world = np.array([[50.0, 40.0], [50.0, 400.0], [300.0, 400.0], [300.0, 40.0]])
+    layer.add_polygons([layer.world_to_data(p) for p in world])
+    saved = panel.save_geojson(tmp_path / "regions.geojson")
+    assert saved is not None
+    [region] = load_regions(saved)
+    xy = np.asarray(region.geometry.exterior.coords)[:-1]
+    expected = world[:, ::-1] / svs_slide.mpp  # µm -> level-0 (x, y) px at 0.5 µm/px
+    np.testing.assert_allclose(np.sort(xy, axis=0), np.sort(expected, axis=0))
+    assert panel.session.row(svs_slide.path).regions == saved.resolve()
+
+    # a fresh layer loaded from the file has the same vertices
+    viewer.layers.remove(layer)
+    loaded = panel.load_geojson(saved)
+    np.testing.assert_allclose(np.sort(loaded.data[0][:, ::-1], axis=0), np.sort(expected, axis=0))
+
+
+def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> None:
+    slide, _ = viewer.open_sample("bigslide", "slide")
+    panel = dock("Sampling regions")
+    layer = panel.new_regions_layer()
+    box = np.array([[200.0, 300.0], [200.0, 1500.0], [1400.0, 1500.0], [1400.0, 300.0]])  # level-0 (row, col)
+    layer.add_polygons([box])
+    panel.session.tile_size = 128
+    with qtbot.waitSignal(panel.preview.toggled):
+        panel.preview.setChecked(True)
+    qtbot.waitUntil(
+        lambda: any(lay.metadata.get("bigslide_role") == "tiles" for lay in viewer.layers), timeout=30_000
+    )
+    tiles = next(lay for lay in viewer.layers if lay.metadata.get("bigslide_role") == "tiles")
+    with open_slide(slide.metadata["path"]) as s:
+        from bigslide.regions import Region
+
+        polygon = shapely.Polygon(box[:, ::-1])
+        grid = TileGrid.from_slide(s, 128, min_tissue=panel.session.min_tissue, regions=[Region(polygon)])
+    assert 0 < len(tiles.data) == len(grid)
+    np.testing.assert_allclose(tiles.scale, slide.scale)
+    for rect in tiles.data:
+        centre = rect.mean(axis=0)[::-1]
+        assert polygon.contains(shapely.Point(centre))
+    assert viewer.layers.selection.active.name == layer.name  # drawing can go on
+    panel.preview.setChecked(False)
+    assert not any(lay.metadata.get("bigslide_role") == "tiles" for lay in viewer.layers)

@@ -1,0 +1,158 @@
+"""Results panel: heatmaps sit exactly on the pixels they score, and trained checkpoints give them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import shapely
+
+from bigslide.engine import run_to_end, train
+from bigslide.engine.config import DataConfig, MethodConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
+from bigslide.explain.heatmap import ScoreGrid
+from bigslide.grid import TileGrid
+from bigslide.regions import load_regions
+from bigslide.slide import open_slide
+
+TILE = 32
+
+
+def lesion_grid(slide_path: str, lesions: list[shapely.Polygon]) -> tuple[ScoreGrid, TileGrid]:
+    """Scores = the fraction of each tile covered by lesion (what a perfect attention map shows)."""
+    with open_slide(slide_path) as slide:
+        grid = TileGrid.from_slide(slide, TILE, min_tissue=0.0)
+    union = shapely.union_all(lesions)
+    x, y = grid.coords[:, 0].astype(float), grid.coords[:, 1].astype(float)
+    boxes = shapely.box(x, y, x + TILE, y + TILE)
+    fraction = shapely.area(shapely.intersection(boxes, union)) / TILE**2
+    return ScoreGrid.from_tiles(grid.coords, fraction, TILE, mpp=grid.mpp), grid
+
+
+@pytest.mark.parametrize("shift", [(0.0, 0.0), (1234.5, -321.0)])
+def test_heatmap_lands_on_the_lesion(viewer: Any, dock: Any, shift: tuple[float, float]) -> None:
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    slide.translate = shift  # a slide moved in the world takes its heatmap along
+    polygons = [r.geometry for r in load_regions(lesions.metadata["path"])]
+    scores, _grid = lesion_grid(slide.metadata["path"], polygons)
+    panel = dock("Results")
+    heatmap = panel.add_grid(scores, slide, "lesion fraction")
+    np.testing.assert_allclose(heatmap.scale, (TILE * 0.5, TILE * 0.5))
+
+    data = scores.scores
+    top = np.argwhere(data >= 0.999)  # cells wholly inside a lesion
+    assert len(top) >= 4
+    union = shapely.union_all(polygons)
+    for r, c in top:
+        # the cell's centre and (nearly) its corners: heatmap data -> world -> slide level-0 pixels
+        for dr, dc in ((0, 0), (-0.45, -0.45), (0.45, 0.45), (-0.45, 0.45), (0.45, -0.45)):
+            world = heatmap.data_to_world((r + dr, c + dc))
+            row, col = slide.world_to_data(world)
+            # data coordinates of napari are pixel centres: level-0 pixel k spans [k - 0.5, k + 0.5)
+            x, y = col + 0.5, row + 0.5
+            assert union.contains(shapely.Point(x, y))
+        # and exactly the tile the score came from
+        world = heatmap.data_to_world((r, c))
+        row, col = slide.world_to_data(world)
+        x0 = scores.origin[0] + c * TILE
+        y0 = scores.origin[1] + r * TILE
+        np.testing.assert_allclose((col, row), (x0 + (TILE - 1) / 2, y0 + (TILE - 1) / 2), atol=1e-6)
+
+
+def test_display_controls_and_exports(viewer: Any, dock: Any, tmp_path: Path) -> None:
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    scores, grid = lesion_grid(
+        slide.metadata["path"], [r.geometry for r in load_regions(lesions.metadata["path"])]
+    )
+    panel = dock("Results")
+    heatmap = panel.add_grid(scores, slide, "lesion fraction")
+    panel.heatmap_box.setCurrentText(heatmap.name)
+    panel.colormap.setCurrentText("viridis")
+    panel.opacity.setValue(80)
+    panel.normalisation.setCurrentText("raw")
+    assert heatmap.colormap.name == "viridis"
+    assert heatmap.opacity == pytest.approx(0.8)
+    np.testing.assert_array_equal(np.isnan(heatmap.data), np.isnan(scores.scores))
+    np.testing.assert_allclose(
+        heatmap.data[np.isfinite(heatmap.data)], scores.scores[np.isfinite(scores.scores)]
+    )
+    panel.normalisation.setCurrentText("rank")
+    ranked = heatmap.data[np.isfinite(heatmap.data)]
+    raw = scores.scores[np.isfinite(scores.scores)]
+    assert ranked.min() >= 0.0
+    assert ranked.max() <= 1.0
+    order = np.argsort(raw, kind="stable")
+    assert np.all(np.diff(ranked[order]) >= 0)  # ranks keep the scores' order
+
+    png = panel.export_png(tmp_path / "overlay.png")
+    npz = panel.export_npz(tmp_path / "grid.npz")
+    geojson = panel.export_geojson(tmp_path / "tiles.geojson")
+    assert png is not None
+    assert png.stat().st_size > 1000
+    loaded = ScoreGrid.load_npz(npz)
+    np.testing.assert_array_equal(loaded.scores, scores.scores)
+    tiles = load_regions(geojson)
+    assert len(tiles) == np.isfinite(scores.scores).sum() == len(grid)
+
+
+def tiny_checkpoint(tiny_set: Path, out: Path, method: str, params: dict[str, Any]) -> Path:
+    config = TrainConfig(
+        data=DataConfig(csv=str(tiny_set), tile_size=32, bag_size=8, image_size=64, augment=False),
+        model=ModelConfig(backbone="resnet18"),
+        method=MethodConfig(method, params),
+        optim=OptimConfig(epochs=1, max_steps=1),
+        run=RunConfig(out_dir=str(out), device="cpu"),
+    )
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    return result.checkpoint
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "expected"),
+    [
+        ("abmil_acc", {"hidden": 32, "attention_dim": 16}, {"attention"}),
+        (
+            "patchgd",
+            {"patch_size": 32, "latent_dim": 16, "epsilon": 2, "encoder_bn": "frozen"},
+            {"Z-block norm", "Z-block PCA"},
+        ),
+    ],
+)
+def test_checkpoint_heatmaps(
+    viewer: Any,
+    dock: Any,
+    qtbot: Any,
+    tiny_set: Path,
+    tmp_path: Path,
+    method: str,
+    params: dict[str, Any],
+    expected: set[str],
+) -> None:
+    checkpoint = tiny_checkpoint(tiny_set, tmp_path / "run", method, params)
+    slide_path = tiny_set.parent / "slide_000.svs"
+    [slide] = viewer.open(slide_path, plugin="bigslide")
+    panel = dock("Results")
+    panel.checkpoint.setText(str(checkpoint))
+    panel.device.setCurrentText("cpu")
+    assert panel.run() is not None
+    assert not panel.run_button.isEnabled()
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)  # enabled again when the worker finishes
+    heatmaps = [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "heatmap"]
+    names = {layer.name.removeprefix(f"{slide.name} ") for layer in heatmaps}
+    assert expected <= names, names
+    assert panel.prediction.probs.sum() == pytest.approx(1.0, abs=1e-5)
+    for layer in heatmaps:
+        grid = layer.metadata["grid"]
+        scale, translate = grid.layer_transform()
+        np.testing.assert_allclose(layer.scale, scale)
+        np.testing.assert_allclose(layer.translate, translate)
+        # the map covers the slide, not beyond it by more than one cell
+        corner = slide.world_to_data(layer.data_to_world(np.array(layer.data.shape[:2]) - 0.5))
+        assert np.all(np.asarray(corner) <= np.array([512, 512]) + grid.cell_size_level0)
+    if method == "abmil_acc":
+        [attention] = heatmaps
+        with open_slide(slide_path) as s:
+            tiles = len(TileGrid.from_slide(s, 32, min_tissue=0.6))
+        assert np.isfinite(attention.metadata["grid"].scores).sum() == tiles

@@ -1,0 +1,57 @@
+"""The Slides panel: open slides and CSV rows in one table, labels typed in place, CSV round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bigslide.data.table import SlideTable
+from bigslide.grid import TileGrid
+from bigslide.slide import open_slide
+
+
+def test_training_set_sample_fills_the_table(viewer: Any, dock: Any, tmp_path: Path) -> None:
+    panel = dock("Slides")
+    layers = viewer.open_sample("bigslide", "training_set")
+    slides = [layer for layer in layers if layer.metadata.get("bigslide_role") == "slide"]
+    assert len(slides) == panel.table.rowCount() == 8
+    labels = [panel.table.item(i, 1).text() for i in range(8)]
+    assert set(labels) == {"tumor", "normal"}
+    # side by side, not stacked: no two slides share a top-left corner in the world
+    corners = {tuple(layer.data_to_world((0, 0))) for layer in slides}
+    assert len(corners) == 8
+
+    panel.set_label(0, "benign")
+    saved = panel.save_csv(tmp_path / "set.csv")
+    table = SlideTable.from_csv(saved)
+    assert [e.label for e in table.entries] == ["benign", *labels[1:]]
+
+    viewer.layers.remove(slides[0])  # closing a slide drops its row
+    assert panel.table.rowCount() == 7
+
+
+def test_csv_rows_and_tile_counts(viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, svs_slide: Any) -> None:
+    panel = dock("Slides")
+    viewer.open(svs_slide.path, plugin="bigslide")
+    assert panel.table.rowCount() == 1
+    assert panel.table.item(0, 1).text() == ""
+    panel.load_csv(tiny_set)
+    assert panel.table.rowCount() == 5
+    panel.tile_size.setValue(64)
+    assert panel.count_tiles() is not None
+    assert not panel.count_button.isEnabled()
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)  # enabled again when the worker finishes
+    for row in panel.session.rows:
+        with open_slide(row.path) as slide:
+            expected = len(TileGrid.from_slide(slide, 64, min_tissue=panel.session.min_tissue))
+        assert row.tiles == expected
+    assert [panel.table.item(i, 4).text() for i in range(5)] == [str(r.tiles) for r in panel.session.rows]
+
+
+def test_bad_csv_is_reported(viewer: Any, dock: Any, tmp_path: Path, notifications: list[Any]) -> None:
+    panel = dock("Slides")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("slide,label\nmissing.svs,tumor\n")
+    panel.load_csv(bad)
+    assert any("missing.svs" in n.message for n in notifications if n.severity == "error")
+    assert panel.table.rowCount() == 0
