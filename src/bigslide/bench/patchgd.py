@@ -1,0 +1,262 @@
+"""`bigslide bench patchgd`: PatchGD against full-image gradient descent, step time and memory, side by side.
+
+Every configuration runs in a fresh subprocess, one warm-up step first (it allocates Adam's state, so that
+sits in the baseline of both methods), then timed steps. Memory is the step's peak above the memory held
+just before it:
+- CPU: peak resident set size (VmHWM, reset through /proc/self/clear_refs before each step) minus the
+  resident size before the step. The subprocess runs with MALLOC_MMAP_THRESHOLD_=65536 so that freed
+  tensors go back to the system and the resident size follows live tensors instead of malloc's cache.
+- CUDA: `torch.cuda.max_memory_allocated` minus `memory_allocated` before the step.
+
+Tables: per image size, full-image GD vs PatchGD (min and median over repeats, ratios PatchGD / GD), and
+the reference configuration (512², patch 128, batch 2, k 2, ζ 8, ε 8, resnet18, latent 256, CNN head,
+Adam 1e-3), whose median step the reference code measured at 0.94 s on the development machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+REFERENCE_SECONDS = 0.94
+MEMORY_TARGET = 0.10
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", type=int, nargs="*", default=[512, 1024, 2048], help="square image sizes")
+    parser.add_argument("--patch", type=int, default=128, help="PatchGD patch size for the size table")
+    parser.add_argument(
+        "--sampling", type=float, default=0.125, help="PatchGD sampling fraction (paper: 1/8)"
+    )
+    parser.add_argument(
+        "--fixed-k", type=int, default=2, help="also run PatchGD with this fixed k per image (0 = skip)"
+    )
+    parser.add_argument("--epsilon", type=int, default=8, help="PatchGD inner iterations per optimizer step")
+    parser.add_argument("--batch", type=int, default=1, help="images per batch in the size table")
+    parser.add_argument(
+        "--fill-batch-size", type=int, default=32, help="patches per Z-filling call (size table)"
+    )
+    parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per configuration")
+    parser.add_argument("--large-repeats", type=int, default=1, help="timed steps for sizes >= 2048")
+    parser.add_argument(
+        "--reference-repeats", type=int, default=7, help="timed steps, reference configuration"
+    )
+    parser.add_argument("--no-reference", action="store_true", help="skip the reference configuration")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="mixed precision (CUDA only)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker:
+        print(json.dumps(_measure(json.loads(args.worker))))
+        return 0
+    common = {"device": args.device, "amp": args.amp, "threads": args.threads, "backbone": args.backbone}
+    variants = [(f"sampling {args.sampling:g}", 0)] + (
+        [(f"k = {args.fixed_k}", args.fixed_k)] if args.fixed_k else []
+    )
+    rows: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
+    for size in args.sizes:
+        repeats = args.large_repeats if size >= 2048 else args.repeats
+        shared = {**common, "size": size, "batch": args.batch, "repeats": repeats}
+        gd = _spawn({**shared, "method": "full_image"})
+        runs = []
+        for label, k in variants:
+            config = {
+                **shared,
+                "method": "patchgd",
+                "patch": args.patch,
+                "sampling": args.sampling,
+                "k": k,
+                "zeta": 0,
+                "epsilon": args.epsilon,
+                "fill_batch_size": args.fill_batch_size,
+            }
+            runs.append((label, _spawn(config)))
+        rows.append((size, gd, runs))
+    if rows:
+        _print_sizes(args, rows)
+    if not args.no_reference:
+        ref = _spawn(
+            {
+                **common,
+                "method": "patchgd",
+                "size": 512,
+                "batch": 2,
+                "patch": 128,
+                "sampling": 0.125,
+                "k": 2,
+                "zeta": 8,
+                "epsilon": 8,
+                "fill_batch_size": 256,
+                "repeats": args.reference_repeats,
+            }
+        )
+        _print_reference(ref)
+    return 0
+
+
+def _spawn(config: dict[str, Any]) -> dict[str, Any]:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    code = "import sys; from bigslide.bench.patchgd import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--worker", json.dumps(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _measure(config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from bigslide.engine.stepper import OptimStepper
+    from bigslide.methods.base import Batch, ModelSpec
+    from bigslide.methods.full_image import FullImage, FullImageParams
+    from bigslide.methods.patchgd import PatchGD, PatchGDParams
+
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
+    torch.manual_seed(0)
+    device = torch.device(config["device"])
+    spec = ModelSpec(config["backbone"], num_classes=10)
+    method: FullImage | PatchGD
+    if config["method"] == "full_image":
+        method = FullImage(FullImageParams(), spec, device)
+    else:
+        params = PatchGDParams(
+            patch_size=config["patch"],
+            sampling=config["sampling"],
+            k=config["k"],
+            inner_iterations=config["zeta"],
+            epsilon=config["epsilon"],
+            latent_dim=256,
+            head="cnn",
+            fill_batch_size=config["fill_batch_size"],
+        )
+        method = PatchGD(params, spec, device)
+    method.model.train()
+    amp = None if config["amp"] == "none" else config["amp"]
+    stepper = OptimStepper(torch.optim.Adam(method.model.parameters(), lr=1e-3), amp=amp, device=device)
+    size, batch_size = config["size"], config["batch"]
+    batch = Batch(
+        torch.rand(batch_size, 3, size, size, device=device), torch.randint(0, 10, (batch_size,)), []
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    method.train_step(batch, stepper)  # warm-up
+    times, peaks = [], []
+    for _ in range(config["repeats"]):
+        gc.collect()
+        sync()
+        if device.type == "cuda":
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            before = _rss_bytes("VmRSS")
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+        start = time.perf_counter()
+        result = method.train_step(batch, stepper)
+        sync()
+        times.append(time.perf_counter() - start)
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _rss_bytes("VmHWM")
+        peaks.append(peak - before)
+    out: dict[str, Any] = {"times": times, "peaks": peaks, "steps": result.optimizer_steps}
+    if isinstance(method, PatchGD) and method.last_positions is not None:
+        out["zeta"], _, out["k"] = method.last_positions.shape
+    return out
+
+
+def _rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
+
+
+def _print_sizes(
+    args: argparse.Namespace, rows: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]]
+) -> None:
+    where = f"{args.device}" + (f", {args.threads} threads" if args.threads else "")
+    print(
+        f"\nPatchGD (patch {args.patch}, ε {args.epsilon}, fill batch {args.fill_batch_size}) vs "
+        f"full-image GD: {args.backbone}, batch {args.batch}, Adam, {where}; "
+        "mem+ = step peak above the memory held before it"
+    )
+    head = (
+        f"{'size':>5} | {'method':<24} | {'s/step min / med':>17} | {'k x ζ':>8} | {'time / GD':>9} | "
+        f"{'mem+ MB':>8} | {'mem+ / GD':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for size, gd, runs in rows:
+        if "error" in gd:
+            print(f"{size:>5} | full-image GD failed: {gd['error']}")
+            continue
+        gd_t, gd_m = _stats(gd["times"]), _stats(gd["peaks"])
+        print(
+            f"{size:>5} | {'full-image GD':<24} | {gd_t[0]:>7.2f} / {gd_t[1]:>7.2f} | {'':>8} | {1:>9.2f} | "
+            f"{gd_m[1] / 2**20:>8.0f} | {1:>9.3f}"
+        )
+        for label, run in runs:
+            if "error" in run:
+                print(f"{size:>5} | PatchGD {label} failed: {run['error']}")
+                continue
+            t, m = _stats(run["times"]), _stats(run["peaks"])
+            flag = f" (target <= {MEMORY_TARGET})" if size >= 2048 else ""
+            print(
+                f"{size:>5} | {'PatchGD, ' + label:<24} | {t[0]:>7.2f} / {t[1]:>7.2f} | "
+                f"{run['k']:>3} x {run['zeta']:<4}| {t[1] / gd_t[1]:>9.2f} | {m[1] / 2**20:>8.0f} | "
+                f"{m[1] / gd_m[1]:>9.3f}{flag}"
+            )
+
+
+def _print_reference(ref: dict[str, Any]) -> None:
+    print(
+        "\nReference configuration: 512², patch 128, batch 2, k 2, ζ 8, ε 8, resnet18, latent 256, "
+        "CNN head, Adam"
+    )
+    if "error" in ref:
+        print(f"failed: {ref['error']}")
+        return
+    low, mid = _stats(ref["times"])
+    verdict = "meets" if mid <= 0.9 * REFERENCE_SECONDS else "misses"
+    print(
+        f"step s min {low:.3f} / median {mid:.3f} (optimizer steps per batch {ref['steps']}); "
+        f"reference median "
+        f"{REFERENCE_SECONDS:.2f} s -> ratio {mid / REFERENCE_SECONDS:.2f}, {verdict} the <= 0.9x target; "
+        f"peak increase median {statistics.median(ref['peaks']) / 2**20:.0f} MB"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bigslide bench patchgd", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

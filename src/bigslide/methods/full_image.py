@@ -1,0 +1,80 @@
+"""Full-image gradient descent: the plain baseline PatchGD is compared with.
+
+A timm encoder reads the whole image and its linear classifier gives the logits; one backward pass and one
+optimizer step per batch. Memory grows with the image area, which is what PatchGD avoids.
+Forward passes run under `stepper.autocast()` (bf16/fp16 on CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bigslide.methods.base import (
+    Batch,
+    Method,
+    MethodParams,
+    Prediction,
+    Sample,
+    Stepper,
+    StepResult,
+    register,
+)
+from bigslide.nn.backbones import create_encoder
+
+__all__ = ["FullImage", "FullImageParams"]
+
+
+@dataclass
+class FullImageParams(MethodParams):
+    img_size: int = field(
+        default=0,
+        metadata={"help": "Input size for fixed-size backbones (ViTs); 0 = the backbone's default."},
+    )
+    channels_last: bool = field(
+        default=True, metadata={"help": "Feed images in channels-last memory format."}
+    )
+
+
+@register
+class FullImage(Method):
+    name = "full_image"
+    kind = "image"
+    Params = FullImageParams
+    summary = "Standard training: the backbone sees the whole image in one pass."
+
+    params: FullImageParams
+
+    def build_model(self) -> nn.Module:
+        extra: dict[str, object] = {"img_size": self.params.img_size} if self.params.img_size else {}
+        model: nn.Module = create_encoder(
+            self.spec.backbone,
+            pretrained=self.spec.pretrained,
+            weights=self.spec.weights,
+            out_dim=self.spec.num_classes,
+            **extra,
+        )
+        if self.params.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last) if self.params.channels_last else x
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        y = batch.y.to(self.device, non_blocking=True).long()
+        with stepper.autocast():
+            logits = self.model(self._inputs(batch.x))
+            loss = F.cross_entropy(logits, y)  # autocast computes it in float32
+        stepper.backward(loss)
+        stepper.step()
+        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+
+    def predict(self, sample: Sample) -> Prediction:
+        with torch.no_grad():
+            logits = self.model(self._inputs(sample.x[None]))
+        return Prediction(probs=torch.softmax(logits.float(), dim=1)[0].cpu().numpy())

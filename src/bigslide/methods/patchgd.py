@@ -1,0 +1,282 @@
+"""PatchGD (Algorithms 1 and 2 of the PatchGD paper): end-to-end training on images too large for one pass.
+
+Per outer batch: the Z-block of every image is filled without grad; then, for zeta inner iterations, k
+patches per image (sampled independently per image, without replacement across the inner iterations) are
+re-encoded with grad and written into the otherwise detached Z by an out-of-place scatter, so the gradient
+reaches the encoder only through those k patches; the head reads the whole Z; loss / (accumulation group
+size) is backpropagated, and the optimizer steps every epsilon inner iterations and once more for a
+remainder group at the end, so every outer batch takes ceil(zeta / epsilon) steps. After each inner
+iteration the new encodings (detached) stay in Z, as `Z[v] <- z` does in Algorithm 1, so later inner
+iterations see them without re-encoding.
+
+Batch-norm modes. The fill runs in eval mode by default: each Z entry is then exactly the encoding of its
+patch alone (independent of which patches share a fill batch), the same as at inference, and the many
+no-grad fill passes do not drag the running statistics. "train" fills with batch statistics of each fill
+batch and updates the running statistics (the reference code's behaviour); it matches the inner iterations'
+train-mode passes better while the running statistics are still poor (an encoder trained from scratch).
+`encoder_bn="frozen"` keeps the encoder's BatchNorm in eval mode during the inner iterations too (needed
+when B * k patches are too few for batch statistics, common when fine-tuning pretrained backbones with
+small batches).
+
+Mixed precision: forward passes run under `stepper.autocast()` (bf16/fp16 on CUDA); Z is kept in float32.
+
+Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) covers image pixels
+[r*stride, r*stride + patch) x [c*stride, c*stride + patch), i.e. one cell = `stride` image pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bigslide.errors import ConfigError
+from bigslide.methods.base import (
+    Batch,
+    Method,
+    MethodParams,
+    ModelSpec,
+    Prediction,
+    Sample,
+    Stepper,
+    StepResult,
+    register,
+)
+from bigslide.methods.zblock import (
+    PatchGrid,
+    encode_grid,
+    fill_z,
+    frozen_batchnorm,
+    gather_patches,
+    module_mode,
+    pad_to_grid,
+    patch_view,
+    zblock_maps,
+)
+from bigslide.nn.backbones import Encoder, create_encoder
+from bigslide.nn.patchgd_heads import make_head
+
+__all__ = ["PatchGD", "PatchGDModel", "PatchGDParams", "fill_z", "sample_positions", "zblock_maps"]
+
+
+@dataclass
+class PatchGDParams(MethodParams):
+    patch_size: int = field(default=128, metadata={"help": "Patch side in image pixels."})
+    stride: int = field(default=0, metadata={"help": "Step between patches; 0 = patch size, less = overlap."})
+    sampling: float = field(
+        default=0.125, metadata={"help": "Fraction of an image's patches re-encoded per inner iteration."}
+    )
+    k: int = field(
+        default=0,
+        metadata={"help": "Patches re-encoded per image per inner iteration; > 0 overrides sampling."},
+    )
+    inner_iterations: int = field(
+        default=0, metadata={"help": "Inner iterations ζ per batch; 0 = enough to cover every patch once."}
+    )
+    epsilon: int = field(default=8, metadata={"help": "Inner iterations ε accumulated per optimizer step."})
+    latent_dim: int = field(default=256, metadata={"help": "Latent size s of one patch's Z vector."})
+    head: Literal["cnn", "transformer"] = field(
+        default="cnn", metadata={"help": "Head reading the whole Z-block."}
+    )
+    head_width: int = field(
+        default=0, metadata={"help": "Head channels; 0 = paper's (CNN 256, transformer 384)."}
+    )
+    head_dropout: float = field(default=0.2, metadata={"help": "Dropout in the head."})
+    head_norm: Literal["batch", "group"] = field(
+        default="batch",
+        metadata={"help": "CNN head normalisation; 'group' also trains on 1x1 grids at batch 1."},
+    )
+    fill_bn_mode: Literal["eval", "train"] = field(
+        default="eval", metadata={"help": "Encoder mode while filling Z (eval: exact per-patch encodings)."}
+    )
+    encoder_bn: Literal["train", "frozen"] = field(
+        default="train", metadata={"help": "Encoder BatchNorm in inner iterations; 'frozen' for small B·k."}
+    )
+    fill_batch_size: int = field(default=256, metadata={"help": "Patches per encoder call when filling Z."})
+    pad_value: float = field(
+        default=1.0, metadata={"help": "Value padding images to whole patches (1 = white)."}
+    )
+    channels_last: bool = field(
+        default=True, metadata={"help": "Feed patches in channels-last memory format."}
+    )
+
+    def validate(self) -> None:
+        checks = [
+            ("patch_size", self.patch_size >= 1),
+            ("stride", 0 <= self.stride <= self.patch_size),
+            ("sampling", 0.0 < self.sampling <= 1.0),
+            ("k", self.k >= 0),
+            ("inner_iterations", self.inner_iterations >= 0),
+            ("epsilon", self.epsilon >= 1),
+            ("latent_dim", self.latent_dim >= 1),
+            ("head_dropout", 0.0 <= self.head_dropout < 1.0),
+            ("fill_batch_size", self.fill_batch_size >= 1),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ConfigError(f"method.params.{name}: invalid value {getattr(self, name)!r}")
+
+    def patches_per_iteration(self, n_patches: int) -> int:
+        """k for an image of `n_patches` patches (explicit k is capped at the image's patch count)."""
+        k = self.k if self.k > 0 else math.ceil(self.sampling * n_patches - 1e-9)
+        return max(1, min(k, n_patches))
+
+    def iterations(self, n_patches: int) -> int:
+        """ζ: explicit, or the fewest inner iterations covering every patch (⌈1/sampling⌉ for sampling)."""
+        return self.inner_iterations or math.ceil(n_patches / self.patches_per_iteration(n_patches))
+
+
+class PatchGDModel(nn.Module):
+    """Encoder f_θ1 (patch -> s-vector) and head g_θ2 (Z-block -> logits), checkpointed together."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+
+
+def sample_positions(
+    n_patches: int, k: int, iterations: int, batch: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """(iterations, batch, k) flat patch positions: each image draws its own random order and walks it k at a
+    time, so any ⌈n/k⌉ consecutive iterations cover every patch; when an order runs out a fresh one is drawn,
+    deferring the positions already in the current draw, so no draw repeats a position."""
+    out = torch.empty(iterations, batch, k, dtype=torch.long)
+    for b in range(batch):
+        pool: list[int] = []
+        for j in range(iterations):
+            take, pool = pool[:k], pool[k:]
+            if len(take) < k:
+                fresh = torch.randperm(n_patches, generator=generator).tolist()
+                chosen = set(take)
+                fresh = [p for p in fresh if p not in chosen] + [p for p in fresh if p in chosen]
+                need = k - len(take)
+                take, pool = take + fresh[:need], fresh[need:]
+            out[j, b] = torch.tensor(take)
+    return out
+
+
+@register
+class PatchGD(Method):
+    name = "patchgd"
+    kind = "image"
+    Params = PatchGDParams
+    summary = "Z-block of patch encodings; each inner step re-encodes k patches per image with grad."
+
+    params: PatchGDParams
+    model: PatchGDModel
+
+    def __init__(self, params: MethodParams, spec: ModelSpec, device: torch.device) -> None:
+        if not isinstance(params, PatchGDParams):
+            raise ConfigError(f"method.params: PatchGD needs PatchGDParams, got {type(params).__name__}")
+        params.validate()
+        super().__init__(params, spec, device)
+        # (ζ, B, k) flat positions re-encoded by the last train_step, for inspection.
+        self.last_positions: torch.Tensor | None = None
+
+    def build_model(self) -> nn.Module:
+        p = self.params
+        encoder = _patch_encoder(
+            self.spec.backbone, self.spec.pretrained, self.spec.weights, p.latent_dim, p.patch_size
+        )
+        if p.channels_last:
+            encoder = encoder.to(memory_format=torch.channels_last)
+        head = make_head(
+            p.head,
+            p.latent_dim,
+            self.spec.num_classes,
+            width=p.head_width,
+            dropout=p.head_dropout,
+            norm=p.head_norm,
+        )
+        return PatchGDModel(encoder, head)
+
+    def _grid(self, x: torch.Tensor) -> tuple[PatchGrid, torch.Tensor]:
+        grid = PatchGrid.for_image(
+            x.shape[-2], x.shape[-1], self.params.patch_size, self.params.stride or None
+        )
+        return grid, patch_view(pad_to_grid(x, grid, self.params.pad_value), grid)
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        p = self.params
+        x = batch.x.to(self.device, non_blocking=True)
+        y = batch.y.to(self.device, non_blocking=True).long()
+        grid, patches = self._grid(x)
+        encoder, head = self.model.encoder, self.model.head
+        images, n = x.shape[0], grid.count
+        k, iterations = p.patches_per_iteration(n), p.iterations(n)
+
+        with stepper.autocast(), module_mode(encoder, p.fill_bn_mode == "train"):
+            Z = encode_grid(encoder, patches, batch_size=p.fill_batch_size, channels_last=p.channels_last)
+        positions = sample_positions(n, k, iterations, images).to(self.device)
+        self.last_positions = positions
+        image_index = torch.arange(images, device=self.device).repeat_interleave(k)
+        full_groups = iterations // p.epsilon * p.epsilon
+
+        losses: list[torch.Tensor] = []
+        logits = torch.empty(0)
+        steps = 0
+        with frozen_batchnorm(encoder, p.encoder_bn == "frozen"):
+            for j in range(iterations):
+                where = (image_index, positions[j].reshape(-1))
+                with stepper.autocast():
+                    z = _encode(encoder, gather_patches(patches, *where, channels_last=p.channels_last))
+                    current = Z.index_put(where, z.to(Z.dtype))  # out of place: grad flows to z only
+                    logits = head(current.view(images, grid.rows, grid.cols, -1).permute(0, 3, 1, 2))
+                    loss = F.cross_entropy(logits, y)  # autocast computes it in float32
+                group = p.epsilon if j < full_groups else iterations - full_groups
+                stepper.backward(loss / group)
+                Z.index_put_(where, z.detach().to(Z.dtype))
+                losses.append(loss.detach())
+                if (j + 1) % p.epsilon == 0 or j + 1 == iterations:
+                    stepper.step()
+                    steps += 1
+        return StepResult(
+            loss=float(torch.stack(losses).mean()), logits=logits.detach().float(), optimizer_steps=steps
+        )
+
+    def predict(self, sample: Sample) -> Prediction:
+        """Z filled with every patch, the head on it, and the Z-block maps for the predicted class."""
+        x = sample.x.to(self.device)[None]
+        Z = fill_z(
+            self.model.encoder,
+            x,
+            self.params.patch_size,
+            self.params.stride or None,
+            batch_size=self.params.fill_batch_size,
+            pad_value=self.params.pad_value,
+            channels_last=self.params.channels_last,
+        )
+        with torch.no_grad():
+            probs = torch.softmax(self.model.head(Z).float(), dim=1)[0]
+        maps = zblock_maps(self.model.head, Z[0], target=int(probs.argmax()))
+        return Prediction(probs=probs.cpu().numpy(), maps=maps)
+
+
+def _encode(encoder: nn.Module, patches: torch.Tensor) -> torch.Tensor:
+    try:
+        return encoder(patches)
+    except ValueError as err:
+        if "more than 1 value per channel" not in str(err):
+            raise
+        raise ConfigError(
+            "method.params.encoder_bn: the encoder's BatchNorm cannot train on this few patches "
+            f"({patches.shape[0]} per inner iteration); set encoder_bn='frozen' or raise k / the batch size"
+        ) from None
+
+
+def _patch_encoder(
+    name: str, pretrained: bool, weights: str | None, latent_dim: int, patch_size: int
+) -> Encoder:
+    """A timm encoder projecting each patch to `latent_dim`; models with a fixed input size (ViTs) are built
+    for `patch_size` so their position embeddings fit."""
+    try:
+        return create_encoder(
+            name, pretrained=pretrained, weights=weights, out_dim=latent_dim, img_size=patch_size
+        )
+    except TypeError:  # the model takes any input size and has no img_size argument
+        return create_encoder(name, pretrained=pretrained, weights=weights, out_dim=latent_dim)

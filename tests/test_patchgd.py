@@ -1,0 +1,316 @@
+"""PatchGD against the paper's algorithm computed by hand, on tiny images and encoders."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bigslide.engine.stepper import OptimStepper
+from bigslide.errors import ConfigError
+from bigslide.methods.base import Batch, ModelSpec, Sample
+from bigslide.methods.patchgd import PatchGD, PatchGDParams, fill_z, sample_positions, zblock_maps
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.patchgd_heads import CNNHead, TransformerHead
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny tensors: one thread is faster, and much faster on a shared, busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class TinyEncoder(nn.Module):
+    """Conv + mean/max pooling + linear: cheap, no BatchNorm, every patch gives a distinct vector."""
+
+    def __init__(self, dim: int = 6) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(8, dim)
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        return self.fc(torch.cat([h.mean((2, 3)), h.amax((2, 3))], 1))
+
+
+class RecordingStepper:
+    """Counts steps and records the accumulated gradient at each step instead of moving the weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def autocast(self):  # type: ignore[no-untyped-def]
+        return torch.autocast("cpu", enabled=False)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.grads.append(
+            {
+                n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                for n, p in self.model.named_parameters()
+            }
+        )
+        self.model.zero_grad(set_to_none=True)
+
+
+def make_method(dim: int = 6, classes: int = 3, tiny: bool = True, **params: object) -> PatchGD:
+    values: dict[str, object] = {
+        "patch_size": 32,
+        "latent_dim": dim,
+        "head_dropout": 0.0,
+        "channels_last": False,
+    }
+    values.update(params)
+    method = PatchGD(PatchGDParams(**values), ModelSpec("test_resnet", num_classes=classes), CPU)  # type: ignore[arg-type]
+    if tiny:
+        method.model.encoder = TinyEncoder(dim)
+    method.model.train()
+    return method
+
+
+def encode_each_patch(encoder: nn.Module, image: torch.Tensor, patch: int, stride: int, rows: int, cols: int):
+    out = torch.empty(encoder(image[None, :, :patch, :patch]).shape[1], rows, cols, dtype=image.dtype)
+    for r in range(rows):
+        for c in range(cols):
+            out[:, r, c] = encoder(
+                image[None, :, r * stride : r * stride + patch, c * stride : c * stride + patch]
+            )[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "stride", "rows", "cols"),
+    [(64, 96, None, 2, 3), (64, 96, 16, 3, 5), (70, 100, None, 3, 4)],
+    ids=["2x3", "overlap", "padded"],
+)
+def test_fill_z_equals_encoding_each_patch_alone(
+    height: int, width: int, stride: int | None, rows: int, cols: int
+):
+    torch.manual_seed(0)
+    encoder = create_encoder("test_resnet", out_dim=5).double().eval()
+    images = torch.rand(2, 3, height, width, dtype=torch.float64)
+    Z = fill_z(encoder, images, 32, stride, batch_size=7)
+    assert Z.shape == (2, 5, rows, cols)
+    padded = F.pad(
+        images,
+        (0, (cols - 1) * (stride or 32) + 32 - width, 0, (rows - 1) * (stride or 32) + 32 - height),
+        value=1.0,
+    )
+    with torch.no_grad():
+        for b in range(2):
+            expected = encode_each_patch(encoder, padded[b], 32, stride or 32, rows, cols)
+            torch.testing.assert_close(Z[b], expected, atol=1e-9, rtol=1e-9)
+
+
+def test_stride_above_patch_is_refused():
+    with pytest.raises(ConfigError, match="stride"):
+        fill_z(TinyEncoder(), torch.rand(1, 3, 64, 64), 32, 40)
+    with pytest.raises(ConfigError, match="stride"):
+        make_method(stride=40)
+
+
+def test_positions_cover_every_patch_per_image_and_differ_between_images():
+    torch.manual_seed(1)
+    n, k = 7, 3
+    positions = sample_positions(n, k, iterations=6, batch=4)
+    assert positions.shape == (6, 4, 3)
+    for b in range(4):
+        for j in range(6):
+            assert len(set(positions[j, b].tolist())) == k  # no patch twice in one draw
+        first_pass = positions[: math.ceil(n / k), b].reshape(-1).tolist()
+        assert set(first_pass) == set(range(n))
+    assert any(not torch.equal(positions[:, 0], positions[:, b]) for b in range(1, 4))
+
+
+def hand_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor, epsilon: int):
+    """Algorithm 1 written out plainly: one encoder call per sampled patch, Z as a Python-level copy."""
+    encoder, head = model.encoder, model.head
+    iterations, images, _k = positions.shape
+    with torch.no_grad():
+        Z = fill_z(encoder, x, 32).clone()
+    cols = Z.shape[3]
+    grads, accumulated = [], None
+    full = iterations // epsilon * epsilon
+    for j in range(iterations):
+        current = Z.clone()
+        fresh = []
+        for b in range(images):
+            for pos in positions[j, b].tolist():
+                r, c = divmod(pos, cols)
+                z = encoder(x[b : b + 1, :, r * 32 : r * 32 + 32, c * 32 : c * 32 + 32])[0]
+                current[b, :, r, c] = z
+                fresh.append((b, r, c, z.detach()))
+        loss = F.cross_entropy(head(current), y) / (epsilon if j < full else iterations - full)
+        params = list(model.parameters())
+        g = torch.autograd.grad(loss, params, allow_unused=True)
+        g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, g)]
+        accumulated = g if accumulated is None else [a + b for a, b in zip(accumulated, g)]
+        for b, r, c, z in fresh:
+            Z[b, :, r, c] = z
+        if (j + 1) % epsilon == 0 or j + 1 == iterations:
+            grads.append(dict(zip([n for n, _ in model.named_parameters()], accumulated)))
+            accumulated = None
+    return grads
+
+
+@pytest.mark.parametrize("head", ["cnn", "transformer"])
+def test_gradient_flows_only_through_each_iterations_patches(head: str):
+    torch.manual_seed(2)
+    method = make_method(head=head, k=2, inner_iterations=3, epsilon=2, head_width=8)
+    method.model.double()
+    reference = copy.deepcopy(method.model)
+    x, y = torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2])
+    stepper = RecordingStepper(method.model)
+    result = method.train_step(Batch(x, y, []), stepper)
+    assert result.optimizer_steps == 2
+    assert len(stepper.grads) == 2
+    assert method.last_positions is not None
+    expected = hand_gradients(reference, x, y, method.last_positions, epsilon=2)
+    for got, want in zip(stepper.grads, expected):
+        for name, value in want.items():
+            torch.testing.assert_close(
+                got[name], value, atol=1e-10, rtol=1e-8, msg=lambda m, n=name: f"{n}: {m}"
+            )
+    assert stepper.grads[0]["encoder.conv.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("sampling", "k", "zeta", "epsilon", "steps"),
+    [
+        (0.125, 0, 0, 8, 1),  # the paper's 1/8 with ζ = 8, ε = 8
+        (0.5, 0, 0, 8, 1),  # ε > ζ: the reference never stepped here
+        (0.25, 0, 0, 3, 2),  # ζ = 4 not divisible by ε = 3
+        (0.125, 0, 0, 1, 8),
+        (1.0, 0, 5, 2, 3),
+        (0.125, 3, 0, 4, 2),  # k = 3 of 24 patches -> ζ = 8
+        (0.125, 5, 0, 2, 3),  # k = 5 -> ζ = ⌈24/5⌉ = 5
+        (0.125, 2, 7, 7, 1),
+        (0.125, 2, 1, 8, 1),
+    ],
+)
+def test_optimizer_steps_per_batch_are_ceil_zeta_over_epsilon(
+    sampling: float, k: int, zeta: int, epsilon: int, steps: int
+):
+    method = make_method(
+        sampling=sampling, k=k, inner_iterations=zeta, epsilon=epsilon, head_width=4, patch_size=16
+    )
+    iterations = method.params.iterations(24)
+    assert steps == math.ceil(iterations / epsilon)
+    stepper = RecordingStepper(method.model)
+    result = method.train_step(Batch(torch.rand(2, 3, 64, 96), torch.tensor([0, 1]), []), stepper)
+    assert result.optimizer_steps == steps == len(stepper.grads)
+    assert method.last_positions is not None
+    assert method.last_positions.shape[0] == iterations
+
+
+@pytest.mark.parametrize("head", ["cnn", "transformer"])
+@pytest.mark.parametrize("encoder_bn", ["train", "frozen"])
+def test_batch_of_one_on_a_2x2_grid_trains(head: str, encoder_bn: str):
+    torch.manual_seed(3)
+    method = make_method(
+        head=head, tiny=False, k=1 if encoder_bn == "frozen" else 2, encoder_bn=encoder_bn, epsilon=1
+    )
+    stepper = OptimStepper(torch.optim.SGD(method.model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in method.model.parameters()]
+    result = method.train_step(Batch(torch.rand(1, 3, 64, 64), torch.tensor([1]), []), stepper)
+    assert result.logits.shape == (1, 3)
+    assert math.isfinite(result.loss)
+    assert result.optimizer_steps == stepper.steps == (4 if encoder_bn == "frozen" else 2)
+    changed = [not torch.equal(a, b) for a, b in zip(before, method.model.parameters())]
+    assert all(changed[-2:])
+    assert any(changed[:10])
+    with torch.no_grad():  # still in train mode: the head's output depends on the image at batch 1
+        a, b = (method.model.head(torch.randn(1, 6, 2, 2)) for _ in range(2))
+    assert (a - b).abs().max() > 1e-4
+
+
+def test_too_few_values_for_batchnorm_name_the_parameter():
+    method = make_method(tiny=False, k=1)
+    stepper = OptimStepper(torch.optim.SGD(method.model.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match="encoder_bn"):
+        method.train_step(Batch(torch.rand(1, 3, 64, 64), torch.tensor([1]), []), stepper)
+    head = CNNHead(4, 2).train()
+    with pytest.raises(ConfigError, match="head_norm"):
+        head(torch.rand(1, 4, 1, 1))
+    assert CNNHead(4, 2, norm="group").train()(torch.rand(1, 4, 1, 1)).shape == (1, 2)
+
+
+def test_vit_backbone_is_built_for_the_patch_size():
+    method = PatchGD(
+        PatchGDParams(patch_size=32, latent_dim=6, k=2), ModelSpec("test_vit", num_classes=2), CPU
+    )
+    method.model.train()
+    stepper = OptimStepper(torch.optim.SGD(method.model.parameters(), lr=0.1))
+    result = method.train_step(Batch(torch.rand(1, 3, 64, 96), torch.tensor([1]), []), stepper)
+    assert result.logits.shape == (1, 2)
+
+
+@pytest.mark.parametrize("head", ["cnn", "transformer"])
+def test_inference_uses_every_patch(head: str):
+    torch.manual_seed(4)
+    method = make_method(head=head, head_width=8)
+    method.model.eval()
+    image = torch.rand(3, 64, 96)
+    base = method.predict(Sample(image, 0, "s"))
+    assert base.probs.shape == (3,)
+    assert base.probs.sum() == pytest.approx(1.0, abs=1e-6)
+    for r in range(2):
+        for c in range(3):
+            changed = image.clone()
+            changed[:, r * 32 : r * 32 + 32, c * 32 : c * 32 + 32] = torch.rand(3, 32, 32)
+            moved = method.predict(Sample(changed, 0, "s"))
+            assert np.abs(moved.probs - base.probs).max() > 1e-7, (r, c)
+            norm_change = np.abs(moved.maps["norm"] - base.maps["norm"]) > 1e-9
+            assert norm_change[r, c]
+            assert norm_change.sum() == 1
+
+
+def test_maps_shapes_and_evidence_is_gradient_times_input():
+    torch.manual_seed(5)
+    head = TransformerHead(6, 3, width=8).eval()
+    Z = torch.randn(6, 2, 3)
+    maps = zblock_maps(head, Z, target=1)
+    assert maps["norm"].shape == (2, 3)
+    assert maps["evidence"].shape == (2, 3)
+    assert maps["pca"].shape == (2, 3, 3)
+    np.testing.assert_allclose(maps["norm"], Z.norm(dim=0).numpy(), rtol=1e-6)
+    assert maps["pca"].min() >= 0.0
+    assert maps["pca"].max() <= 1.0
+    assert np.allclose(maps["pca"].reshape(6, 3).max(0), 1.0)
+    leaf = Z[None].clone().requires_grad_(True)
+    head(leaf)[0, 1].backward()
+    assert leaf.grad is not None
+    np.testing.assert_allclose(maps["evidence"], (leaf.grad[0] * Z).sum(0).numpy(), rtol=1e-5, atol=1e-7)
+    cnn = CNNHead(6, 3, width=8).eval()
+    zblock_maps(cnn, Z)
+    assert all(p.grad is None for p in cnn.parameters())  # maps leave no parameter gradients behind
+
+
+def test_a_few_steps_learn_a_tiny_task():
+    torch.manual_seed(6)
+    images = torch.rand(8, 3, 64, 64) * 0.3
+    labels = torch.tensor([0, 1] * 4)
+    for i in range(1, 8, 2):  # class 1: one bright patch somewhere
+        r, c = divmod(i // 2, 2)
+        images[i, :, r * 32 : r * 32 + 32, c * 32 : c * 32 + 32] += 0.6
+    method = make_method(classes=2, sampling=0.5, epsilon=2, head_width=16)
+    stepper = OptimStepper(torch.optim.Adam(method.model.parameters(), lr=1e-2))
+    losses = [method.train_step(Batch(images, labels, []), stepper).loss for _ in range(25)]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    method.model.eval()
+    probs = np.stack([method.predict(Sample(img, 0, "s")).probs for img in images])
+    assert (probs.argmax(1) == labels.numpy()).mean() >= 0.75
