@@ -1,0 +1,369 @@
+"""ABMIL-ACC: the exact full-bag gradient of encoder + attention-MIL head at chunk-sized memory.
+
+Andersson et al., Eq. 1: dL/dθ = Σ_i dL/dz_i · dz_i/dθ. So (1) encode the whole bag chunk by chunk
+without grad, keeping only Z (N, D); (2) run the head once on Z with grad, which gives the head's
+gradients and dL/dZ; (3) replay the encoder chunk by chunk with grad and push dL/dZ[chunk] through it.
+Only one chunk's activations are alive at a time, and the head runs once per bag.
+
+Exactness: the result equals the full-bag gradient when the encoder computes every instance
+independently of the others. Encoder BatchNorm therefore runs in eval mode ("eval", the default) or
+eval with frozen affine parameters ("frozen"). "batch" keeps train-mode BatchNorm with per-chunk
+statistics: a different function from full-bag BatchNorm, so the gradient is not the full-bag one
+(an `InexactGradientWarning` says so). Dropout and drop-path are exact: each chunk's RNG state is
+saved in pass 1 and restored for its replay, so the replay draws the same masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NamedTuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from bigslide.errors import ConfigError
+from bigslide.methods.base import (
+    Batch,
+    Method,
+    MethodParams,
+    Prediction,
+    Sample,
+    Stepper,
+    StepResult,
+    register,
+)
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.mil import Aggregator, LossFn, bag_loss, make_aggregator
+
+BNMode = Literal["eval", "frozen", "batch"]
+AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
+BackwardFn = Callable[[torch.Tensor], None]
+
+
+class InexactGradientWarning(UserWarning):
+    """The accumulated gradient is not the full-bag gradient (train-mode BatchNorm in the encoder)."""
+
+
+class BagStep(NamedTuple):
+    loss: torch.Tensor  # detached scalar
+    logits: torch.Tensor  # (1, C), detached
+    attention: torch.Tensor  # (N,), detached
+
+
+def batchnorm_layers(module: nn.Module) -> list[_BatchNorm]:
+    return [m for m in module.modules() if isinstance(m, _BatchNorm)]
+
+
+@contextlib.contextmanager
+def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterator[None]:
+    """Puts the encoder's BatchNorm layers in the state `mode` asks for, and restores them after.
+
+    "eval": running statistics (exact); "frozen": running statistics and no gradient to the BN
+    affine parameters (exact); "batch": leave the layers as they are (train mode = batch statistics;
+    inexact when `chunked`, which warns).
+    """
+    if mode not in ("eval", "frozen", "batch"):
+        raise ConfigError(f"method.params.bn_mode: {mode!r} is not one of 'eval', 'frozen', 'batch'")
+    layers = batchnorm_layers(encoder)
+    if mode == "batch":
+        if chunked and any(layer.training for layer in layers):
+            warnings.warn(
+                "bn_mode='batch': encoder BatchNorm uses per-chunk batch statistics, so the accumulated "
+                "gradient differs from the full-bag gradient; bn_mode='eval' or 'frozen' is exact",
+                InexactGradientWarning,
+                stacklevel=3,
+            )
+        yield
+        return
+    training = [layer.training for layer in layers]
+    frozen = (
+        [p for layer in layers for p in layer.parameters() if p.requires_grad] if mode == "frozen" else []
+    )
+    try:
+        for layer in layers:
+            layer.eval()
+        for p in frozen:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for layer, was_training in zip(layers, training):
+            layer.train(was_training)
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def has_stochastic_layers(module: nn.Module) -> bool:
+    """Whether a module in train mode draws random numbers (dropout, drop-path, drop-block, drop_rate)."""
+    for m in module.modules():
+        if not m.training:
+            continue
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        for attribute in ("drop_prob", "drop_rate"):
+            value = getattr(m, attribute, None)
+            if isinstance(value, int | float) and value > 0:
+                return True
+    return False
+
+
+@dataclass
+class _RngState:
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+
+
+def _capture_rng(device: torch.device) -> _RngState:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return _RngState(torch.get_rng_state(), cuda)
+
+
+def _restore_rng(state: _RngState, device: torch.device) -> None:
+    torch.set_rng_state(state.cpu)
+    if state.cuda is not None:
+        torch.cuda.set_rng_state(state.cuda, device)
+
+
+def _bn_buffers(encoder: nn.Module) -> list[torch.Tensor]:
+    return [b for layer in batchnorm_layers(encoder) for b in layer.buffers()]
+
+
+def encode_bag(
+    encoder: nn.Module, bag: torch.Tensor, chunk_size: int, autocast: AutocastFactory | None = None
+) -> torch.Tensor:
+    """Encoder features of a whole bag, chunk by chunk, without grad: (N, D) in float32 or float64."""
+    autocast = autocast or contextlib.nullcontext
+    chunks = []
+    with torch.inference_mode():
+        for start in range(0, bag.shape[0], chunk_size):
+            with autocast():
+                z = encoder(bag[start : start + chunk_size])
+            chunks.append(z if z.dtype in (torch.float32, torch.float64) else z.float())
+    # Concatenated outside inference mode: an ordinary tensor that autograd may use.
+    return torch.cat(chunks)
+
+
+def accumulated_bag_backward(
+    encoder: nn.Module,
+    aggregator: Aggregator,
+    bag: torch.Tensor,
+    target: torch.Tensor,
+    loss_fn: LossFn | None = None,
+    *,
+    chunk_size: int,
+    forward_chunk_size: int | None = None,
+    autocast: AutocastFactory | None = None,
+    backward: BackwardFn | None = None,
+    bn_mode: str = "eval",
+    stochastic: bool | None = None,
+) -> BagStep:
+    """ABMIL-ACC on one bag: leaves the full-bag gradients in `.grad` (accumulating, like `.backward()`).
+
+    `chunk_size`: instances per replayed (with-grad) encoder call; sets the peak memory.
+    `forward_chunk_size`: instances per no-grad encoder call in pass 1 (may be larger: nothing is kept).
+    It is ignored, and pass 1 uses `chunk_size`, when the encoder is stochastic (each replay chunk must
+    draw the same dropout masks as its pass-1 chunk) or uses per-chunk batch statistics.
+    `stochastic`: whether the encoder draws random numbers; None detects dropout/drop-path layers.
+    `backward(loss)` runs the head's backward (e.g. a stepper's, for loss scaling); dL/dZ inherits
+    its scale, so the encoder's gradient is scaled the same way.
+    """
+    if chunk_size < 1:
+        raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
+    autocast = autocast or contextlib.nullcontext
+    n, device = bag.shape[0], bag.device
+    with bn_policy(encoder, bn_mode):
+        if stochastic is None:
+            stochastic = has_stochastic_layers(encoder)
+        batch_stats = bn_mode == "batch" and any(layer.training for layer in batchnorm_layers(encoder))
+        if stochastic or batch_stats or not forward_chunk_size:
+            first_chunk = chunk_size
+        else:
+            first_chunk = max(forward_chunk_size, chunk_size)
+
+        # Pass 1: Z for the whole bag, no activations kept.
+        rng_states: list[_RngState] = []
+        if stochastic:
+            parts = []
+            for start in range(0, n, chunk_size):
+                rng_states.append(_capture_rng(device))
+                parts.append(encode_bag(encoder, bag[start : start + chunk_size], chunk_size, autocast))
+            Z = torch.cat(parts)
+        else:
+            Z = encode_bag(encoder, bag, first_chunk, autocast)
+
+        # Pass 2: the head once, on the whole bag.
+        Z.requires_grad_(True)
+        with autocast():
+            logits, attention = aggregator(Z)
+            loss = bag_loss(aggregator, logits, target, loss_fn)
+        (backward or torch.Tensor.backward)(loss)
+        grad_z = Z.grad
+
+        # Pass 3: replay each chunk with grad and push dL/dZ[chunk] through it.
+        if grad_z is not None and any(p.requires_grad for p in encoder.parameters()):
+            saved_stats = [b.clone() for b in _bn_buffers(encoder)] if batch_stats else []
+            devices = [device] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices, enabled=stochastic):
+                for index, start in enumerate(range(0, n, chunk_size)):
+                    if stochastic:
+                        _restore_rng(rng_states[index], device)
+                    with autocast():
+                        z = encoder(bag[start : start + chunk_size])
+                    z.backward(grad_z[start : start + chunk_size].to(z.dtype))
+            # The replay must not count the chunks twice in the running statistics.
+            for buffer, saved in zip(_bn_buffers(encoder), saved_stats):
+                buffer.copy_(saved)
+    return BagStep(loss.detach(), logits.detach(), attention.detach())
+
+
+def bag_backward(
+    encoder: nn.Module,
+    aggregator: Aggregator,
+    bag: torch.Tensor,
+    target: torch.Tensor,
+    loss_fn: LossFn | None = None,
+    *,
+    chunk_size: int,
+    forward_chunk_size: int | None = None,
+    autocast: AutocastFactory | None = None,
+    bn_mode: str = "eval",
+) -> torch.Tensor:
+    """`accumulated_bag_backward`, returning only the detached loss."""
+    return accumulated_bag_backward(
+        encoder,
+        aggregator,
+        bag,
+        target,
+        loss_fn,
+        chunk_size=chunk_size,
+        forward_chunk_size=forward_chunk_size,
+        autocast=autocast,
+        bn_mode=bn_mode,
+    ).loss
+
+
+# ---------------------------------------------------------------------------------------------------
+# Methods sharing an encoder + aggregator model.
+
+
+class MILModel(nn.Module):
+    """Encoder and MIL head; `forward` is the plain full-bag graph."""
+
+    def __init__(self, encoder: nn.Module, aggregator: Aggregator) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.aggregator = aggregator
+
+    def forward(self, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.aggregator(self.encoder(bag))
+
+
+@dataclass
+class MILParams(MethodParams):
+    aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
+        default="abmil", metadata={"help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL"}
+    )
+    hidden: int = field(default=256, metadata={"help": "size of the head's projection of the features"})
+    attention_dim: int = field(default=128, metadata={"help": "hidden size of the attention scorer"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout after the head's projection"})
+    heads: int = field(default=8, metadata={"help": "TransMIL: attention heads"})
+    pseudo_bags: int = field(default=4, metadata={"help": "DTFD: pseudo-bags per bag"})
+    distill: Literal["afs", "maxs"] = field(
+        default="afs", metadata={"help": "DTFD: tier-2 features (attention-pooled or max-scoring instance)"}
+    )
+    inference_chunk_size: int = field(default=128, metadata={"help": "tiles per encoder call at prediction"})
+
+
+@dataclass
+class EndToEndParams(MILParams):
+    bn_mode: Literal["eval", "frozen", "batch"] = field(
+        default="eval",
+        metadata={"help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)"},
+    )
+
+
+@dataclass
+class ABMILACCParams(EndToEndParams):
+    chunk_size: int = field(default=32, metadata={"help": "tiles per replayed encoder call (sets memory)"})
+    forward_chunk_size: int = field(
+        default=0, metadata={"help": "tiles per no-grad encoder call; 0 = 4 x chunk_size"}
+    )
+
+
+def aggregator_kwargs(p: MILParams) -> dict[str, Any]:
+    if p.aggregator == "transmil":
+        return {"hidden": p.hidden, "heads": p.heads, "dropout": p.dropout}
+    kwargs: dict[str, Any] = {"hidden": p.hidden, "attention_dim": p.attention_dim, "dropout": p.dropout}
+    if p.aggregator == "dtfd":
+        kwargs.update(pseudo_bags=p.pseudo_bags, distill=p.distill)
+    return kwargs
+
+
+class MILMethod(Method):
+    """Shared parts of the bag methods: model building and chunked, gradient-free prediction."""
+
+    kind = "bag"
+    Params: ClassVar[type[MethodParams]] = MILParams
+
+    @property
+    def mil_params(self) -> MILParams:
+        assert isinstance(self.params, MILParams)
+        return self.params
+
+    @property
+    def mil_model(self) -> MILModel:
+        assert isinstance(self.model, MILModel)
+        return self.model
+
+    def build_model(self) -> nn.Module:
+        p = self.mil_params
+        encoder = create_encoder(
+            self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
+        )
+        aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.num_classes, **aggregator_kwargs(p))
+        if getattr(p, "bn_mode", None) == "frozen":
+            for layer in batchnorm_layers(encoder):
+                layer.requires_grad_(False)
+        return MILModel(encoder, aggregator)
+
+    def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
+        """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
+        return encode_bag(self.mil_model.encoder, bag, max(1, self.mil_params.inference_chunk_size))
+
+    def predict(self, sample: Sample) -> Prediction:
+        bag = sample.x.to(self.device)
+        with torch.no_grad():
+            logits, attention = self.mil_model.aggregator(self.features(sample, bag))
+            probs = F.softmax(logits.float(), dim=-1)[0]
+        return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
+
+
+@register
+class ABMILACC(MILMethod):
+    name = "abmil_acc"
+    Params = ABMILACCParams
+    summary = "End-to-end attention MIL on whole bags: exact full-bag gradients, chunk-sized memory."
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        p = self.params
+        assert isinstance(p, ABMILACCParams)
+        model = self.mil_model
+        bag = batch.x.to(self.device, non_blocking=True)
+        target = batch.y.to(self.device)
+        step = accumulated_bag_backward(
+            model.encoder,
+            model.aggregator,
+            bag,
+            target,
+            chunk_size=p.chunk_size,
+            forward_chunk_size=p.forward_chunk_size or 4 * p.chunk_size,
+            autocast=stepper.autocast,
+            backward=stepper.backward,
+            bn_mode=p.bn_mode,
+        )
+        stepper.step()
+        return StepResult(loss=float(step.loss), logits=step.logits.float())

@@ -1,0 +1,176 @@
+"""The two baselines ABMIL-ACC is measured against, through the same method protocol.
+
+"full_bag": encoder and head on the whole bag in one graph and a plain backward — the unoptimised
+truth, whose memory grows with the bag. "frozen_abmil": the usual two-stage MIL, a frozen encoder in
+eval mode computes features without grad (cached per tile when tiles are not augmented) and only
+the head trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from bigslide.methods.abmil_acc import (
+    AutocastFactory,
+    BackwardFn,
+    BagStep,
+    EndToEndParams,
+    MILMethod,
+    MILParams,
+    bn_policy,
+    encode_bag,
+)
+from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
+from bigslide.nn.mil import Aggregator, LossFn, bag_loss
+
+
+def full_bag_backward(
+    encoder: nn.Module,
+    aggregator: Aggregator,
+    bag: torch.Tensor,
+    target: torch.Tensor,
+    loss_fn: LossFn | None = None,
+    *,
+    autocast: AutocastFactory | None = None,
+    backward: BackwardFn | None = None,
+    bn_mode: str = "eval",
+    encode_chunk_size: int | None = None,
+) -> BagStep:
+    """Forward the whole bag with grad, then one backward; gradients accumulate in `.grad`.
+
+    `encode_chunk_size` splits the encoder call (still one graph holding every activation); with
+    "batch" BatchNorm that changes the statistics, otherwise only the random-number stream.
+    """
+    autocast = autocast or contextlib.nullcontext
+    step = encode_chunk_size or bag.shape[0]
+    with bn_policy(encoder, bn_mode, chunked=False), autocast():
+        z = torch.cat([encoder(bag[start : start + step]) for start in range(0, bag.shape[0], step)])
+        logits, attention = aggregator(z)
+        loss = bag_loss(aggregator, logits, target, loss_fn)
+    (backward or torch.Tensor.backward)(loss)
+    return BagStep(loss.detach(), logits.detach(), attention.detach())
+
+
+@register
+class FullBag(MILMethod):
+    name = "full_bag"
+    Params = EndToEndParams
+    summary = "End-to-end attention MIL with the whole bag in one graph (memory grows with the bag)."
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        p = self.params
+        assert isinstance(p, EndToEndParams)
+        model = self.mil_model
+        step = full_bag_backward(
+            model.encoder,
+            model.aggregator,
+            batch.x.to(self.device, non_blocking=True),
+            batch.y.to(self.device),
+            autocast=stepper.autocast,
+            backward=stepper.backward,
+            bn_mode=p.bn_mode,
+        )
+        stepper.step()
+        return StepResult(loss=float(step.loss), logits=step.logits.float())
+
+
+@dataclass
+class FrozenParams(MILParams):
+    cache_features: bool = field(
+        default=True,
+        metadata={"help": "reuse each tile's features across epochs; turn off when tiles are augmented"},
+    )
+    cache_mb: int = field(default=1024, metadata={"help": "memory limit of the feature cache (MB)"})
+
+
+class FeatureCache:
+    """Least-recently-used features per tile key, bounded in bytes, kept on the CPU."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._rows: OrderedDict[tuple[object, ...], torch.Tensor] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: tuple[object, ...]) -> torch.Tensor | None:
+        row = self._rows.get(key)
+        if row is not None:
+            self._rows.move_to_end(key)
+        return row
+
+    def put(self, key: tuple[object, ...], row: torch.Tensor) -> None:
+        size = row.numel() * row.element_size()
+        if size > self.max_bytes:
+            return
+        old = self._rows.pop(key, None)
+        if old is not None:
+            self.bytes -= old.numel() * old.element_size()
+        self._rows[key] = row
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, evicted = self._rows.popitem(last=False)
+            self.bytes -= evicted.numel() * evicted.element_size()
+
+
+@register
+class FrozenABMIL(MILMethod):
+    name = "frozen_abmil"
+    Params = FrozenParams
+    summary = "Frozen encoder features (cached per tile), only the attention-MIL head trains."
+
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+        self._freeze_encoder(model)
+        p = self.params
+        assert isinstance(p, FrozenParams)
+        self.cache = FeatureCache(p.cache_mb * 2**20)
+        return model
+
+    @staticmethod
+    def _freeze_encoder(model: nn.Module) -> None:
+        encoder = model.get_submodule("encoder")
+        encoder.requires_grad_(False)
+        encoder.eval()
+
+    def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        assert isinstance(p, FrozenParams)
+        encoder = self.mil_model.encoder
+        encoder.eval()  # the engine's model.train() must not switch the frozen encoder's BN/dropout on
+        chunk = max(1, p.inference_chunk_size)
+        if (
+            not p.cache_features
+            or sample is None
+            or sample.coords is None
+            or len(sample.coords) != bag.shape[0]
+        ):
+            return encode_bag(encoder, bag, chunk)
+        keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
+        rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if missing:
+            index = torch.as_tensor(missing, device=bag.device)
+            fresh = encode_bag(encoder, bag.index_select(0, index), chunk).cpu()
+            for i, row in zip(missing, fresh):
+                rows[i] = row.clone()
+                self.cache.put(keys[i], rows[i])  # type: ignore[arg-type]
+        return torch.stack(rows).to(self.device)  # type: ignore[arg-type]
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        aggregator = self.mil_model.aggregator
+        target = batch.y.to(self.device)
+        sample = batch.samples[0] if batch.samples else None
+        z = self.features(sample, batch.x.to(self.device, non_blocking=True))
+        with stepper.autocast():
+            logits, _ = aggregator(z)
+            loss = bag_loss(aggregator, logits, target)
+        stepper.backward(loss)
+        stepper.step()
+        return StepResult(loss=float(loss.detach()), logits=logits.detach().float())

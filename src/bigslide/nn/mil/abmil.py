@@ -1,0 +1,32 @@
+"""Attention-based MIL pooling (Ilse, Tomczak & Welling, ICML 2018), ungated and gated."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bigslide.nn.mil.base import Aggregator, AttentionPool, projection
+
+
+class ABMIL(Aggregator):
+    """Project D -> hidden, softmax attention over instances, attention-weighted mean, linear classifier."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        num_classes: int,
+        *,
+        hidden: int = 256,
+        attention_dim: int = 128,
+        gated: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.in_dim, self.num_classes = in_dim, num_classes
+        self.project = projection(in_dim, hidden, dropout)
+        self.pool = AttentionPool(hidden, attention_dim, gated)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, attention = self.pool(self.project(z))
+        return self.classifier(pooled).unsqueeze(0), attention

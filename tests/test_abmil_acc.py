@@ -1,0 +1,268 @@
+"""ABMIL-ACC gives the full-bag gradient of every encoder and head parameter, chunk by chunk."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from timm.layers import DropPath
+from torch import nn
+
+from bigslide.engine.stepper import OptimStepper
+from bigslide.methods.abmil_acc import (
+    ABMILACC,
+    ABMILACCParams,
+    InexactGradientWarning,
+    accumulated_bag_backward,
+    bag_backward,
+    batchnorm_layers,
+    has_stochastic_layers,
+)
+from bigslide.methods.base import Batch, ModelSpec, Sample
+from bigslide.methods.mil_baselines import FullBag, full_bag_backward
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.mil import AGGREGATORS, Aggregator, make_aggregator
+
+BAG, CHUNK, FORWARD_CHUNK = 10, 4, 8  # neither divides the bag: ragged last chunks
+TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-10}
+
+
+class SmallConvNet(nn.Module):
+    """A BatchNorm-free encoder (GroupNorm); with `drop` > 0 it has dropout and drop-path too."""
+
+    def __init__(self, drop: float = 0.0) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.GELU())
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.GELU())
+        self.drop_path = DropPath(drop)
+        self.down = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.Dropout2d(drop), nn.GELU())
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(drop), nn.Linear(16, 12))
+        self.dim = 12
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return self.head(self.down(x + self.drop_path(self.block(x))))
+
+
+@functools.cache
+def _resnet18_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return create_encoder("resnet18").state_dict()
+
+
+def _resnet18() -> nn.Module:
+    encoder = create_encoder("resnet18")
+    encoder.load_state_dict(_resnet18_state())
+    return encoder
+
+
+# name -> (encoder factory, tile size, whether it draws random numbers)
+ENCODERS: dict[str, tuple[Callable[[], nn.Module], int, bool]] = {
+    "resnet18_bn_eval": (_resnet18, 16, False),
+    "groupnorm_no_bn": (SmallConvNet, 16, False),
+    "dropout_droppath": (lambda: SmallConvNet(drop=0.3), 16, True),
+}
+# Float64 ResNet-18 is slow on CPU: it runs with one aggregator; the small encoders run with all.
+CASES = [
+    pytest.param(encoder, aggregator, dtype, id=f"{encoder}-{aggregator}-{str(dtype)[6:]}")
+    for encoder in ENCODERS
+    for aggregator in AGGREGATORS
+    for dtype in (torch.float32, torch.float64)
+    if not (encoder == "resnet18_bn_eval" and dtype == torch.float64 and aggregator != "abmil")
+]
+
+
+def _setup(
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype, head_dropout: float = 0.0
+) -> tuple[nn.Module, Aggregator, torch.Tensor, torch.Tensor]:
+    factory, tile, _ = ENCODERS[encoder_name]
+    torch.manual_seed(0)
+    encoder = factory().to(dtype).train()
+    head = make_aggregator(aggregator_name, encoder.dim, 3, hidden=16, dropout=head_dropout).to(dtype).train()
+    bag = torch.rand(BAG, 3, tile, tile, dtype=dtype)
+    return encoder, head, bag, torch.tensor([2])
+
+
+def _take_grads(*modules: nn.Module) -> dict[str, torch.Tensor | None]:
+    grads = {}
+    for i, module in enumerate(modules):
+        for name, p in module.named_parameters():
+            grads[f"{i}.{name}"] = None if p.grad is None else p.grad.clone()
+            p.grad = None
+    return grads
+
+
+def _worst_relative_error(
+    truth: dict[str, torch.Tensor | None], test: dict[str, torch.Tensor | None]
+) -> float:
+    """Largest per-parameter relative L2 error.
+
+    Rounding error scales with the terms a gradient sums, not with its result: gradients that are zero
+    in exact arithmetic (the attention scorer's last bias: softmax ignores a shift) or tiny through
+    cancellation (scorers at near-uniform attention) hold noise of about eps times the gradient's
+    scale, whichever way they are computed. So each error is relative to at least 1% of the norm of
+    the whole gradient.
+    """
+    assert truth.keys() == test.keys()
+    present = [g for g in truth.values() if g is not None]
+    floor = 1e-2 * float(torch.cat([g.flatten() for g in present]).norm())
+    worst = 0.0
+    for name, expected in truth.items():
+        got = test[name]
+        assert (expected is None) == (got is None), name
+        if expected is None or got is None:
+            continue
+        worst = max(worst, float((got - expected).norm()) / max(float(expected.norm()), floor))
+    return worst
+
+
+@pytest.mark.parametrize(("encoder_name", "aggregator_name", "dtype"), CASES)
+def test_accumulated_gradient_equals_full_bag_gradient(
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype
+) -> None:
+    stochastic = ENCODERS[encoder_name][2]
+    encoder, head, bag, target = _setup(encoder_name, aggregator_name, dtype, 0.2 if stochastic else 0.0)
+    # Truth: one graph over the whole bag. With dropout the masks depend on how the encoder is called,
+    # so the truth is called chunk by chunk too (the same masks, still one graph).
+    torch.manual_seed(7)
+    truth = full_bag_backward(encoder, head, bag, target, encode_chunk_size=CHUNK if stochastic else None)
+    after_truth = torch.rand(3)
+    truth_grads = _take_grads(encoder, head)
+
+    torch.manual_seed(7)
+    loss = bag_backward(encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK)
+    after_acc = torch.rand(3)
+    acc_grads = _take_grads(encoder, head)
+
+    assert has_stochastic_layers(encoder) == stochastic
+    assert not loss.requires_grad
+    assert float(loss) == pytest.approx(float(truth.loss), rel=TOLERANCE[dtype])
+    assert _worst_relative_error(truth_grads, acc_grads) <= TOLERANCE[dtype]
+    # The global RNG ends where the full-bag step leaves it: later draws do not depend on the method.
+    torch.testing.assert_close(after_acc, after_truth)
+    assert all(layer.training for layer in batchnorm_layers(encoder))  # eval only during the step
+
+
+def test_without_rng_replay_the_dropout_gradient_is_wrong() -> None:
+    encoder, head, bag, target = _setup("dropout_droppath", "abmil", torch.float64)
+    torch.manual_seed(7)
+    full_bag_backward(encoder, head, bag, target, encode_chunk_size=CHUNK)
+    truth = _take_grads(encoder, head)
+    torch.manual_seed(7)
+    accumulated_bag_backward(encoder, head, bag, target, chunk_size=CHUNK, stochastic=False)
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) > 1e-2
+
+
+def test_gradients_accumulate_like_backward() -> None:
+    encoder, head, bag, target = _setup("groupnorm_no_bn", "abmil_gated", torch.float64)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK)
+    once = _take_grads(encoder, head)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK)
+    twice = _take_grads(encoder, head)
+    doubled = {k: None if g is None else 2 * g for k, g in once.items()}
+    assert _worst_relative_error(doubled, twice) <= 1e-12
+
+
+def test_frozen_bn_gives_no_bn_gradient_and_exact_other_gradients() -> None:
+    torch.manual_seed(0)
+    encoder = create_encoder("test_resnet").double().train()
+    head = make_aggregator("abmil", encoder.dim, 2, hidden=16).double()
+    bag, target = torch.rand(BAG, 3, 16, 16, dtype=torch.float64), torch.tensor([1])
+    full_bag_backward(encoder, head, bag, target, bn_mode="frozen")
+    truth = _take_grads(encoder, head)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK, bn_mode="frozen")
+    acc = _take_grads(encoder, head)
+    bn_ids = {id(p) for layer in batchnorm_layers(encoder) for p in layer.parameters()}
+    bn_params = {f"0.{name}" for name, p in encoder.named_parameters() if id(p) in bn_ids}
+    assert bn_params
+    assert all(acc[name] is None for name in bn_params)
+    assert _worst_relative_error(truth, acc) <= 1e-10
+    assert all(p.requires_grad for p in encoder.parameters())  # restored after the step
+
+
+def test_batch_mode_is_flagged_inexact_and_counts_each_chunk_once() -> None:
+    torch.manual_seed(0)
+    encoder = create_encoder("test_resnet").double().train()
+    head = make_aggregator("abmil", encoder.dim, 2, hidden=16).double()
+    bag, target = torch.rand(BAG, 3, 16, 16, dtype=torch.float64), torch.tensor([1])
+    start = copy.deepcopy(encoder.state_dict())
+
+    full_bag_backward(encoder, head, bag, target, bn_mode="batch")  # whole-bag statistics
+    truth = _take_grads(encoder, head)
+    encoder.load_state_dict(start)
+    with pytest.warns(InexactGradientWarning, match="per-chunk"):
+        bag_backward(encoder, head, bag, target, chunk_size=CHUNK, bn_mode="batch")
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) > 1e-3
+
+    # Running statistics see each chunk once (pass 1), not again in the replay.
+    reference = copy.deepcopy(encoder)
+    reference.load_state_dict(start)
+    with torch.no_grad():
+        for chunk in bag.split(CHUNK):
+            reference(chunk)
+    for ours, expected in zip(encoder.buffers(), reference.buffers()):
+        torch.testing.assert_close(ours, expected)
+    tracked = [layer.num_batches_tracked for layer in batchnorm_layers(encoder)]
+    assert all(int(t) == len(bag.split(CHUNK)) for t in tracked)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eval mode is exact: no warning
+        bag_backward(encoder, head, bag, target, chunk_size=CHUNK, bn_mode="eval")
+
+
+def _methods(aggregator: str) -> tuple[ABMILACC, FullBag]:
+    spec = ModelSpec(backbone="test_resnet", num_classes=2)
+    torch.manual_seed(0)
+    acc = ABMILACC(ABMILACCParams(aggregator=aggregator, hidden=16, chunk_size=4), spec, torch.device("cpu"))
+    full = FullBag(FullBag.Params(aggregator=aggregator, hidden=16), spec, torch.device("cpu"))
+    full.model.load_state_dict(acc.model.state_dict())
+    return acc, full
+
+
+def _batch(n: int, label: int, seed: int) -> Batch:
+    bag = torch.rand(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+    coords = np.stack([np.arange(n) * 16, np.zeros(n)], axis=1).astype(np.int64)
+    sample = Sample(x=bag, y=label, slide=f"slide{seed}", coords=coords, tile_size_level0=16)
+    return Batch(x=bag, y=torch.tensor([label]), samples=[sample])
+
+
+@pytest.mark.parametrize("aggregator", ["abmil_gated", "dtfd"])
+def test_abmil_acc_method_step_equals_full_bag_step(aggregator: str) -> None:
+    acc, full = _methods(aggregator)
+    batch = _batch(10, 1, seed=3)
+    for method in (acc, full):
+        method.model.train()
+        stepper = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.5))
+        torch.manual_seed(1)
+        result = method.train_step(batch, stepper)
+        assert np.isfinite(result.loss)
+        assert result.logits.shape == (1, 2)
+        assert stepper.steps == 1
+    for (name, p_acc), p_full in zip(acc.model.named_parameters(), full.model.parameters()):
+        torch.testing.assert_close(p_acc, p_full, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_abmil_acc_trains_and_predicts() -> None:
+    acc, _ = _methods("abmil")
+    start = {k: v.clone() for k, v in acc.model.state_dict().items()}
+    stepper = OptimStepper(torch.optim.Adam(acc.trainable_parameters(), lr=1e-2))
+    acc.model.train()
+    losses = [acc.train_step(_batch(8, step % 2, seed=step % 2), stepper).loss for step in range(3)]
+    assert all(np.isfinite(losses))
+    end = acc.model.state_dict()
+    assert not torch.equal(start["encoder.backbone.conv1.0.weight"], end["encoder.backbone.conv1.0.weight"])
+    assert not torch.equal(start["aggregator.classifier.weight"], end["aggregator.classifier.weight"])
+
+    acc.model.eval()
+    prediction = acc.predict(_batch(9, 0, seed=5).samples[0])
+    assert prediction.probs.shape == (2,)
+    assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-6)
+    assert prediction.instance_scores is not None
+    assert prediction.instance_scores.shape == (9,)
+    assert prediction.instance_scores.sum() == pytest.approx(1.0, abs=1e-5)
