@@ -1,0 +1,295 @@
+"""`bigslide plan`: calibrate the methods on this machine, predict each candidate setting's peak at the
+requested size and recommend the fastest one that fits the memory limit with a safety margin."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bigslide.errors import ConfigError
+from bigslide.plan.calibrate import (
+    Settings,
+    calibrate_abmil_acc,
+    calibrate_biglayer,
+    calibrate_full_bag,
+    calibrate_full_image,
+    calibrate_patchgd,
+)
+from bigslide.plan.memory import format_bytes, parse_size
+
+IMAGE_METHODS = ("full_image", "patchgd", "biglayer_image")
+BAG_METHODS = ("full_bag", "abmil_acc", "biglayer_mil")
+METHODS = ("auto", *IMAGE_METHODS, *BAG_METHODS)
+CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context and library handles: device memory no tensor counts
+BUDGETS_MB = (2048, 1024, 512, 256)
+BIG_STAGES = (1, 2)
+
+
+@dataclass(frozen=True)
+class Target:
+    gpu_bytes: int
+    backbone: str = "resnet50"
+    image: int = 0  # image side (image methods)
+    batch: int = 1  # images per batch
+    tile: int = 256  # PatchGD patch side / MIL tile side
+    bag: int = 0  # tiles per bag (bag methods)
+    method: str = "auto"
+    dtype: str = "fp32"
+    device: str = "auto"
+    margin: float = 0.2
+    cap_px: int = 0  # largest calibration input; 0 = by device
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_bytes * (1 - self.margin)) - CUDA_CONTEXT_BYTES
+
+
+@dataclass
+class Candidate:
+    method: str
+    params: dict[str, Any]
+    peak: int
+    fits: bool = False
+    note: str = ""
+    rank: int = 0  # lower = faster among settings of one method
+    host: int = 0  # host RAM the method needs besides the device (Big-Layer activations)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
+
+
+def methods_for(target: Target) -> list[str]:
+    if target.method != "auto":
+        needs_image = target.method in IMAGE_METHODS
+        if needs_image and target.image <= 0:
+            raise ConfigError(
+                f"--image: {target.method} is an image method; give the image side, e.g. --image 4096"
+            )
+        if not needs_image and target.bag <= 0:
+            raise ConfigError(
+                f"--bag: {target.method} is a bag method; give the tiles per bag, e.g. --bag 512"
+            )
+        return [target.method]
+    if target.image <= 0 and target.bag <= 0:
+        raise ConfigError("plan: give --image SIDE (image methods) and/or --bag TILES (bag methods)")
+    return [*(IMAGE_METHODS if target.image > 0 else ()), *(BAG_METHODS if target.bag > 0 else ())]
+
+
+def settings_for(target: Target) -> Settings:
+    device = target.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device: cuda was asked for but torch sees no CUDA device")
+    if target.dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"--dtype: {target.dtype!r} is not one of fp32, bf16")
+    cap = target.cap_px or (1024 * 1024 if device == "cuda" else 256 * 256)
+    dtype = torch.bfloat16 if target.dtype == "bf16" else None
+    return Settings(backbone=target.backbone, device=device, autocast_dtype=dtype, cap_px=cap)
+
+
+def _powers(limit: int) -> list[int]:
+    values = [2**i for i in range(int(math.log2(max(limit, 1))) + 1)]
+    return sorted({*values, limit})
+
+
+def plan_candidates(target: Target, settings: Settings) -> list[Candidate]:
+    """Calibrate each method in question and predict the peak of its candidate settings at the target."""
+    out: list[Candidate] = []
+    for name in methods_for(target):
+        out += _CANDIDATES[name](target, settings)
+    usable = target.usable_bytes
+    for c in out:
+        c.fits = c.peak <= usable
+    return out
+
+
+def _full_image(target: Target, settings: Settings) -> list[Candidate]:
+    model = calibrate_full_image(settings, target.image)
+    px = target.batch * target.image**2
+    return [
+        Candidate("full_image", {}, model.peak(input_bytes=12 * px, px=px), note="whole image in one graph")
+    ]
+
+
+def _patchgd(target: Target, settings: Settings) -> list[Candidate]:
+    patch = min(target.tile, target.image)
+    side = math.ceil(target.image / patch)
+    cells = side * side
+    model = calibrate_patchgd(settings, patch, cells)
+    input_bytes = 12 * target.batch * (side * patch) ** 2
+    out = []
+    for k in _powers(cells):
+        for fill in [f for f in (256, 128, 64, 32, 16, 8, 4, 2, 1) if f <= target.batch * cells] or [1]:
+            peak = model.peak(images=target.batch, cells=cells, k=k, fill_batch=fill, input_bytes=input_bytes)
+            if peak <= target.usable_bytes or fill == 1:
+                break
+        iterations = math.ceil(cells / k)
+        params = {"patch_size": patch, "k": k, "fill_batch_size": fill}
+        out.append(Candidate("patchgd", params, peak, note=f"{iterations} inner iterations", rank=iterations))
+    return out
+
+
+def _biglayer(target: Target, settings: Settings, name: str) -> list[Candidate]:
+    image = name == "biglayer_image"
+    side = target.image if image else target.tile
+    px = target.batch * target.image**2 if image else target.bag * target.tile**2
+    out = []
+    for stages in BIG_STAGES:
+        try:
+            model = calibrate_biglayer(settings, name, stages, side, tiles=target.bag)
+        except ConfigError as err:  # not a ResNet-family backbone
+            return [Candidate(name, {}, 0, note=f"not available: {err}", rank=99)]
+        host = model.total_peak(px=px, input_bytes=12 * px)
+        for budget in BUDGETS_MB:
+            # A partition never holds more than the whole big part would.
+            peak = model.device_peak(px=px, budget_bytes=min(budget * 2**20, host))
+            params = {"stages": stages, "budget_mb": float(budget)}
+            out.append(
+                Candidate(name, params, peak, note="host + device, all on CPU", rank=stages * 10, host=host)
+            )
+    return out
+
+
+def _full_bag(target: Target, settings: Settings) -> list[Candidate]:
+    model = calibrate_full_bag(settings, target.tile, target.bag)
+    input_bytes = 12 * target.bag * target.tile**2
+    return [
+        Candidate(
+            "full_bag",
+            {},
+            model.peak(input_bytes=input_bytes, tiles=target.bag),
+            note="whole bag in one graph",
+        )
+    ]
+
+
+def _abmil_acc(target: Target, settings: Settings) -> list[Candidate]:
+    chunks = [c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c <= target.bag]
+    model = calibrate_abmil_acc(settings, target.tile, chunks[0])
+    input_bytes = 12 * target.bag * target.tile**2
+    return [
+        Candidate(
+            "abmil_acc",
+            {"chunk_size": c},
+            model.peak(tiles=target.bag, chunk=c, input_bytes=input_bytes),
+            note=f"{math.ceil(target.bag / c)} replay chunks",
+            rank=math.ceil(target.bag / c),
+        )
+        for c in chunks
+    ]
+
+
+_CANDIDATES = {
+    "full_image": _full_image,
+    "patchgd": _patchgd,
+    "biglayer_image": lambda t, s: _biglayer(t, s, "biglayer_image"),
+    "full_bag": _full_bag,
+    "abmil_acc": _abmil_acc,
+    "biglayer_mil": lambda t, s: _biglayer(t, s, "biglayer_mil"),
+}
+# The order methods are preferred in when several fit: the plain baseline, then the exact and fast ones.
+_PREFERENCE = ("full_image", "full_bag", "patchgd", "abmil_acc", "biglayer_image", "biglayer_mil")
+
+
+def recommend(candidates: list[Candidate]) -> Candidate | None:
+    """The preferred method that fits; within it the fastest setting (fewest iterations / chunks / stages),
+    and among equals the one with the largest budget (fewer partitions)."""
+    fitting = [c for c in candidates if c.fits and c.peak > 0]
+    if not fitting:
+        return None
+    return min(
+        fitting, key=lambda c: (_PREFERENCE.index(c.method), c.rank, -float(c.params.get("budget_mb", 0)))
+    )
+
+
+def override_string(candidate: Candidate, target: Target) -> str:
+    parts = [f"--method {candidate.method}"]
+    parts += [f"--set method.params.{k}={v}" for k, v in candidate.params.items()]
+    if candidate.method in BAG_METHODS:
+        parts += [f"--set data.tile_size={target.tile}", f"--set data.bag_size={target.bag}"]
+    else:
+        parts += [f"--set data.image_size={target.image}", f"--set data.batch_size={target.batch}"]
+    if target.dtype == "bf16":
+        parts.append("--set run.amp=bf16")
+    return " ".join(parts)
+
+
+def format_table(candidates: list[Candidate], target: Target) -> str:
+    rows = [("method", "settings", "predicted peak", "fits", "note")]
+    for c in candidates:
+        note = c.note + (f" ({format_bytes(c.host)})" if c.host else "")
+        peak = format_bytes(c.peak) if c.peak else "-"
+        rows.append((c.method, c.describe(), peak, "yes" if c.fits else "no", note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu-mem", required=True, help="device memory, e.g. 16GB, 512MB, 0.5GiB")
+    parser.add_argument("--image", type=int, default=0, help="image side in pixels (image methods)")
+    parser.add_argument("--batch", type=int, default=1, help="images per batch (image methods)")
+    parser.add_argument("--bag", type=int, default=0, help="tiles per bag (bag methods)")
+    parser.add_argument("--tile", type=int, default=256, help="MIL tile / PatchGD patch side (default 256)")
+    parser.add_argument("--backbone", default="resnet50", help="timm backbone (default resnet50)")
+    parser.add_argument("--method", default="auto", choices=METHODS)
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="calibration device"
+    )
+    parser.add_argument("--margin", type=float, default=0.2, help="safety margin, fraction of --gpu-mem")
+    parser.add_argument(
+        "--cap-px", type=int, default=0, help="largest calibration input in pixels (0: by device)"
+    )
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    for name in ("image", "bag", "tile", "batch"):
+        if getattr(args, name) < 0 or (name in ("tile", "batch") and getattr(args, name) < 1):
+            raise ConfigError(f"--{name}: {getattr(args, name)} is not a valid size")
+    if not 0 <= args.margin < 1:
+        raise ConfigError(f"--margin: {args.margin} must be in [0, 1)")
+    target = Target(
+        gpu_bytes=parse_size(args.gpu_mem),
+        backbone=args.backbone,
+        image=args.image,
+        batch=args.batch,
+        tile=args.tile,
+        bag=args.bag,
+        method=args.method,
+        dtype=args.dtype,
+        device=args.device,
+        margin=args.margin,
+        cap_px=args.cap_px,
+    )
+    if target.usable_bytes <= 0:
+        raise ConfigError(f"--gpu-mem: {args.gpu_mem} leaves nothing after the margin and the CUDA context")
+    return target
+
+
+def run(args: argparse.Namespace) -> int:
+    target = target_from_args(args)
+    settings = settings_for(target)
+    methods_for(target)  # argument errors before the slow part
+    start = time.perf_counter()
+    candidates = plan_candidates(target, settings)
+    elapsed = time.perf_counter() - start
+    print(
+        f"{target.backbone}, {target.dtype}, calibrated on {settings.device} in {elapsed:.0f} s; "
+        f"limit {format_bytes(target.gpu_bytes)}, usable {format_bytes(target.usable_bytes)} "
+        f"(margin {target.margin:.0%}, {format_bytes(CUDA_CONTEXT_BYTES)} CUDA context)"
+    )
+    print(format_table(candidates, target))
+    best = recommend(candidates)
+    if best is None:
+        print("recommendation: nothing fits; use a smaller image/bag, bf16, or a device with more memory")
+        return 1
+    print(f"recommendation: {best.method} ({best.describe()}), predicted peak {format_bytes(best.peak)}")
+    print(f"config: {override_string(best, target)}")
+    return 0
