@@ -21,6 +21,8 @@ TINY_PARAMS: dict[str, dict[str, Any]] = {
     "abmil_acc": {"hidden": 32, "attention_dim": 16, "chunk_size": 4},
     "full_bag": {"hidden": 32, "attention_dim": 16},
     "frozen_abmil": {"hidden": 32, "attention_dim": 16},
+    "biglayer_mil": {"hidden": 32, "attention_dim": 16, "budget_mb": 4.0},
+    "biglayer_image": {"budget_mb": 4.0},
 }
 
 

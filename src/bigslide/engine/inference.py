@@ -30,7 +30,6 @@ class DatasetPredictions:
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
     method.model.eval()
-    sample.x = sample.x.to(method.device)
     return method.predict(sample)
 
 

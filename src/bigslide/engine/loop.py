@@ -30,6 +30,7 @@ from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.inference import predict_dataset
+from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import TrainingError
@@ -50,7 +51,10 @@ def collate(samples: list[Sample], device: torch.device) -> Batch:
     if samples[0].coords is None and x.ndim == 3:  # one image: add the batch axis
         x = x.unsqueeze(0)
     y = torch.tensor([s.y for s in samples], dtype=torch.long)
-    return Batch(x=x.to(device), y=y.to(device), samples=samples)
+    # Inputs stay in host memory: methods move what they need (Big-Layer never moves a whole bag).
+    if device.type == "cuda":
+        x = x.pin_memory()
+    return Batch(x=x, y=y.to(device), samples=samples)
 
 
 def checkpoint_path(config: TrainConfig) -> Path:
@@ -100,7 +104,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
     state = {"epoch": 0, "batch": 0, "step": 0}
     history: list[dict[str, Any]] = []
     ckpt = checkpoint_path(config)
-    if resume and ckpt.is_file():
+    resumed = resume and ckpt.is_file()
+    if resumed:
         saved = load_checkpoint(ckpt)
         method.model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -109,6 +114,9 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
         history = list(saved.get("history", []))
         set_rng_state(saved["rng"])
         yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
+    loss_log = LossLog(out / "losses.csv")
+    if ranks.is_main:
+        loss_log.start(resume_step=state["step"] if resumed else None)
 
     def save() -> CheckpointSaved:
         if not ranks.is_main:
@@ -138,7 +146,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
             while state["batch"] < len(batches) and state["step"] < total:
                 batch = collate([train_ds[int(i)] for i in batches[state["batch"]]], device)
                 method.model.train()
-                result = method.train_step(batch, stepper)
+                try:
+                    result = method.train_step(batch, stepper)
+                except torch.OutOfMemoryError:
+                    raise TrainingError(out_of_memory(config, method, state["step"] + 1, ckpt)) from None
                 if not math.isfinite(result.loss):
                     where = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
                     raise TrainingError(
@@ -151,11 +162,14 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
                     schedule.step()
                 state["batch"] += 1
                 state["step"] += 1
+                loss_log.write(state["step"], epoch, result.loss)
                 seen_y.extend(batch.y.tolist())
                 seen_p.extend(torch.softmax(result.logits.float(), dim=1).cpu().numpy())
                 yield Loss(state["step"], result.loss)
                 yield Progress(state["step"], total, epoch)
-                if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
+                epoch_ends = state["batch"] >= len(batches) or state["step"] >= total  # saved below
+                every = config.run.checkpoint_every
+                if every and state["step"] % every == 0 and not epoch_ends:
                     saved_at = state["step"]
                     yield save()
             record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
@@ -178,11 +192,34 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
             save()
         raise
     finally:
+        loss_log.close()
         slides.close()
         ranks.close()
     if ranks.is_main:
         (out / "metrics.json").write_text(json.dumps(history, indent=2))
     return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"], method)
+
+
+def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:
+    """Name the settings that bound this method's memory, with smaller values to try."""
+    knobs: dict[str, float] = {
+        f"method.params.{name}": value
+        for name in ("chunk_size", "forward_chunk_size", "k", "fill_batch_size", "budget_mb", "img_size")
+        if isinstance(value := getattr(method.params, name, None), int | float)
+    }
+    if method.kind == "bag":
+        knobs["data.bag_size"] = config.data.bag_size
+    else:
+        knobs["data.image_size"] = config.data.image_size
+        knobs["data.batch_size"] = config.data.batch_size
+    tries = ", ".join(f"{key}={_half(value)} (now {value})" for key, value in knobs.items() if value)
+    kept = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
+    amp = " or run.amp=bf16" if config.run.amp == "none" else ""
+    return f"out of memory at step {step} ({method.name} on {method.device}): try {tries}{amp}{kept}"
+
+
+def _half(value: float) -> float:
+    return max(1, int(value) // 2) if isinstance(value, int) else value / 2
 
 
 def run_to_end(gen: Generator[Event, None, RunResult]) -> RunResult:

@@ -31,4 +31,4 @@ __all__ = [
 ]
 
 # Registering the built-in methods (each module's @register runs on import).
-from bigslide.methods import abmil_acc, full_image, mil_baselines, patchgd  # noqa: E402, F401
+from bigslide.methods import abmil_acc, biglayer, full_image, mil_baselines, patchgd  # noqa: F401

@@ -44,7 +44,10 @@ class Sample:
 
 @dataclass
 class Batch:
-    """Collated samples: bags come one per batch (N varies), images are stacked (B, 3, H, W)."""
+    """Collated samples: bags come one per batch (N varies), images are stacked (B, 3, H, W).
+
+    `x` stays in host memory (pinned on CUDA); each method moves what it needs to its device.
+    """
 
     x: torch.Tensor
     y: torch.Tensor

@@ -1,0 +1,156 @@
+"""Big-Layer methods: end-to-end training on whole bags and whole images with host-held early layers.
+
+"biglayer_mil" encodes a whole bag of tiles as one batch (BatchNorm statistics over the whole bag,
+exactly) and pools it with a MIL aggregator. "biglayer_image" runs one large image through a big
+ResNet and a linear classifier, without patching. In both, the stem and the first `stages` ResNet
+stages keep their activations in host RAM and compute in partitions of at most `budget_mb` on the
+device; the rest of the network runs on the device as usual.
+
+Mixed precision: under the stepper's autocast (bf16/fp16 on CUDA) the big layers compute in the
+autocast dtype on the device and keep their activations in that dtype on the host; BatchNorm
+statistics are always accumulated in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs
+from bigslide.methods.base import (
+    Batch,
+    Method,
+    MethodParams,
+    Prediction,
+    Sample,
+    Stepper,
+    StepResult,
+    register,
+)
+from bigslide.nn.backbones import Encoder, create_encoder
+from bigslide.nn.big import make_big
+from bigslide.nn.mil import bag_loss, make_aggregator
+
+_STAGES_HELP = "ResNet stages after the stem that run as Big-Layers (activations in host RAM); 0 = stem only"
+_BUDGET_HELP = "Device memory one partition of a Big-Layer may use, in MiB (input rows, output rows, weights)"
+
+
+def _big_encoder(
+    spec_backbone: str, pretrained: bool, weights: str | None, stages: int, budget_mb: float
+) -> Encoder:
+    encoder = create_encoder(spec_backbone, pretrained=pretrained, weights=weights)
+    make_big(encoder, stages, int(budget_mb * 2**20))
+    return encoder
+
+
+class BigMILModel(nn.Module):
+    """Big encoder over the whole bag, then a MIL aggregator.
+
+    (N, 3, t, t) -> (logits (1, C), attention (N,)).
+    """
+
+    def __init__(self, encoder: Encoder, aggregator: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.aggregator = aggregator
+
+    def forward(self, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.aggregator(self.encoder(bag))
+
+
+class BigImageModel(nn.Module):
+    """Big encoder over whole images, then a linear classifier: (B, 3, H, W) -> (B, C)."""
+
+    def __init__(self, encoder: Encoder, num_classes: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.dim, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(images))
+
+
+@dataclass
+class BigLayerMILParams(MILParams):
+    """The MIL head's settings (shared with the other bag methods) plus the Big-Layer ones."""
+
+    stages: int = field(default=2, metadata={"help": _STAGES_HELP})
+    budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+
+
+@dataclass
+class BigLayerImageParams(MethodParams):
+    stages: int = field(default=2, metadata={"help": _STAGES_HELP})
+    budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+
+
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    # The big layers read their input from host memory; a device copy would defeat them.
+    return x if x.device.type == "cpu" else x.cpu()
+
+
+@register
+class BigLayerMIL(Method):
+    name = "biglayer_mil"
+    kind = "bag"
+    Params = BigLayerMILParams
+    summary = "Whole bag through a Big-Layer encoder (exact whole-bag BatchNorm) into a MIL aggregator"
+
+    params: BigLayerMILParams
+    model: BigMILModel
+
+    def build_model(self) -> nn.Module:
+        p, spec = self.params, self.spec
+        encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
+        aggregator = make_aggregator(p.aggregator, encoder.dim, spec.num_classes, **aggregator_kwargs(p))
+        return BigMILModel(encoder, aggregator)
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        target = batch.y.to(self.device)
+        with stepper.autocast():
+            logits, _ = self.model(_to_host(batch.x))
+            loss = bag_loss(self.model.aggregator, logits.float(), target)  # type: ignore[arg-type]
+        stepper.backward(loss)
+        stepper.step()
+        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+
+    def predict(self, sample: Sample) -> Prediction:
+        with torch.no_grad():
+            logits, attention = self.model(_to_host(sample.x))
+        probs = torch.softmax(logits.float(), dim=-1)[0]
+        return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
+
+
+@register
+class BigLayerImage(Method):
+    name = "biglayer_image"
+    kind = "image"
+    Params = BigLayerImageParams
+    summary = "Whole large images through a Big-Layer ResNet and a linear classifier, without patching"
+
+    params: BigLayerImageParams
+    model: BigImageModel
+
+    def build_model(self) -> nn.Module:
+        p, spec = self.params, self.spec
+        encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
+        return BigImageModel(encoder, spec.num_classes)
+
+    def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
+        target = batch.y.to(self.device)
+        with stepper.autocast():
+            logits = self.model(_to_host(batch.x))
+            loss = F.cross_entropy(logits.float(), target)
+        stepper.backward(loss)
+        stepper.step()
+        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+
+    def predict(self, sample: Sample) -> Prediction:
+        with torch.no_grad():
+            logits = self.model(_to_host(sample.x).unsqueeze(0))
+        probs = torch.softmax(logits.float(), dim=-1)[0]
+        return Prediction(probs=np.asarray(probs.cpu().numpy()))
