@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from bigslide import TileGrid, open_slide
 from bigslide.data.table import SlideTable
 from bigslide.engine import (
     CheckpointSaved,
@@ -135,10 +136,64 @@ def test_predict_slide_gives_probabilities_and_an_attention_grid_over_every_tiss
     assert pred.probs.shape == (2,)
     assert pred.probs.sum() == pytest.approx(1.0, abs=1e-5)
     grid = pred.grids["attention"]
-    from bigslide import TileGrid, open_slide
-
     with open_slide(slide) as s:
         tiles = TileGrid.from_slide(s, 32, min_tissue=config.data.min_tissue)
     assert np.isfinite(grid.scores).sum() == len(tiles)
     assert grid.cell_size_level0 == 32
     assert grid.mpp == pytest.approx((0.5, 0.5))
+
+
+TINY = {
+    "abmil_acc": {"hidden": 32, "attention_dim": 16, "chunk_size": 3},
+    "full_bag": {"hidden": 32, "attention_dim": 16},
+    "frozen_abmil": {"hidden": 32, "attention_dim": 16},
+    "biglayer_mil": {"hidden": 32, "attention_dim": 16, "stages": 1, "budget_mb": 1.0},
+    "patchgd": {"patch_size": 32, "latent_dim": 16, "epsilon": 2, "encoder_bn": "frozen"},
+    "full_image": {},
+    "biglayer_image": {"stages": 1, "budget_mb": 1.0},
+}
+
+
+@pytest.mark.parametrize("method", sorted(TINY))
+def test_every_method_trains_through_the_engine_and_gives_slide_heatmaps(
+    method: str, slide_csv: Path, tmp_path: Path
+) -> None:
+    from bigslide.methods import available_methods
+
+    assert set(TINY) == set(available_methods()), "a registered method is missing from this table"
+    config = small_config(slide_csv, tmp_path / method, method, **TINY[method])
+    config.optim.epochs = 1
+    config.optim.max_steps = 2
+    events, result = drain(train(config))
+    assert len(losses(events)) == 2
+    assert all(np.isfinite(losses(events)))
+    pred = predict_slide(result.checkpoint, slide_csv.parent / "slide_000.svs")
+    assert pred.probs.sum() == pytest.approx(1.0, abs=1e-5)
+    expected = {"attention"} if method in ("abmil_acc", "full_bag", "frozen_abmil", "biglayer_mil") else set()
+    if method == "patchgd":
+        expected = {"norm", "pca", "evidence"}
+    assert set(pred.grids) == expected
+    for grid in pred.grids.values():
+        assert np.isfinite(grid.scores).any()
+        with open_slide(slide_csv.parent / "slide_000.svs") as s:
+            w, h = s.dimensions
+        rows, cols = grid.scores.shape[:2]
+        # the grid lies on the slide: its far corner is inside the level-0 extent (plus one cell)
+        assert grid.origin[0] + cols * grid.cell_size_level0 <= w + grid.cell_size_level0
+        assert grid.origin[1] + rows * grid.cell_size_level0 <= h + grid.cell_size_level0
+
+
+def test_patchgd_trains_on_in_memory_arrays(tmp_path: Path) -> None:
+    from bigslide.data.arrays import ArrayImageDataset
+    from bigslide.engine.setup import RunData
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 64, 96, 3), dtype=np.uint8)  # non-square: a 2 x 3 patch grid
+    data = RunData(["a", "b"], ArrayImageDataset(images, [0, 1, 0, 1]), ArrayImageDataset(images[:2], [0, 1]))
+    config = small_config(Path("unused.csv"), tmp_path, "patchgd", **TINY["patchgd"])
+    config.optim.max_steps = 3
+    events, result = drain(train(config, data=data))
+    assert len(losses(events)) == 3
+    assert {(e.epoch, e.split) for e in events if isinstance(e, Metrics)} == {(0, "train"), (0, "val")}
+    assert result.method is not None
+    assert result.method.predict(data.train[0]).maps["norm"].shape == (2, 3)

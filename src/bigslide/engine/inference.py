@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
@@ -18,7 +19,7 @@ from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 from bigslide.synthetic.ultramnist import UltraMNIST
 
-SlideDataset = BagDataset | SlideImageDataset | UltraMNIST
+SlideDataset = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
 
 
 @dataclass
@@ -66,7 +67,7 @@ def predict_dataset(
         labels.append(samples[0].y)
         probs.append(np.mean([p.probs for p in preds], axis=0))
         if with_grids:
-            assert not isinstance(dataset, UltraMNIST), "heatmaps are placed on slides"
+            assert not isinstance(dataset, UltraMNIST | ArrayImageDataset), "heatmaps are placed on slides"
             mpp = dataset.slides.open(Path(samples[0].slide)).mpp
             if preds[0].instance_scores is not None:  # pool repeated bags into one grid
                 coords = np.concatenate([s.coords for s in samples if s.coords is not None])

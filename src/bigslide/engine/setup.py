@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
@@ -41,11 +42,13 @@ def load_table(config: TrainConfig) -> SlideTable:
     return SlideTable.from_csv(config.data.csv)
 
 
-TrainData = BagDataset | SlideImageDataset | UltraMNIST
+TrainData = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
 
 
 @dataclass
 class RunData:
+    """What a run trains and validates on; scripts may pass their own to `train(config, data=...)`."""
+
     classes: list[str]
     train: TrainData
     val: TrainData | None
