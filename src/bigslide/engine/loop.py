@@ -61,8 +61,10 @@ def checkpoint_path(config: TrainConfig) -> Path:
     return Path(config.run.out_dir) / "checkpoints" / "last.pt"
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None, RunResult]:
-    """Train `config.method` on the slide table; yields events at least once per batch."""
+def train(
+    config: TrainConfig, *, resume: bool = False, data: setup.RunData | None = None
+) -> Generator[Event, None, RunResult]:
+    """Train `config.method` on the configured data (or on `data`); yields events at least once per batch."""
     out = Path(config.run.out_dir)
     ranks = from_environment(config.run.device)
     if ranks.is_main:
@@ -73,7 +75,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> Generator[Event, None
 
     method_kind = get_method(config.method.name).kind
     slides = SlideCache(mpp=config.data.mpp)
-    data = setup.build_data(config, method_kind, slides)
+    data = data or setup.build_data(config, method_kind, slides)
     train_ds, val_ds = data.train, data.val
     method = setup.build_method(config, data.classes, device)
     ranks.broadcast_module(method.model)
