@@ -80,3 +80,13 @@ def test_stratified_split_keeps_given_splits_and_balances_classes(slide_dir: Pat
     assert sorted(e.label for e in val.entries) == ["normal", "normal", "tumor", "tumor"]
     again = SlideTable.from_csv(slide_dir / "t.csv").with_splits(val_fraction=0.5)
     assert [e.split for e in again.entries] == [e.split for e in table.entries]
+
+
+def test_prediction_tables_may_leave_labels_out(slide_dir: Path) -> None:
+    no_column = SlideTable.from_csv(write(slide_dir / "a.csv", "slide\ns/a.svs\n"), labels_required=False)
+    assert [e.label for e in no_column.entries] == [""]
+    mixed = write(slide_dir / "b.csv", "slide,label\ns/a.svs,\ns/b.svs,tumor\n")
+    table = SlideTable.from_csv(mixed, classes=["normal", "tumor"], labels_required=False)
+    assert [e.label for e in table.entries] == ["", "tumor"]
+    with pytest.raises(DataError, match="row 2: empty label"):
+        SlideTable.from_csv(mixed)

@@ -7,6 +7,7 @@ fraction is the share of its footprint's low-level pixels that pass the filter.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,8 @@ import numpy as np
 
 from bigslide.errors import ConfigError, SlideError
 from bigslide.regions import Region, centres_inside, check_inside
-from bigslide.slide import Slide
-from bigslide.tissue import DEFAULT_MIN_TISSUE, rule_mask, tissue_mask
+from bigslide.slide import WHOLE_READ_PIXELS, Slide
+from bigslide.tissue import DEFAULT_MIN_TISSUE, MASK_SIZE, rule_mask, tissue_mask
 
 TileFilter = Literal["rule", "otsu", "none"]
 MIN_FOOTPRINT_PX = 4
@@ -74,6 +75,12 @@ class TileGrid:
         if not 0 <= level < slide.level_count:
             raise SlideError(f"{slide.path}: level {level} does not exist (slide has {slide.level_count})")
 
+        level_w, level_h = slide.level_dimensions[level]
+        if tile_size > min(level_w, level_h):
+            raise SlideError(
+                f"{slide.path}: a tile of {tile_size} px does not fit the slide ({level_w} x {level_h} px "
+                f"at level {level}); choose a smaller tile size or a more detailed level"
+            )
         downsample = slide.level_downsamples[level]
         size0 = round(tile_size * downsample)
         coords = _full_grid(slide, level, tile_size, size0)
@@ -176,6 +183,13 @@ def measure_level(slide: Slide, size0: int) -> int:
     return chosen
 
 
+def thumbnail_downsample(slide: Slide) -> float:
+    """Level-0 pixels per pixel of `slide.thumbnail(MASK_SIZE)`, without reading it."""
+    level = slide.thumbnail_level(MASK_SIZE)
+    w, h = slide.level_dimensions[level]
+    return slide.level_downsamples[level] * max(1, math.ceil(max(w, h) / MASK_SIZE))
+
+
 def _footprints(coords: np.ndarray, size0: int, ds: float, shape: tuple[int, int]) -> np.ndarray:
     """(N, 4) row0, row1, col0, col1 of each tile on a raster of downsample `ds` (at least 1 px)."""
     h, w = shape
@@ -209,6 +223,10 @@ def _rule_fractions(slide: Slide, coords: np.ndarray, size0: int) -> np.ndarray:
         return out
     level = measure_level(slide, size0)
     lw, lh = slide.level_dimensions[level]
+    if lw * lh > WHOLE_READ_PIXELS and size0 / thumbnail_downsample(slide) >= MIN_FOOTPRINT_PX:
+        # no pyramid level is small enough: measure on the (streamed) thumbnail instead
+        thumb = slide.thumbnail(MASK_SIZE)
+        return _fractions(rule_mask(thumb), slide.dimensions[0] / thumb.shape[1], coords, size0)
     boxes = _footprints(coords, size0, slide.level_downsamples[level], (lh, lw))
     col0, col1 = int(boxes[:, 2].min()), int(boxes[:, 3].max())
     max_rows = max(int((boxes[:, 1] - boxes[:, 0]).max()), _STRIP_PIXELS // max(1, col1 - col0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +23,9 @@ from bigslide.errors import SlideError
 
 BACKGROUND = 255
 """Value of pixels outside the slide: white, as glass without tissue looks."""
+WHOLE_READ_PIXELS = 1 << 26
+"""Levels above 64 Mpx (192 MB of RGB) are never read at once: thumbnails stream them in strips."""
+_STRIP_PIXELS = 1 << 22
 
 
 class Slide:
@@ -41,6 +45,7 @@ class Slide:
             (w0 / w + h0 / h) / 2 for w, h in self.level_dimensions
         )
         self.mpp = _parse_mpp(handle.properties)
+        self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
         self.pixels_read: Counter[int] = Counter()
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
@@ -90,8 +95,14 @@ class Slide:
         return self._read_level(level, 0, h, 0, w)
 
     def thumbnail(self, max_size: int) -> np.ndarray:
-        """The slide with its longer side at most `max_size`, read from the smallest level that suffices."""
+        """The slide with its longer side at most `max_size`, read from the smallest level that suffices.
+
+        A level too big to read at once (a slide without a pyramid) is streamed in strips, with a warning.
+        """
         level = self.thumbnail_level(max_size)
+        w, h = self.level_dimensions[level]
+        if w * h > WHOLE_READ_PIXELS:
+            return self._streamed_thumbnail(level, max_size)
         image = self.read_level(level)
         h, w = image.shape[:2]
         scale = max_size / max(h, w)
@@ -99,6 +110,31 @@ class Slide:
             return image
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BOX))
+
+    def _streamed_thumbnail(self, level: int, max_size: int) -> np.ndarray:
+        """Box-average `level` by a whole factor, strip by strip, so it is never held in memory at once."""
+        w, h = self.level_dimensions[level]
+        factor = math.ceil(max(w, h) / max_size)
+        if self._streamed is not None and self._streamed[0] == (level, factor):
+            return self._streamed[1]
+        warnings.warn(
+            f"{self.path}: no pyramid level smaller than {w} x {h} px; building a thumbnail by reading "
+            f"level {level} in strips (slow). Save the slide as a pyramidal TIFF to open it fast.",
+            stacklevel=3,
+        )
+        # whole rows of file tiles per read, so each tile is decoded once
+        tile_rows = int(self._arrays[level].chunks[0])
+        rows = max(1, _STRIP_PIXELS // (w * tile_rows)) * tile_rows
+        parts, carry = [], np.zeros((0, w, 3), np.uint8)
+        for top in range(0, h, rows):
+            strip = np.concatenate([carry, self._read_level(level, top, min(top + rows, h), 0, w)])
+            usable = len(strip) if top + rows >= h else len(strip) // factor * factor
+            if usable:
+                parts.append(_box_mean(strip[:usable], factor))
+            carry = strip[usable:]
+        out = np.concatenate(parts)
+        self._streamed = ((level, factor), out)
+        return out
 
     def thumbnail_level(self, max_size: int) -> int:
         """The smallest level whose longer side is still >= `max_size` (level 0 if none is)."""
@@ -217,6 +253,23 @@ def _parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     if mpp_x is None and mpp_y is None:
         return None
     return (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
+
+
+def _box_mean(block: np.ndarray, factor: int) -> np.ndarray:
+    """Mean of each `factor` x `factor` box of an (h, w, 3) uint8 image; edge boxes may be smaller."""
+    h, w = block.shape[:2]
+    pad_rows, pad_cols = -h % factor, -w % factor
+    if pad_rows:
+        block = np.concatenate([block, np.zeros((pad_rows, w, 3), np.uint8)])
+    # rows first, on the contiguous layout: much faster than one reduction over both axes
+    row_sums = block.reshape(-1, factor, w * 3).sum(axis=1, dtype=np.uint32).reshape(-1, w, 3)
+    row_sums = np.pad(row_sums, ((0, 0), (0, pad_cols), (0, 0)))
+    sums = row_sums.reshape(row_sums.shape[0], -1, factor, 3).sum(axis=2)
+    n_rows = np.full(sums.shape[0], factor)
+    n_rows[-1] = factor - pad_rows
+    n_cols = np.full(sums.shape[1], factor)
+    n_cols[-1] = factor - pad_cols
+    return np.round(sums / (n_rows[:, None, None] * n_cols[None, :, None])).astype(np.uint8)
 
 
 def _to_rgb(block: np.ndarray) -> np.ndarray:

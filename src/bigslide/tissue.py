@@ -16,6 +16,8 @@ RULE_HIGH = 230
 """Big-Layers rule: a pixel is tissue when its greyscale is in [RULE_LOW, RULE_HIGH] (not glass/black)."""
 
 DEFAULT_MIN_TISSUE = 0.6
+MASK_SIZE = 2048
+"""Longer side of the low-resolution image tissue is found on when no finer measure is needed."""
 
 
 class TissueMask(NamedTuple):
@@ -43,7 +45,7 @@ def tile_tissue_fraction(tile: np.ndarray) -> float:
     return float(mask.mean()) if mask.size else 0.0
 
 
-def tissue_mask(slide: Slide, *, max_size: int = 2048) -> TissueMask:
+def tissue_mask(slide: Slide, *, max_size: int = MASK_SIZE) -> TissueMask:
     """Otsu tissue mask on a low level (longer side <= `max_size`), small specks and holes removed.
 
     Thresholds saturation (stained tissue is coloured, glass is not); falls back to darkness when the

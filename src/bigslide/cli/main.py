@@ -1,4 +1,4 @@
-"""`bigslide` command line: train, predict, heatmap, demo, bench."""
+"""`bigslide` command line: train, predict, heatmap, demo, bench, plan."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from bigslide.errors import BigslideError, ConfigError
 
-BENCHES = ("grid", "acc", "patchgd", "biglayer")
+BENCHES = ("grid", "acc", "patchgd", "biglayer", "mil_learning", "patchgd_learning")
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -54,6 +54,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         values["run"]["out_dir"] = args.out
     if args.device:
         values["run"]["device"] = args.device
+    if args.mpp is not None:
+        values["data"]["mpp"] = args.mpp
     return TrainConfig.from_dict(values, source="command line")
 
 
@@ -73,9 +75,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from bigslide.cli.report import write_predictions
     from bigslide.data.table import SlideTable
     from bigslide.engine import predict_slides
+    from bigslide.engine.checkpoint import load_checkpoint
 
-    table = SlideTable.from_csv(args.slides)
-    preds, _ = predict_slides(args.checkpoint, table, device=args.device or "auto", repeats=args.repeats)
+    classes = [str(c) for c in load_checkpoint(args.checkpoint)["classes"]]
+    # labels are optional here, but one the model does not know is a typo
+    table = SlideTable.from_csv(args.slides, classes=classes, labels_required=False)
+    preds, _ = predict_slides(
+        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, mpp=args.mpp
+    )
     path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps)
     print(f"predictions: {path}")
     return 0
@@ -85,7 +92,9 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     from bigslide.cli.report import write_heatmaps
     from bigslide.engine import predict_slide
 
-    pred = predict_slide(args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto")
+    pred = predict_slide(
+        args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto", mpp=args.mpp
+    )
     for path in write_heatmaps(pred, Path(args.out)):
         print(path)
     probs = ", ".join(f"{c}={p:.3f}" for c, p in zip(pred.classes, pred.probs))
@@ -104,6 +113,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(module.run(args))
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from bigslide.plan.recommend import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigslide", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. optim.lr=1e-4 (repeatable)"
     )
+    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -130,12 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-heatmaps", action="store_true")
+    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--slide", required=True)
     p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
+    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
     p.add_argument("--out", default="heatmaps")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=cmd_heatmap)
@@ -146,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("plan", help="predict peak memory per method and setting; recommend one that fits")
+    importlib.import_module("bigslide.plan.recommend").add_arguments(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("methods", help="list the training methods")
     p.set_defaults(func=cmd_methods)

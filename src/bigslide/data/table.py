@@ -45,11 +45,17 @@ class SlideTable:
 
     @classmethod
     def from_csv(
-        cls, path: str | Path, *, classes: list[str] | None = None, check_files: bool = True
+        cls,
+        path: str | Path,
+        *,
+        classes: list[str] | None = None,
+        check_files: bool = True,
+        labels_required: bool = True,
     ) -> SlideTable:
         """Read `slide,label[,split][,regions]`. Relative paths are relative to the CSV's folder.
 
-        With `classes` given, a label outside them is an error naming the row.
+        With `classes` given, a label outside them is an error naming the row. For prediction
+        (`labels_required=False`) the label column may be missing or empty.
         """
         path = Path(path)
         try:
@@ -60,7 +66,7 @@ class SlideTable:
             raise DataError(f"{path}: not a text CSV file") from None
         reader = csv.DictReader(text.splitlines())
         columns = [c.strip() for c in reader.fieldnames or []]
-        missing = {"slide", "label"} - set(columns)
+        missing = ({"slide", "label"} if labels_required else {"slide"}) - set(columns)
         if missing:
             raise DataError(
                 f"{path}: missing column(s) {sorted(missing)}; expected slide,label[,split][,regions]"
@@ -72,7 +78,8 @@ class SlideTable:
             where = f"{path}, row {row_no}"
             if not row.get("slide"):
                 raise DataError(f"{where}: empty slide path")
-            if not row.get("label"):
+            label = row.get("label", "")
+            if not label and labels_required:
                 raise DataError(f"{where}: empty label for {row['slide']}")
             slide = _resolve(path, row["slide"])
             if check_files and not slide.is_file():
@@ -83,12 +90,12 @@ class SlideTable:
             split = row.get("split") or None
             if split is not None and split not in SPLITS:
                 raise DataError(f"{where}: split {split!r} is not one of {list(SPLITS)}")
-            if classes is not None and row["label"] not in classes:
-                raise DataError(f"{where}: unknown label {row['label']!r}; known labels: {classes}")
+            if classes is not None and label and label not in classes:
+                raise DataError(f"{where}: unknown label {label!r}; known labels: {classes}")
             regions = _resolve(path, row["regions"]) if row.get("regions") else None
             if regions is not None and check_files and not regions.is_file():
                 raise DataError(f"{where}: regions file not found: {regions}")
-            entries.append(SlideEntry(slide, row["label"], split, regions))
+            entries.append(SlideEntry(slide, label, split, regions))
         if not entries:
             raise DataError(f"{path}: the slide table has no rows")
         return cls(entries, list(classes) if classes else [])

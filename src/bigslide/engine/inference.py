@@ -109,6 +109,7 @@ def predict_slides(
     *,
     device: str = "auto",
     repeats: int = 0,
+    mpp: float | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0."""
     method, config, classes = load_trained(checkpoint, device=device)
@@ -119,7 +120,7 @@ def predict_slides(
         ],
         classes,
     )
-    slides = SlideCache(mpp=config.data.mpp)
+    slides = SlideCache(mpp=mpp if mpp is not None else config.data.mpp)
     dataset = setup.build_dataset(config, method.kind, table, train=False, slides=slides)
     try:
         preds = predict_dataset(method, dataset, repeats=repeats, with_grids=True)
@@ -138,9 +139,10 @@ def predict_slide(
     regions: str | Path | None = None,
     device: str = "auto",
     repeats: int = 0,
+    mpp: float | None = None,
 ) -> SlidePrediction:
     """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence")."""
     entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
     table = SlideTable([entry], ["?"])
-    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats)
+    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats, mpp=mpp)
     return preds[0]
