@@ -9,7 +9,7 @@ import tifffile
 
 from bigslide.errors import SlideError
 from bigslide.slide import open_slide
-from conftest import MakeSlide, WrittenSlide, textured_image
+from tests.conftest import MakeSlide, WrittenSlide, textured_image
 
 FLAVOURS = ["svs_slide", "tiff_slide", "ome_slide"]
 

@@ -11,7 +11,7 @@ from bigslide.grid import TileGrid
 from bigslide.regions import Region
 from bigslide.slide import open_slide
 from bigslide.tissue import tile_tissue_fraction, tissue_mask
-from conftest import MakeSlide, WrittenSlide
+from tests.conftest import MakeSlide, WrittenSlide
 
 PINK = (200, 100, 150)
 T = 256
