@@ -55,3 +55,20 @@ def peak_rss_delta(work: Callable[[], T]) -> tuple[T, int]:
     start = rss_bytes()
     result = work()
     return result, max(0, peak_rss_bytes() - start)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def set_mmap_threshold(nbytes: int) -> None:
+    """Blocks above `nbytes` are mmapped and go back to the system when freed.
+
+    Low for memory measurements (the resident set then follows live tensors), high for timings
+    (mmapping every large tensor costs a page fault per page and shows up as system time).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, int(nbytes))
+
+
+MEASURE_MEMORY = 64 * 1024
+MEASURE_TIME = 32 * 2**20  # glibc's own dynamic ceiling on 64-bit systems
