@@ -1,0 +1,109 @@
+"""The Big-Layer methods train end to end on tiny bags and images and predict in the protocol's shapes."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from bigslide.engine.stepper import OptimStepper
+from bigslide.methods.base import Batch, ModelSpec, Sample
+from bigslide.methods.biglayer import BigLayerImage, BigLayerImageParams, BigLayerMIL, BigLayerMILParams
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.big import BigConv2d, track_device_memory
+
+CPU = torch.device("cpu")
+
+
+def bag_batch(n: int, label: int, side: int = 32) -> Batch:
+    torch.manual_seed(label + n)
+    x = torch.rand(n, 3, side, side)
+    coords = np.stack([np.arange(n) * side, np.zeros(n)], axis=1).astype(np.int64)
+    sample = Sample(x=x, y=label, slide=f"slide{label}", coords=coords, tile_size_level0=side)
+    return Batch(x=x, y=torch.tensor([label]), samples=[sample])
+
+
+def snapshot(method: BigLayerMIL | BigLayerImage) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in method.model.named_parameters()}
+
+
+def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it() -> None:
+    torch.manual_seed(0)
+    params = BigLayerMILParams(stages=1, budget_mb=2.0, aggregator="abmil")
+    method = BigLayerMIL(params, ModelSpec(backbone="resnet18", num_classes=3), CPU)
+    assert isinstance(method.model.encoder.backbone.layer1[0].conv1, BigConv2d)
+    # The same weights as a plain encoder: BatchNorm over the whole bag makes the losses equal.
+    native = create_encoder("resnet18")
+    native.load_state_dict(method.model.encoder.state_dict())
+    aggregator = copy.deepcopy(method.model.aggregator)
+    batch = bag_batch(6, 2)
+    native_loss = torch.nn.functional.cross_entropy(aggregator(native(batch.x))[0], batch.y)
+
+    before = snapshot(method)
+    stepper = OptimStepper(torch.optim.Adam(method.trainable_parameters(), lr=1e-3))
+    with track_device_memory() as meter:
+        first = method.train_step(batch, stepper)
+    assert first.loss == pytest.approx(float(native_loss.detach()), rel=1e-5)
+    assert meter.max_partition_bytes <= 2 * 2**20
+    assert meter.partitions > 2 * 11  # the 2 MiB budget split some of the 11 big layers
+    losses = [first.loss] + [method.train_step(batch, stepper).loss for _ in range(3)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0]  # four steps on one bag fit it
+    assert first.logits.shape == (1, 3)
+    assert stepper.steps == 4
+    after = snapshot(method)
+    for name in (
+        "encoder.backbone.conv1.weight",
+        "encoder.backbone.layer1.0.bn1.weight",
+        "encoder.backbone.fc",
+    ):
+        if name in before:
+            assert not torch.equal(before[name], after[name]), name
+
+    method.model.eval()
+    sample = bag_batch(5, 1).samples[0]
+    prediction = method.predict(sample)
+    assert prediction.probs.shape == (3,)
+    assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-5)
+    assert prediction.instance_scores is not None
+    assert prediction.instance_scores.shape == (5,)
+
+
+@pytest.mark.parametrize("aggregator", ["abmil_gated", "transmil", "dtfd"])
+def test_biglayer_mil_runs_every_aggregator(aggregator: str) -> None:
+    torch.manual_seed(1)
+    params = BigLayerMILParams(stages=0, budget_mb=4.0, aggregator=aggregator)
+    method = BigLayerMIL(params, ModelSpec(backbone="resnet18", num_classes=2), CPU)
+    before = snapshot(method)
+    stepper = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.1))
+    result = method.train_step(bag_batch(4, 1), stepper)
+    assert np.isfinite(result.loss)
+    changed = [k for k, v in snapshot(method).items() if not torch.equal(v, before[k])]
+    assert "encoder.backbone.conv1.weight" in changed
+    method.model.eval()
+    prediction = method.predict(bag_batch(7, 0).samples[0])
+    assert prediction.instance_scores is not None
+    assert prediction.instance_scores.shape == (7,)
+
+
+def test_biglayer_image_trains_on_whole_images() -> None:
+    torch.manual_seed(2)
+    params = BigLayerImageParams(stages=2, budget_mb=4.0)
+    method = BigLayerImage(params, ModelSpec(backbone="resnet18", num_classes=2), CPU)
+    x = torch.rand(2, 3, 48, 48)
+    samples = [Sample(x=x[i], y=i, slide=f"s{i}") for i in range(2)]
+    batch = Batch(x=x, y=torch.tensor([0, 1]), samples=samples)
+    before = snapshot(method)
+    stepper = OptimStepper(torch.optim.Adam(method.trainable_parameters(), lr=1e-3))
+    losses = [method.train_step(batch, stepper).loss for _ in range(3)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0]
+    after = snapshot(method)
+    assert not torch.equal(before["encoder.backbone.conv1.weight"], after["encoder.backbone.conv1.weight"])
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    method.model.eval()
+    prediction = method.predict(samples[0])
+    assert prediction.probs.shape == (2,)
+    assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-5)
