@@ -42,28 +42,6 @@ BLOCK = re.compile(
     re.S,
 )
 
-# Help for config fields that carry no `metadata={"help": ...}` in engine/config.py; metadata wins.
-FALLBACK_HELP: dict[str, str] = {
-    "method.name": "registry name of the training method (`bigslide methods` lists them)",
-    "method.params": "the method's parameters, by name (see the method pages); unknown names are an error",
-    "optim.optimizer": "adamw, or sgd with momentum 0.9",
-    "optim.lr": "peak learning rate",
-    "optim.weight_decay": "decoupled weight decay (AdamW) or L2 penalty (SGD)",
-    "optim.epochs": "passes over the training set",
-    "optim.max_steps": "stop after this many batches (null = no limit)",
-    "optim.accumulate": "complete gradients averaged per optimizer step (per rank)",
-    "optim.grad_clip": "clip the global gradient norm to this value (null = no clipping)",
-    "optim.schedule": "learning-rate schedule after the warm-up, stepped once per batch (decays to 0)",
-    "optim.warmup_steps": "batches of linear learning-rate warm-up",
-    "run.out_dir": "output folder: config.yaml, checkpoints/last.pt, metrics.json, losses.csv",
-    "run.device": "auto = CUDA when present, else CPU",
-    "run.seed": "seed of every random stream (sampling, augmentation, initialisation)",
-    "run.amp": "mixed precision on CUDA (fp16 adds a gradient scaler); ignored on the CPU",
-    "run.checkpoint_every": "batches between checkpoints; 0 = at the end of each epoch only",
-    "run.deterministic": "deterministic algorithms where torch has them (slower)",
-}
-
-
 class StaleDocsError(Exception):
     """A reference block cannot be made (unknown method, section or command; undocumented field)."""
 
@@ -108,7 +86,7 @@ def field_rows(cls: type, prefix: str) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}"
-        help_text = f.metadata.get("help") or FALLBACK_HELP.get(key)
+        help_text = f.metadata.get("help")
         if not help_text:
             raise StaleDocsError(f"{key} has no help: add metadata={{'help': ...}} to the field")
         if f.default is not dataclasses.MISSING:

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--forward-chunk", type=int, default=0, help="ACC no-grad chunk; 0 = the method's default"
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per method (default 5)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps per method (default 10)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto)")
     parser.add_argument("--amp", default="", help="bf16 or fp16 mixed precision on CUDA")
     parser.add_argument(

@@ -48,31 +48,66 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = "abmil_acc"
-    params: dict[str, Any] = field(default_factory=dict)
+    name: str = field(
+        default="abmil_acc",
+        metadata={"help": "registry name of the training method (`bigslide methods` lists them)"},
+    )
+    params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the method's parameters, by name (see the method pages); unknown names are an error"
+        },
+    )
 
 
 @dataclass
 class OptimConfig:
-    optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: momentum 0.9
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    epochs: int = 1
-    max_steps: int | None = None
-    accumulate: int = 1  # complete gradients averaged per optimizer step (per rank)
-    grad_clip: float | None = None
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = 0
+    optimizer: Literal["adamw", "sgd"] = field(
+        default="adamw", metadata={"help": "adamw, or sgd with momentum 0.9"}
+    )
+    lr: float = field(default=1e-4, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(
+        default=0.0, metadata={"help": "decoupled weight decay (AdamW) or L2 penalty (SGD)"}
+    )
+    epochs: int = field(default=1, metadata={"help": "passes over the training set"})
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many batches (null = no limit)"}
+    )
+    accumulate: int = field(
+        default=1, metadata={"help": "complete gradients averaged per optimizer step (per rank)"}
+    )
+    grad_clip: float | None = field(
+        default=None, metadata={"help": "clip the global gradient norm to this value (null = no clipping)"}
+    )
+    schedule: Literal["constant", "cosine", "linear"] = field(
+        default="constant",
+        metadata={"help": "learning-rate schedule after the warm-up, stepped once per batch (decays to 0)"},
+    )
+    warmup_steps: int = field(default=0, metadata={"help": "batches of linear learning-rate warm-up"})
 
 
 @dataclass
 class RunConfig:
-    out_dir: str = "runs/latest"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = 0
-    amp: Literal["none", "bf16", "fp16"] = "none"
-    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0 = at the end of each epoch
-    deterministic: bool = False
+    out_dir: str = field(
+        default="runs/latest",
+        metadata={"help": "output folder: config.yaml, checkpoints/last.pt, metrics.json, losses.csv"},
+    )
+    device: Literal["auto", "cpu", "cuda"] = field(
+        default="auto", metadata={"help": "auto = CUDA when present, else CPU"}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "seed of every random stream (sampling, augmentation, initialisation)"}
+    )
+    amp: Literal["none", "bf16", "fp16"] = field(
+        default="none",
+        metadata={"help": "mixed precision on CUDA (fp16 adds a gradient scaler); ignored on the CPU"},
+    )
+    checkpoint_every: int = field(
+        default=0, metadata={"help": "batches between checkpoints; 0 = at the end of each epoch only"}
+    )
+    deterministic: bool = field(
+        default=False, metadata={"help": "deterministic algorithms where torch has them (slower)"}
+    )
 
 
 @dataclass
