@@ -14,17 +14,10 @@ from timm.layers import DropPath
 from torch import nn
 
 from bigslide.engine.stepper import OptimStepper
-from bigslide.methods.abmil_acc import (
-    ABMILACC,
-    ABMILACCParams,
-    InexactGradientWarning,
-    accumulated_bag_backward,
-    bag_backward,
-    batchnorm_layers,
-    has_stochastic_layers,
-)
+from bigslide.methods.abmil_acc import ABMILACC, ABMILACCParams, accumulated_bag_backward, bag_backward
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.mil_baselines import FullBag, full_bag_backward
+from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, has_stochastic_layers
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import AGGREGATORS, Aggregator, make_aggregator
 

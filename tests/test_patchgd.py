@@ -15,6 +15,7 @@ from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.patchgd import PatchGD, PatchGDParams, fill_z, sample_positions, zblock_maps
+from bigslide.methods.replay import InexactGradientWarning
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.patchgd_heads import CNNHead, TransformerHead
 
@@ -167,10 +168,11 @@ def hand_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, positions
     return grads
 
 
+@pytest.mark.parametrize("grad_chunk", [0, 1, 3], ids=["one-pass", "chunk1", "chunk3"])
 @pytest.mark.parametrize("head", ["cnn", "transformer"])
-def test_gradient_flows_only_through_each_iterations_patches(head: str):
+def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chunk: int):
     torch.manual_seed(2)
-    method = make_method(head=head, k=2, inner_iterations=3, epsilon=2, head_width=8)
+    method = make_method(head=head, k=2, inner_iterations=3, epsilon=2, head_width=8, grad_chunk=grad_chunk)
     method.model.double()
     reference = copy.deepcopy(method.model)
     x, y = torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2])
@@ -186,6 +188,40 @@ def test_gradient_flows_only_through_each_iterations_patches(head: str):
                 got[name], value, atol=1e-10, rtol=1e-8, msg=lambda m, n=name: f"{n}: {m}"
             )
     assert stepper.grads[0]["encoder.conv.weight"].abs().sum() > 0
+
+
+def test_grad_chunk_is_exact_with_frozen_batchnorm_and_warns_with_training_batchnorm():
+    def step(grad_chunk: int, encoder_bn: str) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        torch.manual_seed(4)
+        method = make_method(
+            tiny=False, k=3, epsilon=2, head_width=8, grad_chunk=grad_chunk, encoder_bn=encoder_bn
+        )
+        method.model.double()
+        stepper = RecordingStepper(method.model)
+        torch.manual_seed(5)  # the same patch positions for every run
+        method.train_step(
+            Batch(torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2]), []), stepper
+        )
+        stats = [b.clone() for b in method.model.encoder.buffers()]
+        return stepper.grads[0], stats
+
+    one_pass, stats = step(0, "frozen")
+    chunked, chunked_stats = step(2, "frozen")
+    for name, value in one_pass.items():
+        torch.testing.assert_close(
+            chunked[name], value, atol=1e-10, rtol=1e-8, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    assert any(v.abs().sum() > 0 for n, v in chunked.items() if n.startswith("encoder."))
+    assert all(torch.equal(a, b) for a, b in zip(stats, chunked_stats))
+    with pytest.warns(InexactGradientWarning, match="grad_chunk"):
+        _, trained_stats = step(2, "train")
+    # Every chunk of 2 of the 2 x 3 patches is one BatchNorm batch, counted once: the replay adds none.
+    _, unchunked_stats = step(0, "train")
+    tracked = [int(b) for b in trained_stats if b.dtype == torch.long]
+    once = [int(b) for b in unchunked_stats if b.dtype == torch.long]
+    assert once
+    assert once[0] > 0
+    assert tracked == [3 * n for n in once]
 
 
 @pytest.mark.parametrize(

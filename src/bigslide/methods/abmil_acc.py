@@ -1,9 +1,9 @@
 """ABMIL-ACC: the exact full-bag gradient of encoder + attention-MIL head at chunk-sized memory.
 
-Andersson et al., Eq. 1: dL/dθ = Σ_i dL/dz_i · dz_i/dθ. So (1) encode the whole bag chunk by chunk
-without grad, keeping only Z (N, D); (2) run the head once on Z with grad, which gives the head's
-gradients and dL/dZ; (3) replay the encoder chunk by chunk with grad and push dL/dZ[chunk] through it.
-Only one chunk's activations are alive at a time, and the head runs once per bag.
+Andersson et al., Eq. 1, through `replay_backward`: (1) encode the whole bag chunk by chunk without
+grad, keeping only Z (N, D); (2) run the head once on Z with grad, which gives the head's gradients and
+dL/dZ; (3) replay the encoder chunk by chunk with grad and push dL/dZ[chunk] through it. Only one
+chunk's activations are alive at a time, and the head runs once per bag.
 
 Exactness: the result equals the full-bag gradient when the encoder computes every instance
 independently of the others. Encoder BatchNorm therefore runs in eval mode ("eval", the default) or
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from bigslide.errors import ConfigError
 from bigslide.methods.base import (
@@ -37,26 +36,24 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.replay import (
+    AutocastFactory,
+    BackwardFn,
+    InexactGradientWarning,
+    batchnorm_layers,
+    encode_chunks,
+    replay_backward,
+)
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss, make_aggregator
 
 BNMode = Literal["eval", "frozen", "batch"]
-AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
-BackwardFn = Callable[[torch.Tensor], None]
-
-
-class InexactGradientWarning(UserWarning):
-    """The accumulated gradient is not the full-bag gradient (train-mode BatchNorm in the encoder)."""
 
 
 class BagStep(NamedTuple):
     loss: torch.Tensor  # detached scalar
     logits: torch.Tensor  # (1, C), detached
     attention: torch.Tensor  # (N,), detached
-
-
-def batchnorm_layers(module: nn.Module) -> list[_BatchNorm]:
-    return [m for m in module.modules() if isinstance(m, _BatchNorm)]
 
 
 @contextlib.contextmanager
@@ -97,56 +94,6 @@ def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterato
             p.requires_grad_(True)
 
 
-def has_stochastic_layers(module: nn.Module) -> bool:
-    """Whether a module in train mode draws random numbers (dropout, drop-path, drop-block, drop_rate)."""
-    for m in module.modules():
-        if not m.training:
-            continue
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return True
-        for attribute in ("drop_prob", "drop_rate"):
-            value = getattr(m, attribute, None)
-            if isinstance(value, int | float) and value > 0:
-                return True
-    return False
-
-
-@dataclass
-class _RngState:
-    cpu: torch.Tensor
-    cuda: torch.Tensor | None
-
-
-def _capture_rng(device: torch.device) -> _RngState:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return _RngState(torch.get_rng_state(), cuda)
-
-
-def _restore_rng(state: _RngState, device: torch.device) -> None:
-    torch.set_rng_state(state.cpu)
-    if state.cuda is not None:
-        torch.cuda.set_rng_state(state.cuda, device)
-
-
-def _bn_buffers(encoder: nn.Module) -> list[torch.Tensor]:
-    return [b for layer in batchnorm_layers(encoder) for b in layer.buffers()]
-
-
-def encode_bag(
-    encoder: nn.Module, bag: torch.Tensor, chunk_size: int, autocast: AutocastFactory | None = None
-) -> torch.Tensor:
-    """Encoder features of a whole bag, chunk by chunk, without grad: (N, D) in float32 or float64."""
-    autocast = autocast or contextlib.nullcontext
-    chunks = []
-    with torch.inference_mode():
-        for start in range(0, bag.shape[0], chunk_size):
-            with autocast():
-                z = encoder(bag[start : start + chunk_size])
-            chunks.append(z if z.dtype in (torch.float32, torch.float64) else z.float())
-    # Concatenated outside inference mode: an ordinary tensor that autograd may use.
-    return torch.cat(chunks)
-
-
 def accumulated_bag_backward(
     encoder: nn.Module,
     aggregator: Aggregator,
@@ -173,51 +120,25 @@ def accumulated_bag_backward(
     """
     if chunk_size < 1:
         raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
-    autocast = autocast or contextlib.nullcontext
-    n, device = bag.shape[0], bag.device
+
+    def head_loss(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        logits, attention = aggregator(Z)
+        return bag_loss(aggregator, logits, target, loss_fn), (logits.detach(), attention.detach())
+
     with bn_policy(encoder, bn_mode):
-        if stochastic is None:
-            stochastic = has_stochastic_layers(encoder)
         batch_stats = bn_mode == "batch" and any(layer.training for layer in batchnorm_layers(encoder))
-        if stochastic or batch_stats or not forward_chunk_size:
-            first_chunk = chunk_size
-        else:
-            first_chunk = max(forward_chunk_size, chunk_size)
-
-        # Pass 1: Z for the whole bag, no activations kept.
-        rng_states: list[_RngState] = []
-        if stochastic:
-            parts = []
-            for start in range(0, n, chunk_size):
-                rng_states.append(_capture_rng(device))
-                parts.append(encode_bag(encoder, bag[start : start + chunk_size], chunk_size, autocast))
-            Z = torch.cat(parts)
-        else:
-            Z = encode_bag(encoder, bag, first_chunk, autocast)
-
-        # Pass 2: the head once, on the whole bag.
-        Z.requires_grad_(True)
-        with autocast():
-            logits, attention = aggregator(Z)
-            loss = bag_loss(aggregator, logits, target, loss_fn)
-        (backward or torch.Tensor.backward)(loss)
-        grad_z = Z.grad
-
-        # Pass 3: replay each chunk with grad and push dL/dZ[chunk] through it.
-        if grad_z is not None and any(p.requires_grad for p in encoder.parameters()):
-            saved_stats = [b.clone() for b in _bn_buffers(encoder)] if batch_stats else []
-            devices = [device] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices, enabled=stochastic):
-                for index, start in enumerate(range(0, n, chunk_size)):
-                    if stochastic:
-                        _restore_rng(rng_states[index], device)
-                    with autocast():
-                        z = encoder(bag[start : start + chunk_size])
-                    z.backward(grad_z[start : start + chunk_size].to(z.dtype))
-            # The replay must not count the chunks twice in the running statistics.
-            for buffer, saved in zip(_bn_buffers(encoder), saved_stats):
-                buffer.copy_(saved)
-    return BagStep(loss.detach(), logits.detach(), attention.detach())
+        loss, (logits, attention) = replay_backward(
+            encoder,
+            bag,
+            head_loss,
+            chunk_size=chunk_size,
+            forward_chunk_size=forward_chunk_size,
+            autocast=autocast,
+            backward=backward,
+            batch_stats=batch_stats,
+            stochastic=stochastic,
+        )
+    return BagStep(loss, logits, attention)
 
 
 def bag_backward(
@@ -332,7 +253,7 @@ class MILMethod(Method):
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
-        return encode_bag(self.mil_model.encoder, bag, max(1, self.mil_params.inference_chunk_size))
+        return encode_chunks(self.mil_model.encoder, bag, max(1, self.mil_params.inference_chunk_size))
 
     def predict(self, sample: Sample) -> Prediction:
         bag = sample.x.to(self.device)

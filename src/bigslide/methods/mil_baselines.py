@@ -15,17 +15,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from bigslide.methods.abmil_acc import (
-    AutocastFactory,
-    BackwardFn,
-    BagStep,
-    EndToEndParams,
-    MILMethod,
-    MILParams,
-    bn_policy,
-    encode_bag,
-)
+from bigslide.methods.abmil_acc import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
+from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss
 
 
@@ -151,13 +143,13 @@ class FrozenABMIL(MILMethod):
             or sample.coords is None
             or len(sample.coords) != bag.shape[0]
         ):
-            return encode_bag(encoder, bag, chunk)
+            return encode_chunks(encoder, bag, chunk)
         keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
         rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
             index = torch.as_tensor(missing, device=bag.device)
-            fresh = encode_bag(encoder, bag.index_select(0, index), chunk).cpu()
+            fresh = encode_chunks(encoder, bag.index_select(0, index), chunk).cpu()
             for i, row in zip(missing, fresh):
                 rows[i] = row.clone()
                 self.cache.put(keys[i], rows[i])  # type: ignore[arg-type]

@@ -18,6 +18,11 @@ train-mode passes better while the running statistics are still poor (an encoder
 when B * k patches are too few for batch statistics, common when fine-tuning pretrained backbones with
 small batches).
 
+`grad_chunk` bounds an inner iteration's memory by a chunk of patches instead of all B·k: the k patches are
+encoded without grad, the head's backward gives dL/dz, and the encoder is replayed chunk by chunk with grad
+(`replay_backward`, as in ABMIL-ACC), at the cost of one extra no-grad pass over the k patches. It is exact
+when the encoder's BatchNorm is frozen (or absent); with training BatchNorm each chunk is its own batch.
+
 Mixed precision: forward passes run under `stepper.autocast()` (bf16/fp16 on CUDA); Z is kept in float32.
 
 Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) covers image pixels
@@ -27,6 +32,7 @@ Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) cov
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,6 +52,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward
 from bigslide.methods.zblock import (
     PatchGrid,
     encode_grid,
@@ -97,6 +104,13 @@ class PatchGDParams(MethodParams):
         default="train", metadata={"help": "Encoder BatchNorm in inner iterations; 'frozen' for small B·k."}
     )
     fill_batch_size: int = field(default=256, metadata={"help": "Patches per encoder call when filling Z."})
+    grad_chunk: int = field(
+        default=0,
+        metadata={
+            "help": "Patches per with-grad encoder call in an inner iteration; 0 = all B·k at once. "
+            "Bounds memory at one extra no-grad pass; exact unless encoder BatchNorm trains."
+        },
+    )
     pad_value: float = field(
         default=1.0, metadata={"help": "Value padding images to whole patches (1 = white)."}
     )
@@ -115,6 +129,7 @@ class PatchGDParams(MethodParams):
             ("latent_dim", self.latent_dim >= 1),
             ("head_dropout", 0.0 <= self.head_dropout < 1.0),
             ("fill_batch_size", self.fill_batch_size >= 1),
+            ("grad_chunk", self.grad_chunk >= 0),
         ]
         for name, ok in checks:
             if not ok:
@@ -220,18 +235,47 @@ class PatchGD(Method):
         losses: list[torch.Tensor] = []
         logits = torch.empty(0)
         steps = 0
+        shape = (images, grid.rows, grid.cols, -1)
         with frozen_batchnorm(encoder, p.encoder_bn == "frozen"):
+            chunked = 0 < p.grad_chunk < images * k
+            batch_stats = any(layer.training for layer in batchnorm_layers(encoder))
+            if chunked and batch_stats:
+                warnings.warn(
+                    "method.params.grad_chunk with encoder_bn='train': BatchNorm normalises each chunk "
+                    "alone, so the gradient differs from one pass over all B·k patches; "
+                    "encoder_bn='frozen' is exact",
+                    InexactGradientWarning,
+                    stacklevel=2,
+                )
             for j in range(iterations):
                 where = (image_index, positions[j].reshape(-1))
-                with stepper.autocast():
-                    z = _encode(encoder, gather_patches(patches, *where, channels_last=p.channels_last))
-                    current = Z.index_put(where, z.to(Z.dtype))  # out of place: grad flows to z only
-                    logits = head(current.view(images, grid.rows, grid.cols, -1).permute(0, 3, 1, 2))
-                    loss = F.cross_entropy(logits, y)  # autocast computes it in float32
                 group = p.epsilon if j < full_groups else iterations - full_groups
-                stepper.backward(loss / group)
-                Z.index_put_(where, z.detach().to(Z.dtype))
-                losses.append(loss.detach())
+                sampled = gather_patches(patches, *where, channels_last=p.channels_last)
+
+                def head_loss(z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                    # Out of place: the gradient flows to this iteration's z only.
+                    current = Z.index_put(where, z.to(Z.dtype))  # noqa: B023 (called in this iteration)
+                    logits = head(current.view(shape).permute(0, 3, 1, 2))
+                    loss = F.cross_entropy(logits, y)  # autocast computes it in float32
+                    return loss / group, (loss.detach(), logits.detach(), z.detach())  # noqa: B023
+
+                if chunked:
+                    _, (loss, logits, z) = replay_backward(
+                        encoder,
+                        sampled,
+                        head_loss,
+                        chunk_size=p.grad_chunk,
+                        forward_chunk_size=p.fill_batch_size,
+                        autocast=stepper.autocast,
+                        backward=stepper.backward,
+                        batch_stats=batch_stats,
+                    )
+                else:
+                    with stepper.autocast():
+                        scaled, (loss, logits, z) = head_loss(_encode(encoder, sampled))
+                    stepper.backward(scaled)
+                Z.index_put_(where, z.to(Z.dtype))
+                losses.append(loss)
                 if (j + 1) % p.epsilon == 0 or j + 1 == iterations:
                     stepper.step()
                     steps += 1
