@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bag", type=int, default=64, help="tiles per training bag")
     parser.add_argument("--tile", type=int, default=64)
     parser.add_argument("--backbone", default="resnet18")
+    parser.add_argument(
+        "--lesion-diameter",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="lesion diameters in level-0 pixels (default: scaled with the 2048² slide)",
+    )
     parser.add_argument("--out", default="runs/bench-mil-learning")
     parser.add_argument("--json", help="also write the per-run results to this JSON file")
 
@@ -84,7 +91,14 @@ def mean_sd(values: list[float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cache = Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide"))
-    csv = make_slide_set(cache / f"learning-slides-{args.slides}", n_slides=args.slides, seed=11)
+    diameter = tuple(args.lesion_diameter) if args.lesion_diameter else None
+    suffix = f"-d{diameter[0]:g}-{diameter[1]:g}" if diameter else ""
+    csv = make_slide_set(
+        cache / f"learning-slides-{args.slides}{suffix}",
+        n_slides=args.slides,
+        seed=11,
+        lesion_diameter=diameter,
+    )
     methods = args.methods.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
@@ -95,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
                 f"seed {seed} {method}: " + "  ".join(f"{k}={v:.3f}" for k, v in results[method][-1].items())
             )
     keys = ["balanced_accuracy", "auc", "attention_auc"]
-    print(f"\n{len(seeds)} seeds, {args.slides} slides, {args.epochs} epochs, bag {args.bag} x {args.tile}px")
+    print(
+        f"\n{len(seeds)} seeds, {args.slides} slides, {args.epochs} epochs, bag {args.bag} x {args.tile}px, "
+        f"lesion diameter {diameter or 'default'}"
+    )
     print(f"{'method':14s}" + "".join(f"{k:>26s}" for k in keys))
     for method in methods:
         cells = [mean_sd([r[k] for r in results[method]]) for k in keys]

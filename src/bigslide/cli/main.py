@@ -15,7 +15,16 @@ import yaml
 
 from bigslide.errors import BigslideError, ConfigError
 
-BENCHES = ("grid", "acc", "patchgd", "biglayer", "mil_learning", "patchgd_learning")
+BENCHES = (
+    "grid",
+    "acc",
+    "patchgd",
+    "biglayer",
+    "biglayer_capacity",
+    "plan_check",
+    "mil_learning",
+    "patchgd_learning",
+)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

@@ -317,8 +317,11 @@ def make_slide_set(
     seed: int = 0,
     positive_fraction: float = 0.5,
     flavour: Flavour = "svs",
+    lesion_diameter: tuple[float, float] | None = None,
 ) -> Path:
     """Write slides, `slides.csv` (slide,label,split), `lesions.json` and per-slide lesion GeoJSON.
+
+    `lesion_diameter` = (min, max) in level-0 pixels; None scales the default with the slide size.
 
     Returns the CSV path. A folder already holding a set made with the same parameters is reused as is.
     """
@@ -335,6 +338,7 @@ def make_slide_set(
         "seed": seed,
         "positive_fraction": positive_fraction,
         "flavour": flavour,
+        "lesion_diameter": list(lesion_diameter) if lesion_diameter else None,
     }
     names = [f"slide_{i:03d}{_SUFFIX[flavour]}" for i in range(n_slides)]
     if _cached(out, params, names):
@@ -353,7 +357,12 @@ def make_slide_set(
     def write(i: int) -> SlideInfo:
         name = names[i]
         info = make_synthetic_slide(
-            out / name, size=size, lesions=counts[i], seed=seed * 100_003 + i, flavour=flavour
+            out / name,
+            size=size,
+            lesions=counts[i],
+            seed=seed * 100_003 + i,
+            flavour=flavour,
+            lesion_diameter=lesion_diameter,
         )
         _write_lesion_geojson(info.lesions, out / f"{name.split('.')[0]}.lesions.geojson")
         return info
