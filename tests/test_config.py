@@ -30,6 +30,7 @@ def test_relative_csv_is_resolved_against_the_config_folder(tmp_path: Path) -> N
     ("text", "message"),
     [
         ("optim:\n  lr: fast\n", "optim.lr: expected float"),
+        ("optim:\n  lr: nan\n", "optim.lr: expected float"),
         ("optim:\n  epochs: 1.5\n", "optim.epochs: expected int"),
         ("run:\n  device: tpu\n", "run.device: 'tpu' is not one of"),
         ("data:\n  tile: 3\n", "unknown key(s) ['tile']"),
@@ -52,3 +53,12 @@ def test_bad_values_name_the_parameter(tmp_path: Path, text: str, message: str) 
 def test_missing_config_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml"):
         TrainConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_exponent_floats_without_a_dot_are_read_as_floats(tmp_path: Path) -> None:
+    # YAML 1.1 loads 1e-3 (no dot) as a string; a learning rate is written that way more often than not
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-3\n  weight_decay: 5E-2\n")
+    config = TrainConfig.from_yaml(path)
+    assert config.optim.lr == 1e-3
+    assert config.optim.weight_decay == 0.05

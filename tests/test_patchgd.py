@@ -295,6 +295,26 @@ def test_vit_backbone_is_built_for_the_patch_size():
     assert result.logits.shape == (1, 2)
 
 
+@pytest.mark.parametrize(
+    "backbone", ["resnet50", "mobilenetv2_100", "convnextv2_atto", "deit_tiny_patch16_224"]
+)
+def test_timm_backbones_give_one_latent_vector_per_patch_and_train(backbone: str):
+    torch.manual_seed(5)
+    method = PatchGD(
+        PatchGDParams(patch_size=32, latent_dim=6, k=2, encoder_bn="frozen", head_width=8),
+        ModelSpec(backbone, num_classes=2),
+        CPU,
+    )
+    encoder = method.model.get_submodule("encoder")
+    z = fill_z(encoder, torch.rand(1, 3, 64, 96), 32)
+    assert z.shape == (1, 6, 2, 3)
+    method.model.train()
+    stepper = RecordingStepper(method.model)
+    result = method.train_step(Batch(torch.rand(1, 3, 64, 96), torch.tensor([1]), []), stepper)
+    assert result.logits.shape == (1, 2)
+    assert any(g.abs().sum() > 0 for n, g in stepper.grads[0].items() if n.startswith("encoder."))
+
+
 @pytest.mark.parametrize("head", ["cnn", "transformer"])
 def test_inference_uses_every_patch(head: str):
     torch.manual_seed(4)

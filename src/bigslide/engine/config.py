@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -182,6 +183,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
         return value
+    if hint is float and isinstance(value, str):
+        value = _float_text(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
     if hint in (int, float):
         if (
             isinstance(value, bool)
@@ -195,3 +198,12 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
     return value
+
+
+def _float_text(text: str) -> float | str:
+    """`text` as a finite float when it spells one (e.g. "1e-3"), else unchanged for the type error."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text

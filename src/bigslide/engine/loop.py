@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -160,7 +161,7 @@ def train(
                     )
                 with warnings.catch_warnings():
                     # with accumulation the first batches do not step the optimizer yet; that is intended
-                    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                    warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
                     schedule.step()
                 state["batch"] += 1
                 state["step"] += 1
