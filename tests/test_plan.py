@@ -7,18 +7,15 @@ import argparse
 
 import pytest
 
-from bigslide.errors import ConfigError
-from bigslide.plan.calibrate import (
-    Settings,
-    bag_batch,
-    calibrate_abmil_acc,
-    calibrate_biglayer,
-    calibrate_full_bag,
-    calibrate_full_image,
-    calibrate_patchgd,
-    image_batch,
-    measured_peak,
+from bigslide.bench.plan_check import (
+    abmil_acc_check,
+    biglayer_image_check,
+    full_bag_check,
+    full_image_check,
+    patchgd_check,
 )
+from bigslide.errors import ConfigError
+from bigslide.plan.calibrate import Settings
 from bigslide.plan.memory import parse_size
 from bigslide.plan.model import LinearFit
 from bigslide.plan.recommend import Candidate, Target, override_string, recommend
@@ -62,46 +59,30 @@ def test_linear_fit_recovers_fixed_and_slope() -> None:
 @pytest.mark.slow
 def test_full_image_prediction_matches_measured_peak() -> None:
     settings = Settings(backbone=BACKBONE, cap_px=128 * 128)
-    model = calibrate_full_image(settings, 256)  # calibrated on 64..128 px images
-    batch = image_batch(1, 256, 256, "cpu")
-    measured = measured_peak("full_image", {}, settings, batch)
-    predicted = model.peak(input_bytes=12 * 256 * 256, px=256 * 256)
+    predicted, measured = full_image_check(settings, 256)  # calibrated on 64..128 px images
     assert _error(predicted, measured) < TOLERANCE, (predicted, measured)
 
 
 @pytest.mark.slow
 def test_bag_predictions_match_measured_peaks() -> None:
     settings = Settings(backbone=BACKBONE, cap_px=6 * 32 * 32)
-    tile, tiles = 32, 24
-    batch = bag_batch(tiles, tile, "cpu")
-    full = calibrate_full_bag(settings, tile, tiles)  # 3..6 tiles
-    measured = measured_peak("full_bag", {}, settings, batch)
-    predicted = full.peak(input_bytes=12 * tiles * tile**2, tiles=tiles)
+    predicted, measured = full_bag_check(settings, 32, 24)  # 3..6 tiles
     assert _error(predicted, measured) < TOLERANCE, ("full_bag", predicted, measured)
-
-    acc = calibrate_abmil_acc(settings, tile, 8)  # one-chunk bags of 3..6 tiles
-    measured = measured_peak("abmil_acc", {"chunk_size": 8}, settings, batch)
-    predicted = acc.peak(tiles=tiles, chunk=8, input_bytes=12 * tiles * tile**2)
+    predicted, measured = abmil_acc_check(settings, 32, 24, chunk=8)  # one-chunk bags of 3..6 tiles
     assert _error(predicted, measured) < TOLERANCE, ("abmil_acc", predicted, measured)
 
 
 @pytest.mark.slow
 def test_patchgd_prediction_matches_measured_peak() -> None:
     settings = Settings(backbone=BACKBONE, cap_px=2 * 64 * 64)
-    model = calibrate_patchgd(settings, 64, 4)  # k = 1..2 on 2x2 grids
-    values = {"patch_size": 64, "k": 4, "fill_batch_size": 4, "inner_iterations": 2}
-    measured = measured_peak("patchgd", values, settings, image_batch(1, 256, 256, "cpu"))
-    predicted = model.peak(images=1, cells=16, k=4, fill_batch=4, input_bytes=12 * 256 * 256)
+    predicted, measured = patchgd_check(settings, 256, 64, k=4, fill=4)  # k = 1..2 on 2x2 grids
     assert _error(predicted, measured) < TOLERANCE, (predicted, measured)
 
 
 @pytest.mark.slow
 def test_biglayer_prediction_matches_measured_peak() -> None:
     settings = Settings(backbone=BACKBONE, cap_px=128 * 128)
-    model = calibrate_biglayer(settings, "biglayer_image", 1, 256)
-    values = {"stages": 1, "budget_mb": 1024.0}
-    measured = measured_peak("biglayer_image", values, settings, image_batch(1, 256, 256, "cpu"))
-    predicted = model.total_peak(px=256 * 256, input_bytes=12 * 256 * 256)
+    predicted, measured, model = biglayer_image_check(settings, 256, stages=1, budget_mb=1024.0)
     assert _error(predicted, measured) < TOLERANCE, (predicted, measured)
     # The device keeps only the native tail's activations: less per pixel than the whole step.
     assert model.tail.compute.slopes["px"] < model.total.compute.slopes["px"]
