@@ -106,21 +106,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def full_image_check(settings: Settings, image: int) -> tuple[int, int]:
-    model = calibrate_full_image(settings, image)
+    model = calibrate_full_image(settings, image, name="full_image")
     batch = image_batch(1, image, image, settings.device)
     predicted = model.peak(input_bytes=_bytes(batch), px=image * image)
     return predicted, measured_peak("full_image", {}, settings, batch)
 
 
 def full_bag_check(settings: Settings, tile: int, bag: int) -> tuple[int, int]:
-    model = calibrate_full_bag(settings, tile, bag)
+    model = calibrate_full_bag(settings, tile, bag, name="full_bag")
     batch = bag_batch(bag, tile, settings.device)
     predicted = model.peak(input_bytes=_bytes(batch), tiles=bag)
     return predicted, measured_peak("full_bag", {}, settings, batch)
 
 
 def abmil_acc_check(settings: Settings, tile: int, bag: int, chunk: int) -> tuple[int, int]:
-    model = calibrate_abmil_acc(settings, tile, chunk)
+    model = calibrate_abmil_acc(settings, tile, chunk, name="abmil_acc")
     batch = bag_batch(bag, tile, settings.device)
     predicted = model.peak(tiles=bag, chunk=chunk, input_bytes=_bytes(batch))
     return predicted, measured_peak("abmil_acc", {"chunk_size": chunk}, settings, batch)
@@ -128,7 +128,7 @@ def abmil_acc_check(settings: Settings, tile: int, bag: int, chunk: int) -> tupl
 
 def patchgd_check(settings: Settings, image: int, patch: int, k: int, fill: int) -> tuple[int, int]:
     """Two inner iterations at the target, so the step also writes into an already filled Z."""
-    model = calibrate_patchgd(settings, patch, k)
+    model = calibrate_patchgd(settings, patch, k, name="patchgd")
     batch = image_batch(1, image, image, settings.device)
     cells = (image // patch) ** 2
     predicted = model.peak(images=1, cells=cells, k=k, fill_batch=fill, input_bytes=_bytes(batch))

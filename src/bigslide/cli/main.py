@@ -212,7 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BigslideError as err:
-        print(f"bigslide: error: {err}", file=sys.stderr)
+        rank = os.environ.get("RANK", "0")
+        named = str(err).startswith("rank ") or int(os.environ.get("WORLD_SIZE", "1")) <= 1
+        print(f"bigslide: error: {'' if named else f'rank {rank}: '}{err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bigslide: stopped; the last checkpoint is kept", file=sys.stderr)

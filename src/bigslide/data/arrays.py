@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bigslide.data.sample import Sample
 from bigslide.errors import DataError
-from bigslide.methods.base import Sample
 
 
 class ArrayImageDataset(Dataset[Sample]):

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.grid import TileGrid
-from bigslide.methods.base import Sample
 
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:

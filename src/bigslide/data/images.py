@@ -8,9 +8,9 @@ from shapely import union_all
 from skimage.transform import resize
 from torch.utils.data import Dataset
 
+from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
-from bigslide.methods.base import Sample
 from bigslide.regions import load_regions
 from bigslide.slide import Slide
 from bigslide.tissue import tissue_mask

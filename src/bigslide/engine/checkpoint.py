@@ -1,11 +1,20 @@
-"""Atomic checkpoints: written to a temporary file in the same folder, fsynced, then renamed over the old one,
-so a crash or kill during a save leaves the previous checkpoint loadable."""
+"""Atomic, safe checkpoints.
+
+Saving: written to a temporary file in the same folder, fsynced, then renamed over the old one, so a crash
+or kill during a save leaves the previous checkpoint loadable.
+
+Loading: checkpoints are shared between labs, so they are read with `torch.load(weights_only=True)`, which
+only rebuilds tensors and plain data and never runs code from the file. Everything bigslide saves is made
+of those (RNG states included); anything else is refused with one line naming the file.
+"""
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +23,25 @@ import torch
 
 from bigslide.errors import TrainingError
 
-FORMAT = 1
+FORMAT = 2
+# What every checkpoint holds; `load_checkpoint(require=...)` adds what resuming needs.
+MODEL_KEYS = ("config", "classes", "method", "model")
+RESUME_KEYS = ("optimizer", "schedule", "position", "rng")
+
+
+def plain(value: Any) -> Any:
+    """`value` with numpy scalars and arrays turned into Python numbers, lists and tensors."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
@@ -25,7 +52,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+            torch.save({"format": FORMAT, **plain(state)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -38,29 +65,65 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[str, Any]:
+    """The checkpoint at `path`, read without running any code from it.
+
+    `require` names keys the caller needs besides the ones every checkpoint has (e.g. `RESUME_KEYS`).
+    """
     path = Path(path)
     if not path.is_file():
         raise TrainingError(f"{path}: no such checkpoint")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "unsupported global" not in str(err).lower():  # not a pickle of ours at all
+            raise TrainingError(f"{path}: not a readable bigslide checkpoint (UnpicklingError)") from None
+        raise TrainingError(
+            f"{path}: refused: it holds Python objects besides tensors and plain data, which could run "
+            "code when loaded; bigslide checkpoints never do"
+        ) from None
     except Exception as err:
         raise TrainingError(f"{path}: not a readable bigslide checkpoint ({type(err).__name__})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise TrainingError(f"{path}: not a bigslide checkpoint (format {FORMAT})")
+    if not isinstance(state, dict) or "format" not in state:
+        raise TrainingError(f"{path}: not a bigslide checkpoint (no format field)")
+    if state["format"] != FORMAT:
+        raise TrainingError(
+            f"{path}: checkpoint format {state['format']!r} is not this version's ({FORMAT}); "
+            "retrain, or load it with the bigslide version that wrote it"
+        )
+    missing = [key for key in (*MODEL_KEYS, *require) if key not in state]
+    if missing:
+        raise TrainingError(f"{path}: not a complete bigslide checkpoint: missing {', '.join(missing)}")
+    classes = state["classes"]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise TrainingError(f"{path}: 'classes' must be a non-empty list of class names")
+    if not isinstance(state["model"], dict):
+        raise TrainingError(f"{path}: 'model' is not a state dict")
     return state
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every random stream's state as tensors and plain data (loadable with weights_only=True)."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            **np_state,
+            "state": {**np_state["state"], "key": torch.from_numpy(np_state["state"]["key"])},
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = dict(state["numpy"])
+    np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
+    np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

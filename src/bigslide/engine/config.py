@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from bigslide.coerce import build_dataclass
 from bigslide.errors import ConfigError
 
 
@@ -109,6 +107,13 @@ class RunConfig:
     deterministic: bool = field(
         default=False, metadata={"help": "deterministic algorithms where torch has them (slower)"}
     )
+    dist_timeout: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds a rank waits for the others (torchrun) before the run stops on every rank; "
+            "must exceed rank 0's validation time"
+        },
+    )
 
 
 @dataclass
@@ -124,7 +129,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
-        return _build(cls, values, source)
+        return build_dataclass(cls, values, source)
 
     def to_yaml(self, path: str | Path) -> Path:
         path = Path(path)
@@ -143,67 +148,7 @@ class TrainConfig:
             raise ConfigError(f"{path}: not valid YAML ({err})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-        config = _build(cls, values, str(path))
+        config = build_dataclass(cls, values, str(path))
         if config.data.csv and not Path(config.data.csv).is_absolute():
             config.data.csv = str((path.parent / config.data.csv).resolve())
         return config
-
-
-def _build(cls: type, values: Any, where: str) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
-    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in values.items()}
-    return cls(**kwargs)
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, where)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
-        return value
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping")
-        return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if hint is float and isinstance(value, str):
-        value = _float_text(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
-    if hint in (int, float):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or (hint is int and value != int(value))
-        ):
-            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
-        return hint(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-def _float_text(text: str) -> float | str:
-    """`text` as a finite float when it spells one (e.g. "1e-3"), else unchanged for the type error."""
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return number if math.isfinite(number) else text

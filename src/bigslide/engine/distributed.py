@@ -9,14 +9,18 @@ all communicate once. It needs no wrapper around the method's modules, so every 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from bigslide.errors import ConfigError
+from bigslide.errors import ConfigError, TrainingError
 
 
 @dataclass
@@ -45,25 +49,48 @@ class DistContext:
     def broadcast_module(self, module: nn.Module) -> None:
         """Start every rank from rank 0's parameters and buffers."""
         if self.active:
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+            with self.collective("broadcasting the model"):
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(tensor.data, src=0)
 
     def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        if not self.active:
+        """Average every gradient over the ranks in one all-reduce. A parameter no rank has a gradient
+        for keeps `grad = None`, as in a single process, so weight decay and momentum leave it alone;
+        one with a gradient on some ranks only counts zeros for the others (as DDP does)."""
+        if not self.active or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
+        has_grad = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), has_grad.to(grads[0].device)])
+        with self.collective("averaging gradients"):
+            dist.all_reduce(flat)
+        ranks_with_grad = flat[-len(params) :].tolist()
         flat /= self.world
         offset = 0
-        for p in params:
+        for p, count in zip(params, ranks_with_grad, strict=True):
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p).clone() if count > 0 else None
             offset += n
 
     def barrier(self) -> None:
         if self.active:
-            dist.barrier()
+            with self.collective("waiting for the other ranks"):
+                dist.barrier()
+
+    @contextmanager
+    def collective(self, what: str) -> Iterator[None]:
+        """A collective that fails because another rank ended (its error is its own message) or timed out
+        becomes one line naming this rank, instead of a backend traceback."""
+        try:
+            yield
+        except (RuntimeError, OSError) as err:
+            # the backend's first sentence, without its source path ("[.../pair.cc:561] Connection closed")
+            text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())
+            detail = text.split(". ")[0].splitlines()[0] if text else type(err).__name__
+            raise TrainingError(
+                f"rank {self.rank}: stopped while {what}: another rank failed or stopped responding "
+                f"(its own error says why) [{detail[:200]}]"
+            ) from None
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
@@ -71,8 +98,10 @@ class DistContext:
             self.owns_group = False
 
 
-def from_environment(device: str) -> DistContext:
-    """Join the process group torchrun describes in the environment; a plain run gets a one-rank context."""
+def from_environment(device: str, *, timeout_s: float = 1800.0) -> DistContext:
+    """Join the process group torchrun describes in the environment; a plain run gets a one-rank context.
+
+    A collective that waits longer than `timeout_s` for another rank fails on every rank."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext()
@@ -85,7 +114,9 @@ def from_environment(device: str) -> DistContext:
         torch.cuda.set_device(local_rank)
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s)
+        )
     return DistContext(
         rank=rank,
         world=world,

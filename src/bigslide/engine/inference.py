@@ -87,6 +87,7 @@ class SlidePrediction:
     probs: np.ndarray
     classes: list[str]
     grids: dict[str, ScoreGrid]
+    titles: dict[str, str] = field(default_factory=dict)  # heatmap name -> title, from the method
 
     @property
     def label(self) -> str:
@@ -127,7 +128,8 @@ def predict_slides(
     finally:
         slides.close()
     out = [
-        SlidePrediction(e.path, preds.probs[i], classes, preds.grids[i]) for i, e in enumerate(table.entries)
+        SlidePrediction(e.path, preds.probs[i], classes, preds.grids[i], dict(method.map_titles))
+        for i, e in enumerate(table.entries)
     ]
     return out, preds
 

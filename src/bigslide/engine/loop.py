@@ -6,6 +6,7 @@ generator (GUI Stop, Ctrl-C in the CLI) saves a checkpoint, so a stopped run can
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -18,9 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigslide.data.sample import Batch, Sample
 from bigslide.data.slides import SlideCache
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import (
+    RESUME_KEYS,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -35,7 +38,7 @@ from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import TrainingError
-from bigslide.methods.base import Batch, Method, Sample, get_method
+from bigslide.methods.base import Method, get_method
 
 
 @dataclass
@@ -67,7 +70,7 @@ def train(
 ) -> Generator[Event, None, RunResult]:
     """Train `config.method` on the configured data (or on `data`); yields events at least once per batch."""
     out = Path(config.run.out_dir)
-    ranks = from_environment(config.run.device)
+    ranks = from_environment(config.run.device, timeout_s=config.run.dist_timeout)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
         config.to_yaml(out / "config.yaml")
@@ -87,7 +90,7 @@ def train(
         f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, classes {data.classes}"
     )
 
-    batch_size = 1 if method.kind == "bag" else max(1, config.data.batch_size)
+    batch_size = method.batch_size(config.data.batch_size)
     batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(train_ds)))) / batch_size)
     total = config.optim.epochs * batches_per_epoch
     if config.optim.max_steps:
@@ -109,10 +112,12 @@ def train(
     ckpt = checkpoint_path(config)
     resumed = resume and ckpt.is_file()
     if resumed:
-        saved = load_checkpoint(ckpt)
+        saved = load_checkpoint(ckpt, require=RESUME_KEYS)
         method.model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
+        if "stepper" in saved:
+            stepper.load_state_dict(saved["stepper"])
         state = dict(saved["position"])
         history = list(saved.get("history", []))
         set_rng_state(saved["rng"])
@@ -131,6 +136,7 @@ def train(
             "model": method.model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
+            "stepper": stepper.state_dict(),
             "position": dict(state),
             "history": history,
             "rng": rng_state(),
@@ -205,16 +211,7 @@ def train(
 
 def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:
     """Name the settings that bound this method's memory, with smaller values to try."""
-    knobs: dict[str, float] = {
-        f"method.params.{name}": value
-        for name in ("chunk_size", "forward_chunk_size", "k", "fill_batch_size", "budget_mb", "img_size")
-        if isinstance(value := getattr(method.params, name, None), int | float)
-    }
-    if method.kind == "bag":
-        knobs["data.bag_size"] = config.data.bag_size
-    else:
-        knobs["data.image_size"] = config.data.image_size
-        knobs["data.batch_size"] = config.data.batch_size
+    knobs = method.memory_knobs(dataclasses.asdict(config.data))
     tries = ", ".join(f"{key}={_half(value)} (now {value})" for key, value in knobs.items() if value)
     kept = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
     amp = " or run.amp=bf16" if config.run.amp == "none" else ""

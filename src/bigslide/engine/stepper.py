@@ -34,11 +34,36 @@ class OptimStepper:
         self.grad_clip = grad_clip
         self.device = device or torch.device("cpu")
         self.amp_dtype = AMP_DTYPES.get(amp or "") if self.device.type == "cuda" else None
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype is torch.float16 else None
+        self.scaler = make_scaler(self.device, amp)
         self.accumulate = max(1, accumulate)
         self.grad_sync = grad_sync
         self.steps = 0
         self._pending = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What an exact resume needs between batches: the accumulation count, the partly accumulated
+        gradients (in optimizer parameter order) and the gradient scaler."""
+        return {
+            "steps": self.steps,
+            "pending": self._pending,
+            "grads": [p.grad.detach().cpu().clone() if p.grad is not None else None for p in self._params()],
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self._pending = int(state["pending"])
+        params = self._params()
+        grads = state["grads"]
+        if len(grads) != len(params):
+            raise ValueError(f"stepper state has {len(grads)} gradients for {len(params)} parameters")
+        for p, g in zip(params, grads, strict=True):
+            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -54,7 +79,7 @@ class OptimStepper:
         if self._pending < self.accumulate:
             return
         self._pending = 0
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        params = self._params()
         if self.accumulate > 1:
             for p in params:
                 if p.grad is not None:
@@ -72,3 +97,8 @@ class OptimStepper:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
+
+
+def make_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler | None:
+    """fp16's gradient scaler on CUDA (a function so that tests can give the CPU one)."""
+    return torch.amp.GradScaler("cuda") if amp == "fp16" and device.type == "cuda" else None

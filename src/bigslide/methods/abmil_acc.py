@@ -16,10 +16,11 @@ saved in pass 1 and restored for its replay, so the replay draws the same masks.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -46,6 +47,10 @@ from bigslide.methods.replay import (
 )
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss, make_aggregator
+
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
 
 BNMode = Literal["eval", "frozen", "batch"]
 
@@ -228,6 +233,7 @@ class MILMethod(Method):
     """Shared parts of the bag methods: model building and chunked, gradient-free prediction."""
 
     kind = "bag"
+    map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
     Params: ClassVar[type[MethodParams]] = MILParams
 
     @property
@@ -268,6 +274,27 @@ class ABMILACC(MILMethod):
     name = "abmil_acc"
     Params = ABMILACCParams
     summary = "End-to-end attention MIL on whole bags: exact full-bag gradients, chunk-sized memory."
+    memory_params = ("chunk_size", "forward_chunk_size")
+    plan_preference = 3
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        from bigslide.plan.calibrate import calibrate_abmil_acc
+        from bigslide.plan.recommend import Candidate
+
+        chunks = [c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c <= target.bag]
+        model = calibrate_abmil_acc(settings, target.tile, chunks[0], name=cls.name)
+        input_bytes = 12 * target.bag * target.tile**2
+        return [
+            Candidate(
+                cls.name,
+                {"chunk_size": c},
+                model.peak(tiles=target.bag, chunk=c, input_bytes=input_bytes),
+                note=f"{math.ceil(target.bag / c)} replay chunks",
+                rank=math.ceil(target.bag / c),
+            )
+            for c in chunks
+        ]
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params

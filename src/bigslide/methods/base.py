@@ -11,47 +11,39 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from bigslide.coerce import build_dataclass
+from bigslide.data.sample import Batch, Sample
 from bigslide.errors import ConfigError
 
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
+
+__all__ = [
+    "Batch",
+    "Kind",
+    "Method",
+    "MethodParams",
+    "ModelSpec",
+    "Prediction",
+    "Sample",
+    "StepResult",
+    "Stepper",
+    "available_methods",
+    "get_method",
+    "make_params",
+    "register",
+]
+
 Kind = Literal["bag", "image"]
-
-
-@dataclass
-class Sample:
-    """One item from a dataset.
-
-    kind "bag": `x` is (N, 3, t, t) float in [0, 1], `coords` the (N, 2) level-0 top-left (x, y) of each tile.
-    kind "image": `x` is (3, H, W) float in [0, 1]; image pixel (r, c) covers level-0 pixels starting at
-    `origin + (c, r) * downsample`.
-    """
-
-    x: torch.Tensor
-    y: int
-    slide: str
-    coords: np.ndarray | None = None
-    tile_size_level0: int = 0
-    origin: tuple[int, int] = (0, 0)
-    downsample: float = 1.0
-
-
-@dataclass
-class Batch:
-    """Collated samples: bags come one per batch (N varies), images are stacked (B, 3, H, W).
-
-    `x` stays in host memory (pinned on CUDA); each method moves what it needs to its device.
-    """
-
-    x: torch.Tensor
-    y: torch.Tensor
-    samples: list[Sample]
 
 
 @dataclass
@@ -104,10 +96,19 @@ class ModelSpec:
 
 
 class Method(ABC):
+    """A training method. Besides training and inference it describes itself to the engine (batching,
+    memory knobs), the planner (`plan`) and the viewers (`map_titles`), so none of them names a method."""
+
     name: ClassVar[str]
     kind: ClassVar[Kind]
     Params: ClassVar[type[MethodParams]]
     summary: ClassVar[str] = ""
+    # Parameters that bound a step's memory: an out-of-memory error suggests halving them.
+    memory_params: ClassVar[tuple[str, ...]] = ()
+    # The heatmaps `predict` gives (`instance_scores` are "attention"), with their titles in the viewers.
+    map_titles: ClassVar[dict[str, str]] = {}
+    # Among methods that fit a memory limit the planner recommends the lowest.
+    plan_preference: ClassVar[int] = 100
 
     def __init__(self, params: MethodParams, spec: ModelSpec, device: torch.device) -> None:
         self.params = params
@@ -130,6 +131,28 @@ class Method(ABC):
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)
+
+    def batch_size(self, requested: int) -> int:
+        """Samples per batch for a requested `data.batch_size`: bags come one at a time (sizes differ)."""
+        return 1 if self.kind == "bag" else max(1, requested)
+
+    def memory_knobs(self, data: Mapping[str, Any]) -> dict[str, float]:
+        """The settings that bound this method's step memory, by config key, with their values now."""
+        knobs: dict[str, float] = {
+            f"method.params.{name}": value
+            for name in self.memory_params
+            if isinstance(value := getattr(self.params, name, None), int | float)
+            and not isinstance(value, bool)
+        }
+        sizes = ("bag_size",) if self.kind == "bag" else ("image_size", "batch_size")
+        knobs.update({f"data.{name}": data[name] for name in sizes if data.get(name)})
+        return knobs
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate] | None:
+        """Candidate settings with their predicted peak memory at `target`, from a calibration on this
+        machine; None when the method has no memory model (the planner says so)."""
+        return None
 
 
 _REGISTRY: dict[str, type[Method]] = {}
@@ -164,7 +187,8 @@ def make_params(name: str, values: dict[str, Any] | None = None) -> MethodParams
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"method.params: {name} has no parameter(s) {unknown}; known: {sorted(known)}")
-    return cls(**values)
+    params: MethodParams = build_dataclass(cls, values, "method.params")
+    return params
 
 
 def _load_builtin() -> None:

@@ -14,12 +14,14 @@ statistics are always accumulated in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bigslide.errors import ConfigError
 from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs
 from bigslide.methods.base import (
     Batch,
@@ -34,6 +36,10 @@ from bigslide.methods.base import (
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
+
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
 
 _STAGES_HELP = "ResNet stages after the stem that run as Big-Layers (activations in host RAM); 0 = stem only"
 _BUDGET_HELP = "Device memory one partition of a Big-Layer may use, in MiB (input rows, output rows, weights)"
@@ -99,6 +105,13 @@ class BigLayerMIL(Method):
     kind = "bag"
     Params = BigLayerMILParams
     summary = "Whole bag through a Big-Layer encoder (exact whole-bag BatchNorm) into a MIL aggregator"
+    memory_params = ("budget_mb",)
+    map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
+    plan_preference = 5
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        return plan_big_layers(cls.name, target, settings, image=False)
 
     params: BigLayerMILParams
     model: BigMILModel
@@ -131,6 +144,12 @@ class BigLayerImage(Method):
     kind = "image"
     Params = BigLayerImageParams
     summary = "Whole large images through a Big-Layer ResNet and a linear classifier, without patching"
+    memory_params = ("budget_mb",)
+    plan_preference = 4
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        return plan_big_layers(cls.name, target, settings, image=True)
 
     params: BigLayerImageParams
     model: BigImageModel
@@ -154,3 +173,27 @@ class BigLayerImage(Method):
             logits = self.model(_to_host(sample.x).unsqueeze(0))
         probs = torch.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=np.asarray(probs.cpu().numpy()))
+
+
+def plan_big_layers(name: str, target: Target, settings: Settings, *, image: bool) -> list[Candidate]:
+    """Candidates over big stages 1-2 and device budgets; the activations live in host RAM."""
+    from bigslide.plan.calibrate import calibrate_biglayer
+    from bigslide.plan.recommend import Candidate
+
+    side = target.image if image else target.tile
+    px = target.batch * target.image**2 if image else target.bag * target.tile**2
+    out = []
+    for stages in (1, 2):
+        try:
+            model = calibrate_biglayer(settings, name, stages, side, tiles=target.bag)
+        except ConfigError as err:  # not a ResNet-family backbone
+            return [Candidate(name, {}, 0, note=f"not available: {err}", rank=99)]
+        host = model.total_peak(px=px, input_bytes=12 * px)
+        for budget in (2048, 1024, 512, 256):
+            # A partition never holds more than the whole big part would.
+            peak = model.device_peak(px=px, budget_bytes=min(budget * 2**20, host))
+            params = {"stages": stages, "budget_mb": float(budget)}
+            out.append(
+                Candidate(name, params, peak, note="host + device, all on CPU", rank=stages * 10, host=host)
+            )
+    return out

@@ -8,6 +8,7 @@ Forward passes run under `stepper.autocast()` (bf16/fp16 on CUDA).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,10 @@ from bigslide.methods.base import (
     register,
 )
 from bigslide.nn.backbones import create_encoder
+
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
 
 __all__ = ["FullImage", "FullImageParams"]
 
@@ -45,6 +50,18 @@ class FullImage(Method):
     kind = "image"
     Params = FullImageParams
     summary = "Standard training: the backbone sees the whole image in one pass."
+    memory_params = ("img_size",)
+    plan_preference = 0
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        from bigslide.plan.calibrate import calibrate_full_image
+        from bigslide.plan.recommend import Candidate
+
+        model = calibrate_full_image(settings, target.image, name=cls.name)
+        px = target.batch * target.image**2
+        peak = model.peak(input_bytes=12 * px, px=px)
+        return [Candidate(cls.name, {}, peak, note="whole image in one graph")]
 
     params: FullImageParams
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,6 +20,10 @@ from bigslide.methods.abmil_acc import BagStep, EndToEndParams, MILMethod, MILPa
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
 from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss
+
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
 
 
 def full_bag_backward(
@@ -53,6 +58,16 @@ class FullBag(MILMethod):
     name = "full_bag"
     Params = EndToEndParams
     summary = "End-to-end attention MIL with the whole bag in one graph (memory grows with the bag)."
+    plan_preference = 1
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        from bigslide.plan.calibrate import calibrate_full_bag
+        from bigslide.plan.recommend import Candidate
+
+        model = calibrate_full_bag(settings, target.tile, target.bag, name=cls.name)
+        peak = model.peak(input_bytes=12 * target.bag * target.tile**2, tiles=target.bag)
+        return [Candidate(cls.name, {}, peak, note="whole bag in one graph")]
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params

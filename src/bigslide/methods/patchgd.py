@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,10 @@ from bigslide.methods.zblock import (
 )
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.patchgd_heads import make_head
+
+if TYPE_CHECKING:
+    from bigslide.plan.calibrate import Settings
+    from bigslide.plan.recommend import Candidate, Target
 
 __all__ = ["PatchGD", "PatchGDModel", "PatchGDParams", "fill_z", "sample_positions", "zblock_maps"]
 
@@ -181,6 +185,38 @@ class PatchGD(Method):
     kind = "image"
     Params = PatchGDParams
     summary = "Z-block of patch encodings; each inner step re-encodes k patches per image with grad."
+    memory_params = ("k", "fill_batch_size")
+    map_titles: ClassVar[dict[str, str]] = {
+        "norm": "Z-block norm",
+        "pca": "Z-block PCA",
+        "evidence": "class evidence",
+    }
+    plan_preference = 2
+
+    @classmethod
+    def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
+        from bigslide.plan.calibrate import calibrate_patchgd
+        from bigslide.plan.recommend import Candidate, powers_of_two
+
+        patch = min(target.tile, target.image)
+        side = math.ceil(target.image / patch)
+        cells = side * side
+        model = calibrate_patchgd(settings, patch, cells, name=cls.name)
+        input_bytes = 12 * target.batch * (side * patch) ** 2
+        out = []
+        for k in powers_of_two(cells):
+            for fill in [f for f in (256, 128, 64, 32, 16, 8, 4, 2, 1) if f <= target.batch * cells] or [1]:
+                peak = model.peak(
+                    images=target.batch, cells=cells, k=k, fill_batch=fill, input_bytes=input_bytes
+                )
+                if peak <= target.usable_bytes or fill == 1:
+                    break
+            iterations = math.ceil(cells / k)
+            params = {"patch_size": patch, "k": k, "fill_batch_size": fill}
+            out.append(
+                Candidate(cls.name, params, peak, note=f"{iterations} inner iterations", rank=iterations)
+            )
+        return out
 
     params: PatchGDParams
     model: PatchGDModel

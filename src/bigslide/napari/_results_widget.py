@@ -34,12 +34,6 @@ if TYPE_CHECKING:
     import napari
 
 NORMALISATIONS = ("rank", "percentile", "minmax", "raw")
-HEATMAP_TITLES = {
-    "attention": "attention",
-    "norm": "Z-block norm",
-    "pca": "Z-block PCA",
-    "evidence": "class evidence",
-}
 
 
 class ResultsWidget(QWidget):
@@ -180,7 +174,7 @@ class ResultsWidget(QWidget):
         self.result.setText(f"<b>{prediction.label}</b> ({probs})")
         added = []
         for key, grid in prediction.grids.items():
-            title = HEATMAP_TITLES.get(key, key)
+            title = prediction.titles.get(key, key)
             added.append(self.add_grid(grid, slide, f"{slide.name} {title}"))
         if added:
             self.heatmap_box.setCurrentText(added[0].name)

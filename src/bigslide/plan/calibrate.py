@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from bigslide.methods.base import Batch, Method, ModelSpec, Sample, get_method, make_params
+from bigslide.nn.big.convert import split_stages
 from bigslide.plan.memory import MeasuringStepper, PeakMeter, PhasePeaks, state_bytes
 from bigslide.plan.model import AccModel, BigLayerModel, LinearFit, PatchGDModel, StepModel
 
@@ -96,19 +97,21 @@ def fit_steps(
     return StepModel(run.state, compute, max(p.update for p in peaks))
 
 
-def calibrate_full_image(settings: Settings, side: int, params: dict[str, Any] | None = None) -> StepModel:
-    """Units px: pixels per batch."""
-    run = runner("full_image", dict(params or {}), settings)
+def calibrate_full_image(
+    settings: Settings, side: int, params: dict[str, Any] | None = None, *, name: str
+) -> StepModel:
+    """Method `name` trained on whole images in one graph. Units px: pixels per batch."""
+    run = runner(name, dict(params or {}), settings)
     cap_side = max(32, int(math.sqrt(settings.cap_px)) // 32 * 32)
     sides = calibration_points(side, cap_side, low=32)
     return fit_steps(run, "px", sides, lambda s: image_batch(1, s, s, settings.device), lambda s: s * s)
 
 
 def calibrate_full_bag(
-    settings: Settings, tile: int, tiles: int, params: dict[str, Any] | None = None
+    settings: Settings, tile: int, tiles: int, params: dict[str, Any] | None = None, *, name: str
 ) -> StepModel:
-    """Units tiles: tiles in the bag."""
-    run = runner("full_bag", dict(params or {}), settings)
+    """Method `name` trained on whole bags in one graph. Units tiles: tiles in the bag."""
+    run = runner(name, dict(params or {}), settings)
     sizes = calibration_points(tiles, max(1, settings.cap_px // tile**2))
     return fit_steps(run, "tiles", sizes, lambda n: bag_batch(n, tile, settings.device), lambda n: n)
 
@@ -129,12 +132,13 @@ def _head_fit(
 
 
 def calibrate_abmil_acc(
-    settings: Settings, tile: int, chunk: int, params: dict[str, Any] | None = None
+    settings: Settings, tile: int, chunk: int, params: dict[str, Any] | None = None, *, name: str
 ) -> AccModel:
-    """Replay peak per chunk from real steps on one-chunk bags; head peak per tile from the aggregator."""
+    """A chunked-replay MIL method `name` (params `chunk_size`, modules `encoder` and `aggregator`):
+    replay peak per chunk from real steps on one-chunk bags; head peak per tile from the aggregator."""
     values = dict(params or {})
     sizes = calibration_points(chunk, max(1, settings.cap_px // tile**2))
-    run = runner("abmil_acc", values, settings)
+    run = runner(name, values, settings)
     replays = []
     for c in sizes:
         run.method.params.chunk_size = c  # type: ignore[attr-defined]
@@ -150,15 +154,16 @@ def calibrate_abmil_acc(
 
 
 def calibrate_patchgd(
-    settings: Settings, patch: int, k: int, params: dict[str, Any] | None = None
+    settings: Settings, patch: int, k: int, params: dict[str, Any] | None = None, *, name: str
 ) -> PatchGDModel:
-    """Inner-iteration peak per patch from real steps (one inner iteration, fill batch 1) on small grids;
+    """A Z-block method `name` (modules `encoder` and `head`). Inner-iteration peak per patch from real
+    steps (one inner iteration, fill batch 1) on small grids;
     the fill's no-grad peak per patch from the real Z-filling; the head's peak per Z cell."""
     from bigslide.methods.zblock import PatchGrid, encode_grid, patch_view
 
     sizes = calibration_points(k, max(1, settings.cap_px // patch**2))
     values = {**(params or {}), "patch_size": patch, "inner_iterations": 1, "fill_batch_size": 1, "stride": 0}
-    run = runner("patchgd", values, settings)
+    run = runner(name, values, settings)
     inner = []
     for kk in sizes:
         side = max(2, math.ceil(math.sqrt(kk)))
@@ -204,12 +209,12 @@ def calibrate_biglayer(
     tiles: int = 0,
     params: dict[str, Any] | None = None,
 ) -> BigLayerModel:
-    """`name` biglayer_image (units px = image pixels, `side` the image) or biglayer_mil (px = tiles ×
-    tile pixels, `side` the tile, `tiles` the bag). Total: real steps; tail: the native layers after the
-    big stages with the aggregator or classifier, forward + backward on the big part's output."""
+    """A Big-Layer method `name`: of kind image (units px = image pixels, `side` the image) or bag (px =
+    tiles × tile pixels, `side` the tile, `tiles` the bag). Total: real steps; tail: the native layers
+    after the big stages with the aggregator or classifier, forward + backward on the big part's output."""
     values = {**(params or {}), "stages": stages}
     run = runner(name, values, settings)
-    if name == "biglayer_image":
+    if run.method.kind == "image":
         cap_side = max(32, int(math.sqrt(settings.cap_px)) // 32 * 32)
         sizes = calibration_points(side, cap_side, low=64)
         total = fit_steps(run, "px", sizes, lambda s: image_batch(1, s, s, "cpu"), lambda s: s * s)
@@ -231,10 +236,9 @@ def _tail_fit(
     backbone = model.get_submodule("encoder.backbone")
     native = timm.create_model(settings.backbone, num_classes=0).to(settings.device).train()
     probe = torch.zeros(1, 3, 64, 64, device=settings.device)
-    layers = [getattr(native, f"layer{i}") for i in range(stages + 1, 5) if hasattr(native, f"layer{i}")]
+    big, layers = split_stages(native, stages)
     with torch.no_grad():
-        stem = nn.Sequential(*(native.get_submodule(n) for n in ("conv1", "bn1", "act1", "maxpool")))
-        big_out = nn.Sequential(stem, *[getattr(native, f"layer{i}") for i in range(1, stages + 1)])(probe)
+        big_out = nn.Sequential(*big)(probe)
     channels, scale = big_out.shape[1], 64 // big_out.shape[-1]
     head = model.get_submodule("head") if hasattr(model, "head") else model.get_submodule("aggregator")
     pool = getattr(backbone, "global_pool")  # noqa: B009

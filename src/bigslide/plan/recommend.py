@@ -12,22 +12,11 @@ from typing import Any
 import torch
 
 from bigslide.errors import ConfigError
-from bigslide.plan.calibrate import (
-    Settings,
-    calibrate_abmil_acc,
-    calibrate_biglayer,
-    calibrate_full_bag,
-    calibrate_full_image,
-    calibrate_patchgd,
-)
+from bigslide.methods.base import available_methods, get_method
+from bigslide.plan.calibrate import Settings
 from bigslide.plan.memory import format_bytes, parse_size
 
-IMAGE_METHODS = ("full_image", "patchgd", "biglayer_image")
-BAG_METHODS = ("full_bag", "abmil_acc", "biglayer_mil")
-METHODS = ("auto", *IMAGE_METHODS, *BAG_METHODS)
 CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context and library handles: device memory no tensor counts
-BUDGETS_MB = (2048, 1024, 512, 256)
-BIG_STAGES = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -65,8 +54,9 @@ class Candidate:
 
 
 def methods_for(target: Target) -> list[str]:
+    """The registered methods the target is about: one by name, or every method of the kinds asked for."""
     if target.method != "auto":
-        needs_image = target.method in IMAGE_METHODS
+        needs_image = get_method(target.method).kind == "image"
         if needs_image and target.image <= 0:
             raise ConfigError(
                 f"--image: {target.method} is an image method; give the image side, e.g. --image 4096"
@@ -78,7 +68,9 @@ def methods_for(target: Target) -> list[str]:
         return [target.method]
     if target.image <= 0 and target.bag <= 0:
         raise ConfigError("plan: give --image SIDE (image methods) and/or --bag TILES (bag methods)")
-    return [*(IMAGE_METHODS if target.image > 0 else ()), *(BAG_METHODS if target.bag > 0 else ())]
+    kinds = {"image"} if target.image > 0 else set()
+    kinds |= {"bag"} if target.bag > 0 else set()
+    return [name for name in available_methods() if get_method(name).kind in kinds]
 
 
 def settings_for(target: Target) -> Settings:
@@ -94,7 +86,10 @@ def settings_for(target: Target) -> Settings:
     return Settings(backbone=target.backbone, device=device, autocast_dtype=dtype, cap_px=cap)
 
 
-def _powers(limit: int) -> list[int]:
+NO_CALIBRATION = "no calibration: this method does not describe its memory, so no peak is predicted"
+
+
+def powers_of_two(limit: int) -> list[int]:
     values = [2**i for i in range(int(math.log2(max(limit, 1))) + 1)]
     return sorted({*values, limit})
 
@@ -103,99 +98,15 @@ def plan_candidates(target: Target, settings: Settings) -> list[Candidate]:
     """Calibrate each method in question and predict the peak of its candidate settings at the target."""
     out: list[Candidate] = []
     for name in methods_for(target):
-        out += _CANDIDATES[name](target, settings)
+        planned = get_method(name).plan(target, settings)
+        if planned is None:
+            out.append(Candidate(name, {}, 0, note=NO_CALIBRATION, rank=99))
+        else:
+            out += planned
     usable = target.usable_bytes
     for c in out:
         c.fits = c.peak <= usable
     return out
-
-
-def _full_image(target: Target, settings: Settings) -> list[Candidate]:
-    model = calibrate_full_image(settings, target.image)
-    px = target.batch * target.image**2
-    return [
-        Candidate("full_image", {}, model.peak(input_bytes=12 * px, px=px), note="whole image in one graph")
-    ]
-
-
-def _patchgd(target: Target, settings: Settings) -> list[Candidate]:
-    patch = min(target.tile, target.image)
-    side = math.ceil(target.image / patch)
-    cells = side * side
-    model = calibrate_patchgd(settings, patch, cells)
-    input_bytes = 12 * target.batch * (side * patch) ** 2
-    out = []
-    for k in _powers(cells):
-        for fill in [f for f in (256, 128, 64, 32, 16, 8, 4, 2, 1) if f <= target.batch * cells] or [1]:
-            peak = model.peak(images=target.batch, cells=cells, k=k, fill_batch=fill, input_bytes=input_bytes)
-            if peak <= target.usable_bytes or fill == 1:
-                break
-        iterations = math.ceil(cells / k)
-        params = {"patch_size": patch, "k": k, "fill_batch_size": fill}
-        out.append(Candidate("patchgd", params, peak, note=f"{iterations} inner iterations", rank=iterations))
-    return out
-
-
-def _biglayer(target: Target, settings: Settings, name: str) -> list[Candidate]:
-    image = name == "biglayer_image"
-    side = target.image if image else target.tile
-    px = target.batch * target.image**2 if image else target.bag * target.tile**2
-    out = []
-    for stages in BIG_STAGES:
-        try:
-            model = calibrate_biglayer(settings, name, stages, side, tiles=target.bag)
-        except ConfigError as err:  # not a ResNet-family backbone
-            return [Candidate(name, {}, 0, note=f"not available: {err}", rank=99)]
-        host = model.total_peak(px=px, input_bytes=12 * px)
-        for budget in BUDGETS_MB:
-            # A partition never holds more than the whole big part would.
-            peak = model.device_peak(px=px, budget_bytes=min(budget * 2**20, host))
-            params = {"stages": stages, "budget_mb": float(budget)}
-            out.append(
-                Candidate(name, params, peak, note="host + device, all on CPU", rank=stages * 10, host=host)
-            )
-    return out
-
-
-def _full_bag(target: Target, settings: Settings) -> list[Candidate]:
-    model = calibrate_full_bag(settings, target.tile, target.bag)
-    input_bytes = 12 * target.bag * target.tile**2
-    return [
-        Candidate(
-            "full_bag",
-            {},
-            model.peak(input_bytes=input_bytes, tiles=target.bag),
-            note="whole bag in one graph",
-        )
-    ]
-
-
-def _abmil_acc(target: Target, settings: Settings) -> list[Candidate]:
-    chunks = [c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c <= target.bag]
-    model = calibrate_abmil_acc(settings, target.tile, chunks[0])
-    input_bytes = 12 * target.bag * target.tile**2
-    return [
-        Candidate(
-            "abmil_acc",
-            {"chunk_size": c},
-            model.peak(tiles=target.bag, chunk=c, input_bytes=input_bytes),
-            note=f"{math.ceil(target.bag / c)} replay chunks",
-            rank=math.ceil(target.bag / c),
-        )
-        for c in chunks
-    ]
-
-
-_CANDIDATES = {
-    "full_image": _full_image,
-    "patchgd": _patchgd,
-    "biglayer_image": lambda t, s: _biglayer(t, s, "biglayer_image"),
-    "full_bag": _full_bag,
-    "abmil_acc": _abmil_acc,
-    "biglayer_mil": lambda t, s: _biglayer(t, s, "biglayer_mil"),
-}
-# The order methods are preferred in when several fit: the plain baseline, then the exact and fast ones.
-_PREFERENCE = ("full_image", "full_bag", "patchgd", "abmil_acc", "biglayer_image", "biglayer_mil")
 
 
 def recommend(candidates: list[Candidate]) -> Candidate | None:
@@ -205,14 +116,19 @@ def recommend(candidates: list[Candidate]) -> Candidate | None:
     if not fitting:
         return None
     return min(
-        fitting, key=lambda c: (_PREFERENCE.index(c.method), c.rank, -float(c.params.get("budget_mb", 0)))
+        fitting,
+        key=lambda c: (
+            get_method(c.method).plan_preference,
+            c.rank,
+            -float(c.params.get("budget_mb", 0)),
+        ),
     )
 
 
 def override_string(candidate: Candidate, target: Target) -> str:
     parts = [f"--method {candidate.method}"]
     parts += [f"--set method.params.{k}={v}" for k, v in candidate.params.items()]
-    if candidate.method in BAG_METHODS:
+    if get_method(candidate.method).kind == "bag":
         parts += [f"--set data.tile_size={target.tile}", f"--set data.bag_size={target.bag}"]
     else:
         parts += [f"--set data.image_size={target.image}", f"--set data.batch_size={target.batch}"]
@@ -238,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bag", type=int, default=0, help="tiles per bag (bag methods)")
     parser.add_argument("--tile", type=int, default=256, help="MIL tile / PatchGD patch side (default 256)")
     parser.add_argument("--backbone", default="resnet50", help="timm backbone (default resnet50)")
-    parser.add_argument("--method", default="auto", choices=METHODS)
+    parser.add_argument("--method", default="auto", help="a method name (`bigslide methods`), or auto")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="calibration device"

@@ -19,8 +19,8 @@ from skimage import transform
 from sklearn.datasets import load_digits
 from torch.utils.data import Dataset
 
+from bigslide.data.sample import Sample
 from bigslide.errors import DataError
-from bigslide.methods.base import Sample
 
 Split = Literal["train", "val"]
 NUM_CLASSES = 10

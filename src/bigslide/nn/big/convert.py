@@ -84,6 +84,15 @@ def make_big(model: nn.Module, stages: int, budget_bytes: int) -> nn.Module:
     return model
 
 
+def split_stages(model: nn.Module, stages: int) -> tuple[list[nn.Module], list[nn.Module]]:
+    """A ResNet-family model's modules before global pooling: the stem and `layer1..layer{stages}` (what
+    `make_big` converts), and the native stages after them."""
+    total = _stage_count(model)
+    big = [model.get_submodule(name) for name in _STEM]
+    big += [model.get_submodule(f"layer{i}") for i in range(1, stages + 1)]
+    return big, [model.get_submodule(f"layer{i}") for i in range(stages + 1, total + 1)]
+
+
 def set_budget(model: nn.Module, budget_bytes: int) -> None:
     """Change the device budget of every big layer in `model`."""
     for module in model.modules():
