@@ -109,3 +109,33 @@ def test_train_then_predict_and_heatmap_from_a_fresh_process(slide_csv: Path, tm
     )
     assert done.returncode == 0, done.stderr
     assert sorted(p.suffix for p in (tmp_path / "h").iterdir()) == [".geojson", ".npz", ".png"]
+
+
+HELP_IMPORTS = """
+import sys
+from bigslide.cli.main import main
+for argv in (["--help"], ["bench", "--help"], ["train", "--help"], ["plan", "--help"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+heavy = sorted(m for m in ("torch", "timm", "tiffslide", "skimage", "bigslide.bench.acc") if m in sys.modules)
+print("heavy:", ",".join(heavy))
+"""
+
+
+def test_help_answers_without_loading_torch_or_the_benches() -> None:
+    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("heavy:"), done.stdout[-500:]
+    assert "benchmarks (side-by-side timings and memory)" in done.stdout
+
+
+def test_a_bench_takes_its_own_arguments_and_help() -> None:
+    cmd = [sys.executable, "-m", "bigslide", "bench", "grid"]
+    done = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: bigslide bench grid")
+    bad = subprocess.run([*cmd, "--no-such-option"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "unrecognized arguments: --no-such-option" in bad.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,79 @@ def test_two_gloo_ranks_match_each_other_and_a_single_process(slide_csv: Path, t
     seed_everything(single.run.seed)
     initial = build_method(single, ["normal", "tumor"], torch.device("cpu")).model.state_dict()
     assert sum(not torch.equal(initial[k], rank0[k]) for k in params) > len(params) // 2, "nothing trained"
+
+
+FAULT_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from bigslide.errors import TrainingError
+from bigslide.methods.mil_baselines import FullBag
+
+if os.environ["RANK"] == "1":
+    original, calls = FullBag.train_step, []
+
+    def faulty(self, batch, stepper):
+        calls.append(1)
+        if len(calls) == 2:
+            Path(sys.argv[2]).write_text(str(time.time()))
+            if sys.argv[3] == "raise":
+                raise TrainingError("injected fault")
+            time.sleep(3600)  # a rank that hangs instead of failing
+        return original(self, batch, stepper)
+
+    FullBag.train_step = faulty
+from bigslide.cli.main import main
+sys.exit(main(["train", sys.argv[1], "--quiet"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_failing_rank_ends_every_rank_with_one_line(slide_csv: Path, tmp_path: Path, fault: str) -> None:
+    config = config_for(slide_csv, tmp_path / "run", accumulate=1, max_steps=4)
+    config.run.dist_timeout = 10.0
+    cfg = config.to_yaml(tmp_path / "ddp.yaml")
+    script = tmp_path / "faulty.py"
+    script.write_text(FAULT_SCRIPT)
+    marker = tmp_path / "fault-time"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*cmd, str(script), str(cfg), str(marker), fault], capture_output=True, text=True, timeout=600
+    )
+    ended = time.time()
+    assert marker.is_file(), done.stderr[-3000:]
+    assert done.returncode != 0
+    assert ended - float(marker.read_text()) < 60
+    ours = [line for line in done.stderr.splitlines() if line.startswith("bigslide: error:")]
+    if fault == "raise":
+        assert "bigslide: error: rank 1: injected fault" in ours
+    assert any(line.startswith("bigslide: error: rank 0: stopped while averaging gradients") for line in ours)
+    assert "[rank0]: Traceback" not in done.stderr  # rank 0 says it in one line
+
+
+def _average_on_two_ranks(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from bigslide.engine.distributed import DistContext
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        params = [torch.nn.Parameter(torch.ones(3)) for _ in range(3)]
+        params[0].grad = torch.full((3,), float(rank + 1))  # on both ranks
+        params[1].grad = torch.full((3,), 4.0) if rank == 0 else None  # on rank 0 only
+        # params[2] has no gradient anywhere: it is not in this step's graph
+        DistContext(rank=rank, world=2).average_gradients(params)
+        torch.save([p.grad for p in params], f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_parameters_without_gradients_stay_untouched_across_ranks(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_average_on_two_ranks, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        first, some, none = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(first, torch.full((3,), 1.5))
+        assert torch.equal(some, torch.full((3,), 2.0))  # DDP's average: the missing rank counts zero
+        assert none is None  # as in one process: weight decay and momentum leave it alone

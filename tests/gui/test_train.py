@@ -14,6 +14,9 @@ from qtpy.QtCore import QTimer
 
 from bigslide.engine.config import TrainConfig
 from bigslide.methods.base import available_methods
+from tests.toy_method import toy_method
+
+__all__ = ["toy_method"]  # the fixture
 
 # the smallest settings each method accepts: 32 px tiles, 8-tile bags, 64 px images
 TINY_PARAMS: dict[str, dict[str, Any]] = {
@@ -146,3 +149,20 @@ def test_viewer_stays_responsive(dock: Any, qtbot: Any, tiny_set: Path, tmp_path
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     print(f"timer ticks {len(ticks)}, max gap {max(gaps) * 1000:.1f} ms")
     assert max(gaps) < 0.100
+
+
+def test_a_method_registered_by_a_script_gets_its_form_and_trains(
+    toy_method: type, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    widget = train_panel(dock, tiny_set, tmp_path / "run", "toy_tile_mean")
+    items = [widget.method_box.itemText(i) for i in range(widget.method_box.count())]
+    assert "toy_tile_mean" in items
+    assert widget.method_box.currentText() == "toy_tile_mean"
+    assert set(widget.params_form.values()) == {"width", "pooling"}
+    widget.params_form.set_values({"width": 4})
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    assert record.fired == ["returned", "finished"], record.fired
+    config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")
+    assert config.method.name == "toy_tile_mean"
+    assert config.method.params["width"] == 4

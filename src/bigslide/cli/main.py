@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import signal
 import sys
@@ -14,6 +16,7 @@ from typing import Any
 import yaml
 
 from bigslide.errors import BigslideError, ConfigError
+from bigslide.plan.arguments import add_arguments as add_plan_arguments
 
 BENCHES = (
     "grid",
@@ -119,7 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"bigslide.bench.{args.bench}")
-    return int(module.run(args))
+    parser = argparse.ArgumentParser(prog=f"bigslide bench {args.bench}", description=module.__doc__)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(args.rest)))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -175,25 +180,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("plan", help="predict peak memory per method and setting; recommend one that fits")
-    importlib.import_module("bigslide.plan.recommend").add_arguments(p)
+    add_plan_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("methods", help="list the training methods")
     p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("bench", help="benchmarks (side-by-side timings and memory)")
-    bench = p.add_subparsers(dest="bench", required=True)
+    bench = p.add_subparsers(dest="bench", required=True, metavar="NAME")
     for name in BENCHES:
-        try:
-            module = importlib.import_module(f"bigslide.bench.{name}")
-        except ModuleNotFoundError:
-            continue
-        bp = bench.add_parser(
-            name, help=(module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
-        )
-        module.add_arguments(bp)
+        # A bench's own arguments (and its --help) are parsed by its module once it is chosen: importing
+        # every bench here would load torch for `bigslide --help`.
+        bp = bench.add_parser(name, help=_summary(f"bigslide.bench.{name}"), add_help=False)
         bp.set_defaults(func=cmd_bench)
     return parser
+
+
+def _summary(module: str) -> str | None:
+    """The first line of a module's docstring, read without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text()))
+    return doc.strip().splitlines()[0] if doc else None
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -207,7 +216,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.rest = rest  # the bench's own parser reads these
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(args.func(args))

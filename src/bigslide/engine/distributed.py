@@ -114,9 +114,7 @@ def from_environment(device: str, *, timeout_s: float = 1800.0) -> DistContext:
         torch.cuda.set_device(local_rank)
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s)
-        )
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     return DistContext(
         rank=rank,
         world=world,

@@ -13,8 +13,11 @@ import torch
 
 from bigslide.errors import ConfigError
 from bigslide.methods.base import available_methods, get_method
+from bigslide.plan.arguments import add_arguments
 from bigslide.plan.calibrate import Settings
 from bigslide.plan.memory import format_bytes, parse_size
+
+__all__ = ["Candidate", "Target", "add_arguments", "plan_candidates", "recommend", "run"]
 
 CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context and library handles: device memory no tensor counts
 
@@ -145,24 +148,6 @@ def format_table(candidates: list[Candidate], target: Target) -> str:
         rows.append((c.method, c.describe(), peak, "yes" if c.fits else "no", note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu-mem", required=True, help="device memory, e.g. 16GB, 512MB, 0.5GiB")
-    parser.add_argument("--image", type=int, default=0, help="image side in pixels (image methods)")
-    parser.add_argument("--batch", type=int, default=1, help="images per batch (image methods)")
-    parser.add_argument("--bag", type=int, default=0, help="tiles per bag (bag methods)")
-    parser.add_argument("--tile", type=int, default=256, help="MIL tile / PatchGD patch side (default 256)")
-    parser.add_argument("--backbone", default="resnet50", help="timm backbone (default resnet50)")
-    parser.add_argument("--method", default="auto", help="a method name (`bigslide methods`), or auto")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument(
-        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="calibration device"
-    )
-    parser.add_argument("--margin", type=float, default=0.2, help="safety margin, fraction of --gpu-mem")
-    parser.add_argument(
-        "--cap-px", type=int, default=0, help="largest calibration input in pixels (0: by device)"
-    )
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
