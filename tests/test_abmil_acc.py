@@ -215,6 +215,71 @@ def test_batch_mode_is_flagged_inexact_and_counts_each_chunk_once() -> None:
         bag_backward(encoder, head, bag, target, chunk_size=CHUNK, bn_mode="eval")
 
 
+class PlainAttentionHead(nn.Module):
+    """A scripted user's head: a plain module (no `Aggregator`, no `aux_loss`).
+
+    `bare`: mean pooling returning only (C,) logits; otherwise attention pooling returning
+    `((1, C) logits, (N,) attention)`.
+    """
+
+    def __init__(self, dim: int, classes: int, *, bare: bool) -> None:
+        super().__init__()
+        self.score = nn.Linear(dim, 1)
+        self.classifier = nn.Linear(dim, classes)
+        self.bare = bare
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.bare:
+            return self.classifier(z).mean(dim=0)
+        attention = torch.softmax(self.score(z).squeeze(-1), dim=0)
+        return self.classifier(attention @ z)[None], attention
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["logits_and_attention", "bare_logits"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_any_module_head_gets_the_full_bag_gradient(bare: bool, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    encoder = SmallConvNet().to(dtype).train()
+    head = PlainAttentionHead(encoder.dim, 3, bare=bare).to(dtype)
+    assert not hasattr(head, "aux_loss")
+    bag, target = torch.rand(BAG, 3, 16, 16, dtype=dtype), torch.tensor([2])
+
+    # Truth: one graph, the encoder called in the replay's chunk sizes (same float32 rounding).
+    z = torch.cat([encoder(chunk) for chunk in bag.split(CHUNK)])
+    output = head(z)
+    logits = output if bare else output[0]
+    truth_loss = nn.functional.cross_entropy(logits.reshape(1, -1), target)
+    truth_loss.backward()
+    truth_loss = truth_loss.detach()
+    truth = _take_grads(encoder, head)
+
+    step = accumulated_bag_backward(
+        encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK
+    )
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) <= TOLERANCE[dtype]
+    assert float(step.loss) == pytest.approx(float(truth_loss), rel=TOLERANCE[dtype])
+    assert step.logits.shape == (1, 3)
+    if bare:
+        assert step.attention is None  # no made-up scores
+    else:
+        assert step.attention is not None
+        torch.testing.assert_close(step.attention, output[1].detach())
+
+    loss = bag_backward(encoder, head, bag, target, chunk_size=CHUNK)
+    assert float(loss) == pytest.approx(float(truth_loss), rel=TOLERANCE[dtype])
+
+
+class DictHead(nn.Module):
+    def forward(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": z.sum(dim=0, keepdim=True)}
+
+
+def test_a_head_returning_something_else_is_a_clear_error() -> None:
+    bag, target = torch.rand(4, 3, 16, 16), torch.tensor([0])
+    with pytest.raises(TypeError, match=r"expected logits or \(logits, attention\) tensors, got dict"):
+        bag_backward(SmallConvNet(), DictHead(), bag, target, chunk_size=2)
+
+
 def _methods(aggregator: str) -> tuple[ABMILACC, FullBag]:
     spec = ModelSpec(backbone="test_resnet", num_classes=2)
     torch.manual_seed(0)

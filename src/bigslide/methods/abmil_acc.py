@@ -19,7 +19,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -53,7 +53,35 @@ BNMode = Literal["eval", "frozen", "batch"]
 class BagStep(NamedTuple):
     loss: torch.Tensor  # detached scalar
     logits: torch.Tensor  # (1, C), detached
-    attention: torch.Tensor  # (N,), detached
+    attention: torch.Tensor | None  # (N,), detached; None when the aggregator returns bare logits
+
+
+def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(logits (1, C), attention or None)` from a MIL head's output: `(logits, attention)` or bare logits.
+
+    A head that gives no per-instance scores gets None, not made-up uniform scores: a flat heatmap would
+    look like a result. Bare (C,) logits get the bag axis.
+    """
+    if isinstance(output, tuple | list) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+        logits, attention = output
+        if attention is not None and not isinstance(attention, torch.Tensor):
+            raise TypeError(f"aggregator output: attention must be a tensor or None, got {type(attention)}")
+    elif isinstance(output, torch.Tensor):
+        logits, attention = output, None
+    else:
+        raise TypeError(
+            f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
+        )
+    return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
+
+
+def head_loss(
+    aggregator: nn.Module, logits: torch.Tensor, target: torch.Tensor, loss_fn: LossFn | None = None
+) -> torch.Tensor:
+    """`bag_loss` for any head: its auxiliary loss (DTFD's tier 1) counts only when it has `aux_loss`."""
+    if hasattr(aggregator, "aux_loss"):
+        return bag_loss(cast(Aggregator, aggregator), logits, target, loss_fn)
+    return (loss_fn or F.cross_entropy)(logits, target)
 
 
 @contextlib.contextmanager
@@ -96,7 +124,7 @@ def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterato
 
 def accumulated_bag_backward(
     encoder: nn.Module,
-    aggregator: Aggregator,
+    aggregator: nn.Module,
     bag: torch.Tensor,
     target: torch.Tensor,
     loss_fn: LossFn | None = None,
@@ -110,6 +138,9 @@ def accumulated_bag_backward(
 ) -> BagStep:
     """ABMIL-ACC on one bag: leaves the full-bag gradients in `.grad` (accumulating, like `.backward()`).
 
+    `aggregator`: any module mapping the (N, D) features to `(logits, attention)` or to bare logits
+    (then `BagStep.attention` is None); an `aux_loss(target)` method, if it has one, adds to the loss.
+
     `chunk_size`: instances per replayed (with-grad) encoder call; sets the peak memory.
     `forward_chunk_size`: instances per no-grad encoder call in pass 1 (may be larger: nothing is kept).
     It is ignored, and pass 1 uses `chunk_size`, when the encoder is stochastic (each replay chunk must
@@ -121,16 +152,17 @@ def accumulated_bag_backward(
     if chunk_size < 1:
         raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
 
-    def head_loss(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        logits, attention = aggregator(Z)
-        return bag_loss(aggregator, logits, target, loss_fn), (logits.detach(), attention.detach())
+    def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
+        logits, attention = split_head_output(aggregator(Z))
+        loss = head_loss(aggregator, logits, target, loss_fn)
+        return loss, (logits.detach(), None if attention is None else attention.detach())
 
     with bn_policy(encoder, bn_mode):
         batch_stats = bn_mode == "batch" and any(layer.training for layer in batchnorm_layers(encoder))
         loss, (logits, attention) = replay_backward(
             encoder,
             bag,
-            head_loss,
+            loss_of,
             chunk_size=chunk_size,
             forward_chunk_size=forward_chunk_size,
             autocast=autocast,
@@ -143,7 +175,7 @@ def accumulated_bag_backward(
 
 def bag_backward(
     encoder: nn.Module,
-    aggregator: Aggregator,
+    aggregator: nn.Module,
     bag: torch.Tensor,
     target: torch.Tensor,
     loss_fn: LossFn | None = None,
