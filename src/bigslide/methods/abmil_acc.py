@@ -135,6 +135,7 @@ def accumulated_bag_backward(
     backward: BackwardFn | None = None,
     bn_mode: str = "eval",
     stochastic: bool | None = None,
+    device: torch.device | None = None,
 ) -> BagStep:
     """ABMIL-ACC on one bag: leaves the full-bag gradients in `.grad` (accumulating, like `.backward()`).
 
@@ -148,6 +149,9 @@ def accumulated_bag_backward(
     `stochastic`: whether the encoder draws random numbers; None detects dropout/drop-path layers.
     `backward(loss)` runs the head's backward (e.g. a stepper's, for loss scaling); dL/dZ inherits
     its scale, so the encoder's gradient is scaled the same way.
+    `bag` may stay on the host, and should: each pass moves one chunk at a time to `device` (default:
+    the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
+    it is not already) so the chunk copies are asynchronous.
     """
     if chunk_size < 1:
         raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
@@ -169,6 +173,7 @@ def accumulated_bag_backward(
             backward=backward,
             batch_stats=batch_stats,
             stochastic=stochastic,
+            device=device,
         )
     return BagStep(loss, logits, attention)
 
@@ -285,12 +290,13 @@ class MILMethod(Method):
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
-        return encode_chunks(self.mil_model.encoder, bag, max(1, self.mil_params.inference_chunk_size))
+        chunk = max(1, self.mil_params.inference_chunk_size)
+        return encode_chunks(self.mil_model.encoder, bag, chunk, device=self.device)
 
     def predict(self, sample: Sample) -> Prediction:
-        bag = sample.x.to(self.device)
+        # The bag stays on the host: `features` moves one chunk at a time.
         with torch.no_grad():
-            logits, attention = self.mil_model.aggregator(self.features(sample, bag))
+            logits, attention = self.mil_model.aggregator(self.features(sample, sample.x))
             probs = F.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
 
@@ -305,18 +311,17 @@ class ABMILACC(MILMethod):
         p = self.params
         assert isinstance(p, ABMILACCParams)
         model = self.mil_model
-        bag = batch.x.to(self.device, non_blocking=True)
-        target = batch.y.to(self.device)
         step = accumulated_bag_backward(
             model.encoder,
             model.aggregator,
-            bag,
-            target,
+            batch.x,  # host memory (pinned on CUDA): moved chunk by chunk, never whole
+            batch.y.to(self.device),
             chunk_size=p.chunk_size,
             forward_chunk_size=p.forward_chunk_size or 4 * p.chunk_size,
             autocast=stepper.autocast,
             backward=stepper.backward,
             bn_mode=p.bn_mode,
+            device=self.device,
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())
