@@ -14,9 +14,10 @@ from timm.layers import DropPath
 from torch import nn
 
 from bigslide.engine.stepper import OptimStepper
+from bigslide.methods import replay
 from bigslide.methods.abmil_acc import ABMILACC, ABMILACCParams, accumulated_bag_backward, bag_backward
 from bigslide.methods.base import Batch, ModelSpec, Sample
-from bigslide.methods.mil_baselines import FullBag, full_bag_backward
+from bigslide.methods.mil_baselines import FrozenABMIL, FullBag, full_bag_backward
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, has_stochastic_layers
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import AGGREGATORS, Aggregator, make_aggregator
@@ -213,6 +214,169 @@ def test_batch_mode_is_flagged_inexact_and_counts_each_chunk_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # eval mode is exact: no warning
         bag_backward(encoder, head, bag, target, chunk_size=CHUNK, bn_mode="eval")
+
+
+class PlainAttentionHead(nn.Module):
+    """A scripted user's head: a plain module (no `Aggregator`, no `aux_loss`).
+
+    `bare`: mean pooling returning only (C,) logits; otherwise attention pooling returning
+    `((1, C) logits, (N,) attention)`.
+    """
+
+    def __init__(self, dim: int, classes: int, *, bare: bool) -> None:
+        super().__init__()
+        self.score = nn.Linear(dim, 1)
+        self.classifier = nn.Linear(dim, classes)
+        self.bare = bare
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.bare:
+            return self.classifier(z).mean(dim=0)
+        attention = torch.softmax(self.score(z).squeeze(-1), dim=0)
+        return self.classifier(attention @ z)[None], attention
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["logits_and_attention", "bare_logits"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_any_module_head_gets_the_full_bag_gradient(bare: bool, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    encoder = SmallConvNet().to(dtype).train()
+    head = PlainAttentionHead(encoder.dim, 3, bare=bare).to(dtype)
+    assert not hasattr(head, "aux_loss")
+    bag, target = torch.rand(BAG, 3, 16, 16, dtype=dtype), torch.tensor([2])
+
+    # Truth: one graph, the encoder called in the replay's chunk sizes (same float32 rounding).
+    z = torch.cat([encoder(chunk) for chunk in bag.split(CHUNK)])
+    output = head(z)
+    logits = output if bare else output[0]
+    truth_loss = nn.functional.cross_entropy(logits.reshape(1, -1), target)
+    truth_loss.backward()
+    truth_loss = truth_loss.detach()
+    truth = _take_grads(encoder, head)
+
+    step = accumulated_bag_backward(
+        encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK
+    )
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) <= TOLERANCE[dtype]
+    assert float(step.loss) == pytest.approx(float(truth_loss), rel=TOLERANCE[dtype])
+    assert step.logits.shape == (1, 3)
+    if bare:
+        assert step.attention is None  # no made-up scores
+    else:
+        assert step.attention is not None
+        torch.testing.assert_close(step.attention, output[1].detach())
+
+    loss = bag_backward(encoder, head, bag, target, chunk_size=CHUNK)
+    assert float(loss) == pytest.approx(float(truth_loss), rel=TOLERANCE[dtype])
+
+
+class DictHead(nn.Module):
+    def forward(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": z.sum(dim=0, keepdim=True)}
+
+
+def test_a_head_returning_something_else_is_a_clear_error() -> None:
+    bag, target = torch.rand(4, 3, 16, 16), torch.tensor([0])
+    with pytest.raises(TypeError, match=r"expected logits or \(logits, attention\) tensors, got dict"):
+        bag_backward(SmallConvNet(), DictHead(), bag, target, chunk_size=2)
+
+
+class ChunkMoves:
+    """Stands in for the host-to-device copy and watches the bag.
+
+    Records each chunk `move_chunk` moves (a fresh tensor, like a copy on another device), what the
+    encoder is given, and the rows of every `.to()` call on a tensor sharing the bag's memory: on CPU
+    such a call is a no-op, on CUDA it is a device copy of that many instances.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, encoder: nn.Module, bag: torch.Tensor) -> None:
+        self.moved: list[torch.Tensor] = []
+        self.seen: list[torch.Tensor] = []
+        self.bag_copies: list[int] = []
+        monkeypatch.setattr(replay, "move_chunk", self.move)
+        encoder.register_forward_pre_hook(lambda _, args: self.seen.append(args[0]))
+        storage, original_to = bag.untyped_storage().data_ptr(), torch.Tensor.to
+
+        def watched_to(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+            if tensor.untyped_storage().data_ptr() == storage:
+                self.bag_copies.append(len(tensor))
+            return original_to(tensor, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr(torch.Tensor, "to", watched_to)
+
+    def move(self, chunk: torch.Tensor, device: torch.device) -> torch.Tensor:
+        copy = chunk.to(device).clone()
+        self.moved.append(copy)
+        return copy
+
+    def rows(self) -> list[int]:
+        return [len(chunk) for chunk in self.moved]
+
+    def encoder_saw_only_moved_chunks(self) -> bool:
+        moved = {id(chunk) for chunk in self.moved}
+        return bool(self.seen) and all(id(x) in moved for x in self.seen)
+
+
+# pass 1 in forward chunks (the replay's chunks when the encoder is stochastic), then the replay
+@pytest.mark.parametrize(
+    ("encoder_name", "rows"),
+    [("groupnorm_no_bn", [8, 2, 4, 4, 2]), ("dropout_droppath", [4, 4, 2, 4, 4, 2])],
+)
+def test_the_bag_stays_where_it_is_and_the_encoder_gets_one_moved_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, encoder_name: str, rows: list[int]
+) -> None:
+    encoder, head, bag, target = _setup(encoder_name, "abmil", torch.float64)
+    torch.manual_seed(7)
+    full_bag_backward(encoder, head, bag, target, encode_chunk_size=CHUNK)
+    truth = _take_grads(encoder, head)
+    original, address = bag.clone(), bag.data_ptr()
+
+    moves = ChunkMoves(monkeypatch, encoder, bag)
+    torch.manual_seed(7)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK)
+    assert moves.rows() == rows  # never the whole bag, each instance once per pass
+    assert moves.bag_copies == rows
+    assert moves.encoder_saw_only_moved_chunks()
+    assert bag.data_ptr() == address
+    assert torch.equal(bag, original)
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) <= 1e-10
+
+
+def test_mil_methods_move_chunks_not_bags_in_training_and_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ModelSpec(backbone="test_resnet", num_classes=2)
+    acc = ABMILACC(
+        ABMILACCParams(hidden=16, chunk_size=4, forward_chunk_size=6, inference_chunk_size=5),
+        spec,
+        torch.device("cpu"),
+    )
+    frozen = FrozenABMIL(FrozenABMIL.Params(hidden=16, inference_chunk_size=5), spec, torch.device("cpu"))
+    batch = _batch(13, 1, seed=3)
+    for method, train_rows in ((acc, [6, 6, 1, 4, 4, 4, 1]), (frozen, [5, 5, 3])):
+        moves = ChunkMoves(monkeypatch, method.mil_model.encoder, batch.x)
+        method.model.train()
+        method.train_step(batch, OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.1)))
+        assert moves.rows() == train_rows, method.name
+        assert moves.encoder_saw_only_moved_chunks(), method.name
+        assert max(moves.bag_copies, default=0) <= 6, method.name  # no copy of the whole bag
+        method.model.eval()
+        sample = _batch(12, 0, seed=4).samples[0]  # a new slide: nothing cached
+        moves = ChunkMoves(monkeypatch, method.mil_model.encoder, sample.x)
+        method.predict(sample)
+        assert moves.rows() == [5, 5, 2], method.name
+        assert moves.encoder_saw_only_moved_chunks(), method.name
+        assert max(moves.bag_copies, default=0) <= 5, method.name
+
+
+def test_a_host_bag_is_pinned_once_for_a_cuda_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    pins: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: any(tensor is p for p in pins))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: pins.append(tensor.clone()) or pins[-1])
+    bag = torch.rand(4, 3)
+    assert replay.pinned(bag, torch.device("cpu")) is bag
+    page_locked = replay.pinned(bag, torch.device("cuda"))
+    assert page_locked is pins[0]
+    assert replay.pinned(page_locked, torch.device("cuda")) is page_locked  # the engine's batches
+    assert len(pins) == 1
 
 
 def _methods(aggregator: str) -> tuple[ABMILACC, FullBag]:

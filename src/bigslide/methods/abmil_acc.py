@@ -20,7 +20,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -58,7 +58,35 @@ BNMode = Literal["eval", "frozen", "batch"]
 class BagStep(NamedTuple):
     loss: torch.Tensor  # detached scalar
     logits: torch.Tensor  # (1, C), detached
-    attention: torch.Tensor  # (N,), detached
+    attention: torch.Tensor | None  # (N,), detached; None when the aggregator returns bare logits
+
+
+def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(logits (1, C), attention or None)` from a MIL head's output: `(logits, attention)` or bare logits.
+
+    A head that gives no per-instance scores gets None, not made-up uniform scores: a flat heatmap would
+    look like a result. Bare (C,) logits get the bag axis.
+    """
+    if isinstance(output, tuple | list) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+        logits, attention = output
+        if attention is not None and not isinstance(attention, torch.Tensor):
+            raise TypeError(f"aggregator output: attention must be a tensor or None, got {type(attention)}")
+    elif isinstance(output, torch.Tensor):
+        logits, attention = output, None
+    else:
+        raise TypeError(
+            f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
+        )
+    return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
+
+
+def head_loss(
+    aggregator: nn.Module, logits: torch.Tensor, target: torch.Tensor, loss_fn: LossFn | None = None
+) -> torch.Tensor:
+    """`bag_loss` for any head: its auxiliary loss (DTFD's tier 1) counts only when it has `aux_loss`."""
+    if hasattr(aggregator, "aux_loss"):
+        return bag_loss(cast(Aggregator, aggregator), logits, target, loss_fn)
+    return (loss_fn or F.cross_entropy)(logits, target)
 
 
 @contextlib.contextmanager
@@ -101,7 +129,7 @@ def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterato
 
 def accumulated_bag_backward(
     encoder: nn.Module,
-    aggregator: Aggregator,
+    aggregator: nn.Module,
     bag: torch.Tensor,
     target: torch.Tensor,
     loss_fn: LossFn | None = None,
@@ -112,8 +140,12 @@ def accumulated_bag_backward(
     backward: BackwardFn | None = None,
     bn_mode: str = "eval",
     stochastic: bool | None = None,
+    device: torch.device | None = None,
 ) -> BagStep:
     """ABMIL-ACC on one bag: leaves the full-bag gradients in `.grad` (accumulating, like `.backward()`).
+
+    `aggregator`: any module mapping the (N, D) features to `(logits, attention)` or to bare logits
+    (then `BagStep.attention` is None); an `aux_loss(target)` method, if it has one, adds to the loss.
 
     `chunk_size`: instances per replayed (with-grad) encoder call; sets the peak memory.
     `forward_chunk_size`: instances per no-grad encoder call in pass 1 (may be larger: nothing is kept).
@@ -122,33 +154,38 @@ def accumulated_bag_backward(
     `stochastic`: whether the encoder draws random numbers; None detects dropout/drop-path layers.
     `backward(loss)` runs the head's backward (e.g. a stepper's, for loss scaling); dL/dZ inherits
     its scale, so the encoder's gradient is scaled the same way.
+    `bag` may stay on the host, and should: each pass moves one chunk at a time to `device` (default:
+    the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
+    it is not already) so the chunk copies are asynchronous.
     """
     if chunk_size < 1:
         raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
 
-    def head_loss(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        logits, attention = aggregator(Z)
-        return bag_loss(aggregator, logits, target, loss_fn), (logits.detach(), attention.detach())
+    def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
+        logits, attention = split_head_output(aggregator(Z))
+        loss = head_loss(aggregator, logits, target, loss_fn)
+        return loss, (logits.detach(), None if attention is None else attention.detach())
 
     with bn_policy(encoder, bn_mode):
         batch_stats = bn_mode == "batch" and any(layer.training for layer in batchnorm_layers(encoder))
         loss, (logits, attention) = replay_backward(
             encoder,
             bag,
-            head_loss,
+            loss_of,
             chunk_size=chunk_size,
             forward_chunk_size=forward_chunk_size,
             autocast=autocast,
             backward=backward,
             batch_stats=batch_stats,
             stochastic=stochastic,
+            device=device,
         )
     return BagStep(loss, logits, attention)
 
 
 def bag_backward(
     encoder: nn.Module,
-    aggregator: Aggregator,
+    aggregator: nn.Module,
     bag: torch.Tensor,
     target: torch.Tensor,
     loss_fn: LossFn | None = None,
@@ -259,12 +296,13 @@ class MILMethod(Method):
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
-        return encode_chunks(self.mil_model.encoder, bag, max(1, self.mil_params.inference_chunk_size))
+        chunk = max(1, self.mil_params.inference_chunk_size)
+        return encode_chunks(self.mil_model.encoder, bag, chunk, device=self.device)
 
     def predict(self, sample: Sample) -> Prediction:
-        bag = sample.x.to(self.device)
+        # The bag stays on the host: `features` moves one chunk at a time.
         with torch.no_grad():
-            logits, attention = self.mil_model.aggregator(self.features(sample, bag))
+            logits, attention = self.mil_model.aggregator(self.features(sample, sample.x))
             probs = F.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
 
@@ -300,18 +338,17 @@ class ABMILACC(MILMethod):
         p = self.params
         assert isinstance(p, ABMILACCParams)
         model = self.mil_model
-        bag = batch.x.to(self.device, non_blocking=True)
-        target = batch.y.to(self.device)
         step = accumulated_bag_backward(
             model.encoder,
             model.aggregator,
-            bag,
-            target,
+            batch.x,  # host memory (pinned on CUDA): moved chunk by chunk, never whole
+            batch.y.to(self.device),
             chunk_size=p.chunk_size,
             forward_chunk_size=p.forward_chunk_size or 4 * p.chunk_size,
             autocast=stepper.autocast,
             backward=stepper.backward,
             bn_mode=p.bn_mode,
+            device=self.device,
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())

@@ -158,13 +158,13 @@ class FrozenABMIL(MILMethod):
             or sample.coords is None
             or len(sample.coords) != bag.shape[0]
         ):
-            return encode_chunks(encoder, bag, chunk)
+            return encode_chunks(encoder, bag, chunk, device=self.device)
         keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
         rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
             index = torch.as_tensor(missing, device=bag.device)
-            fresh = encode_chunks(encoder, bag.index_select(0, index), chunk).cpu()
+            fresh = encode_chunks(encoder, bag.index_select(0, index), chunk, device=self.device).cpu()
             for i, row in zip(missing, fresh):
                 rows[i] = row.clone()
                 self.cache.put(keys[i], rows[i])  # type: ignore[arg-type]
@@ -174,7 +174,7 @@ class FrozenABMIL(MILMethod):
         aggregator = self.mil_model.aggregator
         target = batch.y.to(self.device)
         sample = batch.samples[0] if batch.samples else None
-        z = self.features(sample, batch.x.to(self.device, non_blocking=True))
+        z = self.features(sample, batch.x)  # the bag stays on the host; `features` moves chunks
         with stepper.autocast():
             logits, _ = aggregator(z)
             loss = bag_loss(aggregator, logits, target)

@@ -9,11 +9,15 @@ The result equals one big graph's gradient when the encoder treats every input i
 in eval mode, or no BatchNorm. Dropout and drop-path are exact: each chunk's RNG state is saved in pass 1
 and restored for its replay. Train-mode BatchNorm (`batch_stats=True`) normalises per chunk: pass 1 then
 uses the replay's chunks, so the two passes agree, and the replay does not count in the running statistics.
+
+The inputs may stay on the host (pinned on CUDA): each chunk is moved to the encoder's device on its own,
+in both passes, so device memory does not grow with the number of inputs beyond the (N, D) outputs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,16 +72,50 @@ def _restore_rng(state: _RngState, device: torch.device) -> None:
         torch.cuda.set_rng_state(state.cuda, device)
 
 
+def compute_device(module: nn.Module, fallback: torch.device) -> torch.device:
+    """Where `module` computes: the device of its first parameter or buffer, else `fallback`."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    return fallback
+
+
+def move_chunk(chunk: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One chunk of inputs onto the compute device (asynchronous from pinned host memory)."""
+    return chunk.to(device, non_blocking=True)
+
+
+def pinned(inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`inputs` in page-locked memory when they are on the host and the compute device is CUDA.
+
+    The engine's batches are pinned already; a scripted caller's bag is pinned once here, since every
+    chunk crosses twice (no-grad pass and replay).
+    """
+    if device.type == "cuda" and inputs.device.type == "cpu" and not inputs.is_pinned():
+        return inputs.pin_memory()
+    return inputs
+
+
 def encode_chunks(
-    encoder: nn.Module, inputs: torch.Tensor, chunk_size: int, autocast: AutocastFactory | None = None
+    encoder: nn.Module,
+    inputs: torch.Tensor,
+    chunk_size: int,
+    autocast: AutocastFactory | None = None,
+    *,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
-    """Encoder outputs of every input, chunk by chunk, without grad: (N, D) in float32 or float64."""
+    """Encoder outputs of every input, chunk by chunk, without grad: (N, D) in float32 or float64.
+
+    `inputs` may stay on the host: only one chunk at a time is moved to `device` (default: the
+    encoder's), where the outputs are.
+    """
     autocast = autocast or contextlib.nullcontext
+    device = device or compute_device(encoder, inputs.device)
     chunks = []
     with torch.inference_mode():
         for start in range(0, inputs.shape[0], chunk_size):
+            chunk = move_chunk(inputs[start : start + chunk_size], device)
             with autocast():
-                z = encoder(inputs[start : start + chunk_size])
+                z = encoder(chunk)
             chunks.append(z if z.dtype in (torch.float32, torch.float64) else z.float())
     # Concatenated outside inference mode: an ordinary tensor that autograd may use.
     return torch.cat(chunks)
@@ -94,6 +132,7 @@ def replay_backward(
     backward: BackwardFn | None = None,
     batch_stats: bool = False,
     stochastic: bool | None = None,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, Extra]:
     """Gradients of `head_loss(encoder(inputs))` into `.grad` (accumulating, like `.backward()`).
 
@@ -103,12 +142,16 @@ def replay_backward(
     ignored when the encoder is stochastic or `batch_stats`. `stochastic`: whether the encoder draws
     random numbers; None detects dropout/drop-path layers. `backward(loss)` runs the head's backward
     (e.g. a stepper's, for loss scaling); dL/dZ inherits its scale, so the encoder's gradient does too.
+    `inputs` may stay on the host (they are pinned when `device` is CUDA): each pass moves one chunk at
+    a time to `device` (default: the encoder's), where Z and the head live.
     Returns the detached loss and `head_loss`'s extra value.
     """
     if chunk_size < 1:
         raise ConfigError(f"chunk size must be >= 1, got {chunk_size}")
     autocast = autocast or contextlib.nullcontext
-    n, device = inputs.shape[0], inputs.device
+    n = inputs.shape[0]
+    device = device or compute_device(encoder, inputs.device)
+    inputs = pinned(inputs, device)
     if stochastic is None:
         stochastic = has_stochastic_layers(encoder)
     same_chunks = stochastic or batch_stats or not forward_chunk_size
@@ -120,10 +163,11 @@ def replay_backward(
         parts = []
         for start in range(0, n, chunk_size):
             rng_states.append(_capture_rng(device))
-            parts.append(encode_chunks(encoder, inputs[start : start + chunk_size], chunk_size, autocast))
+            chunk = inputs[start : start + chunk_size]
+            parts.append(encode_chunks(encoder, chunk, chunk_size, autocast, device=device))
         Z = torch.cat(parts)
     else:
-        Z = encode_chunks(encoder, inputs, first_chunk, autocast)
+        Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device)
 
     # Pass 2: the head once, on all outputs.
     Z.requires_grad_(True)
@@ -141,8 +185,9 @@ def replay_backward(
             for index, start in enumerate(range(0, n, chunk_size)):
                 if stochastic:
                     _restore_rng(rng_states[index], device)
+                chunk = move_chunk(inputs[start : start + chunk_size], device)
                 with autocast():
-                    z = encoder(inputs[start : start + chunk_size])
+                    z = encoder(chunk)
                 z.backward(grad_z[start : start + chunk_size].to(z.dtype))
         # The replay must not count the chunks twice in the running statistics.
         for buffer, saved in zip(buffers, saved_stats):

@@ -4,6 +4,8 @@ Training forward makes two passes over partitions: the first merges per-partitio
 with Chan's parallel form of Welford's update, the second normalises. Running statistics are updated
 once per call exactly like `nn.BatchNorm2d` (unbiased variance, momentum or cumulative average). The
 backward pass needs two global reductions (Σ∇y and Σ∇y·(x−μ)), also gathered over partitions first.
+Both passes centre each partition on the global mean before multiplying, as native BatchNorm does, so
+float32 keeps native's accuracy when |μ| ≫ σ.
 """
 
 from __future__ import annotations
@@ -68,22 +70,45 @@ def _moments(xp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def batch_moments(
     x: torch.Tensor, device: torch.device, parts: list[Partition]
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Per-channel mean and biased variance over (N, H, W), merged across partitions (Chan et al.)."""
+    """Per-channel mean and biased variance over (N, H, W), merged across partitions (Chan et al.).
+
+    Rounded like native BatchNorm's when |μ| ≫ σ (the centred backward inherits the mean's error): a
+    partition mean far from zero rounds at the scale of |μ|, too coarse for the merge. Such channels
+    are measured about a shift s, the first partition's mean (x − s is an exact float subtraction near
+    s), at the cost of a temporary and one more pass per partition, and only then. The merge runs in
+    float64 and rounds once.
+    """
     acc = _acc_dtype(x.dtype)
     count = 0
-    mean = torch.zeros(x.shape[1], dtype=acc, device=device)
+    mean = torch.zeros(x.shape[1], dtype=torch.float64, device=device)
     m2 = torch.zeros_like(mean)
-    for part in parts:
+    shift = torch.zeros_like(mean, dtype=acc)
+    shifting = False  # decided on the first partition
+
+    def shifted_moments(xp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shifted = xp - _channel(shift)
+        record_on_device([xp, shifted, mean, m2])
+        return _moments(shifted)
+
+    for index, part in enumerate(parts):
         xp = to_compute(x, device, acc, part)
-        mean_p, var_p = _moments(xp)
-        record_on_device([xp, mean, m2])
+        if shifting:
+            mean_p, var_p = shifted_moments(xp)
+        else:
+            mean_p, var_p = _moments(xp)
+            record_on_device([xp, mean, m2])
+            if index == 0:
+                shift = torch.where(mean_p.abs() > 4 * var_p.sqrt(), mean_p, 0.0)
+                shifting = bool(shift.any())
+                if shifting:
+                    mean_p, var_p = shifted_moments(xp)
         n_p = xp.numel() // xp.shape[1]
         total = count + n_p
         delta = mean_p - mean
         mean = mean + delta * (n_p / total)
         m2 = m2 + var_p * n_p + delta.square() * (count * n_p / total)
         count = total
-    return mean, m2 / count, count
+    return (mean + shift).to(acc), (m2 / count).to(acc), count
 
 
 class _BigBatchNormFunction(torch.autograd.Function):
@@ -149,40 +174,52 @@ class _BigBatchNormFunction(torch.autograd.Function):
         device, acc = mean.device, mean.dtype
         parts = plan_norm(x.shape, x.dtype, setup)
         gain = invstd * weight.to(acc) if weight is not None else invstd
-        sum_gy = torch.zeros_like(mean)
-        sum_gy_xmu = torch.zeros_like(mean)
+        # Partition sums add up in float64: with many partitions, float32 running totals would drift.
+        sum_gy = torch.zeros_like(mean, dtype=torch.float64)
+        sum_gy_xmu = torch.zeros_like(sum_gy)
         # Batch statistics make every ∇x depend on the two global sums: gather them first.
         gather_first = setup.use_batch_stats and need_x
         if gather_first or need_w or need_b:
+            ones = torch.ones_like(mean)
             for part in parts:
                 xp = to_compute(x, device, acc, part)
                 gyp = grad_y[part.b0 : part.b1, :, part.o0 : part.o1].to(device=device, dtype=acc)
-                sum_gy += _flat(gyp).sum(dim=_DIMS)
-                sum_gy_xmu += (_flat(gyp) * _flat(xp)).sum(
-                    dim=_DIMS
-                )  # Σ∇y·x; the mean is taken out once below
-                record_on_device([xp, gyp, gyp, sum_gy, sum_gy_xmu])
-            sum_gy_xmu -= mean * sum_gy
+                # Centred with the global μ inside the sum, as native BatchNorm does: Σ∇y·x − μΣ∇y
+                # cancels catastrophically when |μ| ≫ σ (a float32 mean offset of 1000 cost ~3 more
+                # digits than native). Native's own reduction kernel gives Σ∇y·(x − μ)·s and Σ∇y for a
+                # given μ and s in one pass; with s = 1 it is the sum itself.
+                _, part_gy_xmu, part_gy = torch.ops.aten.native_batch_norm_backward(
+                    gyp, xp, ones, None, None, mean, ones, True, 0.0, [False, True, True]
+                )
+                sum_gy += part_gy
+                sum_gy_xmu += part_gy_xmu
+                record_on_device([xp, gyp, sum_gy, sum_gy_xmu])
         grad_x = None
         if need_x:
             count = x.numel() // x.shape[1]
-            mean_gy = sum_gy / count if setup.use_batch_stats else torch.zeros_like(sum_gy)
-            proj = sum_gy_xmu * invstd.square() / count if setup.use_batch_stats else torch.zeros_like(sum_gy)
-            slope = -proj * gain
-            offset = (mean * proj - mean_gy) * gain
+            mean_gy = sum_gy / count
+            proj = sum_gy_xmu * invstd.square() / count
+            slope = (-proj * gain).to(acc)
+            offset = (-mean_gy * gain).to(acc)
             single = len(parts) == 1 and device.type == "cpu"
             grad_x = None if single else host_empty(tuple(x.shape), x.dtype, device)
             in_place = device.type == "cpu" and acc == x.dtype
             for part in parts:
-                xp = to_compute(x, device, acc, part)
                 gyp = grad_y[part.b0 : part.b1, :, part.o0 : part.o1].to(device=device, dtype=acc)
-                # ∇x = (∇y − mean(∇y) − (x − μ)·proj)·gain, as two fused passes: x·k + c, then + ∇y·gain.
                 target = None
                 if grad_x is not None and in_place:
                     target = grad_x[part.b0 : part.b1, :, part.o0 : part.o1]
-                gxp = torch.addcmul(_channel(offset), xp, _channel(slope), out=target)
-                gxp.addcmul_(gyp, _channel(gain))
-                record_on_device([xp, gyp, gxp, mean_gy, proj, gain])
+                if setup.use_batch_stats:
+                    # ∇x = (∇y − mean(∇y) − (x − μ)·proj)·gain in three passes over one buffer: x − μ,
+                    # then ·k + c, then + ∇y·gain. Centring first keeps |μ| ≫ σ from cancelling digits.
+                    xp = to_compute(x, device, acc, part)
+                    gxp = torch.sub(xp, _channel(mean), out=target)
+                    torch.addcmul(_channel(offset), gxp, _channel(slope), out=gxp)
+                    gxp.addcmul_(gyp, _channel(gain))
+                    record_on_device([xp, gyp, gxp, mean_gy, proj, gain])
+                else:  # running statistics are constants: ∇x = ∇y·gain, x is not needed
+                    gxp = torch.mul(gyp, _channel(gain), out=target)
+                    record_on_device([gyp, gxp, gain])
                 if grad_x is None:
                     grad_x = gxp.to(x.dtype)
                 elif target is None:
