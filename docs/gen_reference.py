@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 
 from bigslide.cli.demo import demo_config
-from bigslide.cli.main import build_parser
+from bigslide.cli.main import bench_parser, build_parser
 from bigslide.engine.config import TrainConfig
 from bigslide.methods import available_methods, get_method
 
@@ -189,7 +189,7 @@ def render_cli(arg: str) -> str:
         if part not in commands:
             raise StaleDocsError(f"cli {arg}: no command {part!r}; known: {sorted(commands)}")
         summary = _subcommand_help(parser).get(part, "")
-        parser = commands[part]
+        parser = bench_parser(part) if path[:1] == ["bench"] and part != "bench" else commands[part]
     lines = [cell(summary), ""] if summary else []
     if len(option_rows(parser)) > 2:
         lines += option_rows(parser)

@@ -39,6 +39,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config.run.device = "cpu"
     config.run.deterministic = True
     config.run.checkpoint_every = 1
+    config.optim.accumulate = 2  # a stop can land between the two bags of one optimizer step
     return config.to_yaml(folder / "config.yaml")
 
 
@@ -88,7 +89,7 @@ def test_stopped_run_resumes_with_the_same_losses(
 ) -> None:
     out = tmp_path / "run"
     losses = out / "losses.csv"
-    stop_after = 2
+    stop_after = 3  # odd: mid-accumulation when the stop saves
     proc = start(config_path, out)
     wait_for_steps(proc, losses, stop_after)
     proc.send_signal(how)

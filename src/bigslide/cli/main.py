@@ -120,11 +120,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out), method=args.method, epochs=args.epochs, quiet=args.quiet)
 
 
+def bench_parser(name: str) -> argparse.ArgumentParser:
+    """The arguments of `bigslide bench NAME`, from the bench's own module."""
+    module = importlib.import_module(f"bigslide.bench.{name}")
+    parser = argparse.ArgumentParser(prog=f"bigslide bench {name}", description=module.__doc__)
+    module.add_arguments(parser)
+    return parser
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"bigslide.bench.{args.bench}")
-    parser = argparse.ArgumentParser(prog=f"bigslide bench {args.bench}", description=module.__doc__)
-    module.add_arguments(parser)
-    return int(module.run(parser.parse_args(args.rest)))
+    return int(module.run(bench_parser(args.bench).parse_args(args.rest)))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
