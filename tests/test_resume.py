@@ -131,7 +131,8 @@ SAVER = textwrap.dedent(
     from bigslide.engine.checkpoint import save_checkpoint
     path, marker = sys.argv[1], sys.argv[2]
     for i in range(1, 10_000):
-        save_checkpoint({"i": i, "w": torch.full((2_000_000,), float(i))}, path)  # 8 MB
+        state = {"config": {}, "classes": ["a"], "method": "m", "model": {}}
+        save_checkpoint({**state, "i": i, "w": torch.full((2_000_000,), float(i))}, path)  # 8 MB
         with open(marker, "w") as f:
             f.write(str(i))
     """
