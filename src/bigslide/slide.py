@@ -8,6 +8,7 @@ file) raises `SlideError` naming the file.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections import Counter
@@ -46,6 +47,8 @@ class Slide:
         )
         self.mpp = _parse_mpp(handle.properties)
         self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
+        self._pages = _tiled_pages(handle, self._arrays)
+        self._fd: int | None = None
         self.pixels_read: Counter[int] = Counter()
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
@@ -148,6 +151,41 @@ class Slide:
         """One lazy (h, w, 3) uint8 dask array per level, chunked by the file's own tiles."""
         return [_rgb_dask(a) for a in self._arrays]
 
+    def tile_shape(self, level: int) -> tuple[int, int]:
+        """(height, width) of the file's own tiles (chunks) at `level`: the unit a decoder reads."""
+        self._check_level(level)
+        chunks = self._arrays[level].chunks
+        return int(chunks[0]), int(chunks[1])
+
+    def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray:
+        """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped).
+
+        Tiled levels are decoded straight from the file (`os.pread` + tifffile's decoder), not through
+        zarr, whose single event-loop thread would serialise the loader's threads.
+        """
+        th, tw = self.tile_shape(level)
+        w, h = self.level_dimensions[level]
+        y0, x0 = row * th, col * tw
+        if not (0 <= y0 < h and 0 <= x0 < w):
+            raise SlideError(f"{self.path}: file tile (row {row}, col {col}) lies outside level {level}")
+        page = self._pages[level]
+        try:
+            index = row * -(-w // tw) + col
+            if page is not None and page.databytecounts[index]:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY)
+                data = os.pread(self._fd, page.databytecounts[index], page.dataoffsets[index])
+                block = page.decode(data, index, jpegtables=page.jpegtables)[0][0]
+                block = block[: min(th, h - y0), : min(tw, w - x0)]
+            else:
+                block = np.asarray(self._thread_arrays()[level][y0 : min(y0 + th, h), x0 : min(x0 + tw, w)])
+        except Exception as exc:  # decoder errors come from several libraries
+            raise SlideError(
+                f"{self.path}: cannot decode file tile (row {row}, col {col}) of level {level} ({exc})"
+            ) from exc
+        self.pixels_read[level] += block.shape[0] * block.shape[1]
+        return _to_rgb(block)
+
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:
             block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
@@ -172,6 +210,9 @@ class Slide:
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self._handle.close()
 
     def __enter__(self) -> Slide:
@@ -222,6 +263,27 @@ def _level_arrays(path: Path, handle: Any) -> list[Any]:
     if axes not in ("YXS", "YX"):
         raise SlideError(f"{path}: image axes {axes!r} are not supported (expected RGB)")
     return arrays
+
+
+def _tiled_pages(handle: Any, arrays: list[Any]) -> list[Any]:
+    """Per level, the tifffile page whose tiles are the zarr chunks (None where they are not)."""
+    pages: list[Any] = []
+    try:
+        series = handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]]
+        levels = list(series.levels)
+    except Exception:  # an unusual layout: read through zarr
+        return [None] * len(arrays)
+    for level, array in enumerate(arrays):
+        page = levels[level].keyframe if level < len(levels) else None
+        ok = (
+            page is not None
+            and len(levels[level].pages) == 1
+            and page.is_tiled
+            and (page.tilelength, page.tilewidth) == tuple(array.chunks[:2])
+            and (page.imagelength, page.imagewidth) == tuple(array.shape[:2])
+        )
+        pages.append(page if ok else None)
+    return pages
 
 
 def _check_complete(path: Path, handle: Any) -> None:
