@@ -181,3 +181,18 @@ def test_reads_from_several_threads_agree(svs_slide: WrittenSlide) -> None:
         regions = list(pool.map(lambda xy: slide.read_region(xy, 0, (100, 100)), starts))
     for (x, y), region in zip(starts, regions):
         np.testing.assert_array_equal(region, svs_slide.levels[0][y : y + 100, x : x + 100])
+
+
+@pytest.mark.parametrize("flavour", ["svs", "tiff", "ome"])
+def test_file_tiles_decoded_from_the_file_are_the_written_pixels(
+    flavour: str, svs_slide: WrittenSlide, tiff_slide: WrittenSlide, ome_slide: WrittenSlide
+) -> None:
+    written = {"svs": svs_slide, "tiff": tiff_slide, "ome": ome_slide}[flavour]
+    with open_slide(written.path) as slide:
+        for level, pixels in enumerate(written.levels):
+            th, tw = slide.tile_shape(level)
+            h, w = pixels.shape[:2]
+            for row in range(-(-h // th)):
+                for col in range(-(-w // tw)):
+                    expected = pixels[row * th : (row + 1) * th, col * tw : (col + 1) * tw]
+                    np.testing.assert_array_equal(slide.read_file_tile(level, row, col), expected)

@@ -48,7 +48,8 @@ class Slide:
         self.mpp = _parse_mpp(handle.properties)
         self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
         self._pages = _tiled_pages(handle, self._arrays)
-        self._fd: int | None = None
+        # one descriptor for all threads: os.pread does not move a shared file position
+        self._fd: int | None = os.open(path, os.O_RDONLY) if any(self._pages) else None
         self.pixels_read: Counter[int] = Counter()
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
@@ -171,9 +172,7 @@ class Slide:
         page = self._pages[level]
         try:
             index = row * -(-w // tw) + col
-            if page is not None and page.databytecounts[index]:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_RDONLY)
+            if page is not None and self._fd is not None and page.databytecounts[index]:
                 data = os.pread(self._fd, page.databytecounts[index], page.dataoffsets[index])
                 block = page.decode(data, index, jpegtables=page.jpegtables)[0][0]
                 block = block[: min(th, h - y0), : min(tw, w - x0)]

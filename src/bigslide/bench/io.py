@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bags", type=int, default=4, help="bags per timing (default 4)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     parser.add_argument("--workers", default="", help="loader worker counts, e.g. 1,2 (default 1, 2, all)")
-    parser.add_argument("--backbone", default="mobilenetv3_small_050", help="encoder of the step (timm)")
+    parser.add_argument("--backbone", default="test_resnet", help="encoder of the step (timm)")
+    parser.add_argument(
+        "--step-bag-size", type=int, default=64, help="tiles per bag of the step comparison (default 64)"
+    )
     parser.add_argument("--steps", type=int, default=4, help="training steps per step timing (default 4)")
     parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
     parser.add_argument("--no-targets", action="store_true", help="report only; never fail on a target")
@@ -116,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
             missed.append(name)
 
     if not args.no_step:
-        missed += step_comparison(args, bags, counts, rates)
+        step_bags = BagDataset(table, tile_size=args.tile_size, mpp=MPP, bag_size=args.step_bag_size, seed=2)
+        missed += step_comparison(args, step_bags, counts, rates)
+        step_bags.slides.close()
     bags.slides.close()
     if missed and not args.no_targets:
         print(f"targets missed: {', '.join(missed)}")
@@ -169,14 +174,14 @@ def step_comparison(
             )
     step = statistics.median(timings["in memory"])
     print(
-        f"\ntraining step: abmil_acc, {args.backbone}, bag {args.bag_size} x {args.tile_size} px, CPU, "
+        f"\ntraining step: abmil_acc, {args.backbone}, bag {args.step_bag_size} x {args.tile_size} px, CPU, "
         f"{torch.get_num_threads()} torch threads"
     )
     print("| bags from | step (s), min | step (s), median | vs in memory | loader alone, bag (s) |")
     print("|---|---|---|---|---|")
     missed = []
     for name, ts in timings.items():
-        alone = args.bag_size / statistics.median(rates[name]) if name in rates else float("nan")
+        alone = args.step_bag_size / statistics.median(rates[name]) if name in rates else float("nan")
         print(
             f"| {name} | {min(ts):.3f} | {statistics.median(ts):.3f} | {statistics.median(ts) / step:.2f}x "
             f"| {'' if name == 'in memory' else f'{alone:.3f}'} |"
