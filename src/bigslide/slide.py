@@ -14,7 +14,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 import numpy as np
@@ -22,6 +22,7 @@ from PIL import Image
 
 from bigslide.errors import SlideError
 
+Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
 """Value of pixels outside the slide: white, as glass without tissue looks."""
 WHOLE_READ_PIXELS = 1 << 26
@@ -198,6 +199,8 @@ class Slide:
     def _thread_arrays(self) -> list[Any]:
         # tiffslide keeps one zarr store per thread; reading through another thread's store is unsafe
         arrays = getattr(self._local, "arrays", None)
+        if arrays is None and hasattr(self._handle, "levels"):
+            return self._arrays  # OpenSlide levels are safe to share
         if arrays is None:
             group = self._handle.zarr_group
             arrays = self._local.arrays = [group[str(level)] for level in range(self.level_count)]
@@ -226,15 +229,33 @@ class Slide:
         return f"Slide({str(self.path)!r}, dimensions={self.dimensions}, levels={self.level_count})"
 
 
-def open_slide(path: str | Path) -> Slide:
-    """Open a pyramidal (or single-level) tiled TIFF slide; raise `SlideError` naming `path` on failure."""
+def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
+    """Open a slide; raise `SlideError` naming `path` on failure.
+
+    backend "auto": OpenSlide for MRXS / SCN / BIF / VMS / NDPI when it is installed
+    (`bigslide[openslide]`), else tiffslide (SVS, generic and OME pyramidal TIFF, NDPI).
+    """
     import tiffslide
+
+    from bigslide.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
 
     path = Path(path)
     if not path.exists():
         raise SlideError(f"{path}: no such slide file")
     if not path.is_file():
         raise SlideError(f"{path}: not a file")
+    if backend == "auto":
+        wanted = path.suffix.lower() in OPENSLIDE_SUFFIXES and openslide_available()
+        backend = "openslide" if wanted else "tiffslide"
+    if backend == "openslide":
+        try:
+            return Slide(path, OpenSlideHandle(path))
+        except ImportError:
+            raise SlideError(
+                f"{path}: OpenSlide is not installed (pip install 'bigslide[openslide]')"
+            ) from None
+        except Exception as exc:
+            raise SlideError(f"{path}: not a slide OpenSlide can read ({exc})") from exc
     try:
         handle = tiffslide.TiffSlide(path)
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
@@ -252,6 +273,8 @@ def open_slide(path: str | Path) -> Slide:
 
 def _level_arrays(path: Path, handle: Any) -> list[Any]:
     axes = handle.properties["tiffslide.series-axes"]
+    if hasattr(handle, "levels"):  # OpenSlide: array-like levels
+        return list(handle.levels)
     group = handle.zarr_group
     arrays = [group[str(level)] for level in range(handle.level_count)]
     for array in arrays:
@@ -340,6 +363,8 @@ def _to_rgb(block: np.ndarray) -> np.ndarray:
 
 
 def _rgb_dask(array: Any) -> da.Array:
+    if not hasattr(array, "store"):  # not zarr: an OpenSlide level
+        return da.from_array(array, chunks=array.chunks, asarray=False, fancy=False)
     lazy = da.from_zarr(array)
     if lazy.ndim == 2:
         return da.stack([lazy] * 3, axis=-1)
