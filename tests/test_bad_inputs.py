@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.errors import SlideError
 from bigslide.grid import TileGrid
 from bigslide.methods.base import StepResult
 from bigslide.slide import WHOLE_READ_PIXELS, open_slide
@@ -173,7 +173,7 @@ CASES = [
         lambda b, f: ["--set", "data.tile_size=1024"],
         r"slide_00\d\.svs: a tile of 1024 px does not fit the slide \(512 x 512 px at level 0\)",
     ),
-    Case("empty-tissue", blank_slide, r"blank\.svs: no tile of 32 px at level 0 has tissue >= 0\.6"),
+    Case("empty-tissue", blank_slide, r"blank\.svs: no tile of 32 px at 0\.5 µm/px has tissue >= 0\.6"),
     Case(
         "csv-missing-file", csv_missing_file, r"table\.csv, row 3: slide file not found: .*gone/missing\.svs"
     ),
@@ -190,7 +190,21 @@ CASES = [
         r"regions\.geojson: .*slide_000\.svs: region 0 with bounds x 5000\.\.5600, y 5000\.\.5600 "
         r"lies outside the slide \(512 x 512 px\)",
     ),
-    Case("mpp-not-positive", lambda b, f: ["--mpp", "-0.5"], r"data\.mpp must be a positive number .*-0\.5"),
+    Case(
+        "slide-mpp-not-positive",
+        lambda b, f: ["--slide-mpp", "-0.5"],
+        r"data\.slide_mpp must be a positive number .*-0\.5",
+    ),
+    Case(
+        "mpp-not-positive",
+        lambda b, f: ["--set", "data.mpp=0"],
+        r"data\.mpp must be a positive number .*got 0",
+    ),
+    Case(
+        "mpp-magnification-disagree",
+        lambda b, f: ["--set", "data.mpp=0.5", "--set", "data.magnification=40"],
+        r"data\.mpp=0\.5 and data\.magnification=40 disagree \(40x is 0\.25 µm/px\)",
+    ),
     Case(
         "nan-loss",
         lambda b, f: [],
@@ -260,30 +274,32 @@ def test_bad_input_is_one_line_naming_the_culprit_and_loses_nothing(
 
 
 # -- inputs that work, with a warning --------------------------------------------------------------------
-def test_slide_without_mpp_warns_with_the_assumption_unless_one_is_given(base: Base, tmp_path: Path) -> None:
+def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
+    base: Base, tmp_path: Path
+) -> None:
     image = np.full((256, 256, 3), 240, np.uint8)
     image[64:192, 64:192] = (150, 60, 140)
     path = write_pyramid(tmp_path / "nompp.tif", downsample_pyramid(image, 2), mpp=None, flavour="tiff")
     entry = SlideEntry(path, "tumor")
 
-    unknown, assumed = SlideCache(), SlideCache(mpp=0.25)
-    with pytest.warns(UserWarning, match=r"nompp\.tif: no pixel size \(mpp\) in the file; assuming 1 µm/px"):
-        grid = unknown.grid(entry, 32, 0, 0.6)
+    unknown, assumed = SlideCache(), SlideCache(slide_mpp=0.25)
+    with pytest.raises(
+        SlideError, match=r"nompp\.tif: the file states no pixel size \(mpp\).*data\.slide_mpp"
+    ):
+        unknown.grid(entry, 32, 0.25, 0.6)
     unknown.close()
-    assert grid.mpp is None
-    assert len(grid) == 16  # the 4 x 4 tiles of the planted square
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        given = assumed.grid(entry, 32, 0, 0.6)
+    given = assumed.grid(entry, 32, 0.25, 0.6)
     assumed.close()
     assert given.mpp == (0.25, 0.25)
-    np.testing.assert_array_equal(given.coords, grid.coords)
+    assert len(given) == 16  # the 4 x 4 tiles of the planted square, read as stored
 
     from bigslide.cli.main import build_parser, config_from_args
 
-    args = build_parser().parse_args(["train", str(base.config), "--mpp", "0.25"])
-    assert config_from_args(args).data.mpp == 0.25
+    for flag in ("--slide-mpp", "--mpp"):  # --mpp: the older spelling
+        args = build_parser().parse_args(["train", str(base.config), flag, "0.25"])
+        config = config_from_args(args)
+        assert (config.data.slide_mpp, config.data.mpp) == (0.25, 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ def table_of(path: Path, regions: Path | None = None) -> SlideTable:
 
 
 def test_bag_tiles_are_the_pixels_at_their_level0_coordinates(tissue_slide: Path) -> None:
-    ds = BagDataset(table_of(tissue_slide), tile_size=32, level=1, bag_size=5, seed=1)
+    ds = BagDataset(table_of(tissue_slide), tile_size=32, mpp=1.0, bag_size=5, seed=1)  # level 1 as is
     bag = ds[0]
     assert bag.x.shape == (5, 3, 32, 32)
     assert bag.tile_size_level0 == 64
@@ -82,7 +82,7 @@ def test_empty_tissue_is_a_clear_error(tmp_path: Path) -> None:
 
     blank = np.full((512, 512, 3), 245, np.uint8)
     path = write_pyramid(tmp_path / "blank.svs", downsample_pyramid(blank, 2))
-    with pytest.raises(DataError, match=r"blank\.svs: no tile of 32 px at level 0 has tissue >= 0\.6"):
+    with pytest.raises(DataError, match=r"blank\.svs: no tile of 32 px at 0\.5 µm/px has tissue >= 0\.6"):
         BagDataset(table_of(path), tile_size=32)
 
 
@@ -105,7 +105,8 @@ def test_slide_image_covers_the_regions_square_and_maps_back_to_level0(
             }
         )
     )
-    sample = SlideImageDataset(table_of(tissue_slide, regions), image_size=100)[0]
+    # 100 px at 2 µm/px = 400 level-0 px of this 0.5 µm/px slide
+    sample = SlideImageDataset(table_of(tissue_slide, regions), image_size=100, mpp=2.0)[0]
     assert sample.x.shape == (3, 100, 100)
     # square of side 400 centred on the box: x 200..600, y 50..450; 4 level-0 px per image px
     assert sample.origin == (200, 50)

@@ -181,3 +181,44 @@ def test_reads_from_several_threads_agree(svs_slide: WrittenSlide) -> None:
         regions = list(pool.map(lambda xy: slide.read_region(xy, 0, (100, 100)), starts))
     for (x, y), region in zip(starts, regions):
         np.testing.assert_array_equal(region, svs_slide.levels[0][y : y + 100, x : x + 100])
+
+
+@pytest.mark.parametrize("flavour", ["svs", "tiff", "ome"])
+def test_file_tiles_decoded_from_the_file_are_the_written_pixels(
+    flavour: str, svs_slide: WrittenSlide, tiff_slide: WrittenSlide, ome_slide: WrittenSlide
+) -> None:
+    written = {"svs": svs_slide, "tiff": tiff_slide, "ome": ome_slide}[flavour]
+    with open_slide(written.path) as slide:
+        for level, pixels in enumerate(written.levels):
+            th, tw = slide.tile_shape(level)
+            h, w = pixels.shape[:2]
+            for row in range(-(-h // th)):
+                for col in range(-(-w // tw)):
+                    expected = pixels[row * th : (row + 1) * th, col * tw : (col + 1) * tw]
+                    np.testing.assert_array_equal(slide.read_file_tile(level, row, col), expected)
+
+
+def test_openslide_and_tiffslide_give_the_same_pixels(svs_slide: WrittenSlide) -> None:
+    pytest.importorskip("openslide")
+    with (
+        open_slide(svs_slide.path, backend="tiffslide") as tiff,
+        open_slide(svs_slide.path, backend="openslide") as osr,
+    ):
+        assert osr.level_dimensions == tiff.level_dimensions
+        for level in range(tiff.level_count):
+            for location in [(0, 0), (-7, 5), (900, 700)]:
+                np.testing.assert_array_equal(
+                    osr.read_region(location, level, (300, 200)),
+                    tiff.read_region(location, level, (300, 200)),
+                )
+        np.testing.assert_array_equal(osr.pyramid()[1].compute(), tiff.pyramid()[1].compute())
+
+
+def test_openslide_formats_are_opened_with_openslide_when_it_is_installed(tmp_path: Path) -> None:
+    from bigslide.openslide_backend import openslide_available
+
+    fake = tmp_path / "case.mrxs"
+    fake.write_bytes(b"not a slide")
+    expected = "not a slide OpenSlide can read" if openslide_available() else "not a readable TIFF slide"
+    with pytest.raises(SlideError, match=rf"case\.mrxs: {expected}"):
+        open_slide(fake)

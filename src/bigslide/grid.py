@@ -17,6 +17,7 @@ import numpy as np
 
 from bigslide.errors import ConfigError, SlideError
 from bigslide.regions import Region, centres_inside, check_inside
+from bigslide.resolution import ReadPlan, plan_level, plan_read
 from bigslide.slide import WHOLE_READ_PIXELS, Slide
 from bigslide.tissue import DEFAULT_MIN_TISSUE, MASK_SIZE, rule_mask, tissue_mask
 
@@ -30,8 +31,9 @@ _STRIP_PIXELS = 1 << 24
 class TileGrid:
     """Tiles as level-0 top-left corners `coords` (N, 2) int64 (x, y), in row-major order (y, then x).
 
-    `tile_size` is the side read at `level`; `tile_size_level0` the side in level-0 pixels.
-    `mpp` is the slide's level-0 (x, y) microns per pixel, or None when the file does not say.
+    `tile_size` is the side the model sees (pixels at `target_mpp`, or at `level` when that is None);
+    `tile_size_level0` the side in level-0 pixels; `read_size` the side read at `level` (resized to
+    `tile_size` when they differ). `mpp` is the slide's level-0 (x, y) microns per pixel.
     """
 
     coords: np.ndarray
@@ -45,6 +47,23 @@ class TileGrid:
     slide_dimensions: tuple[int, int]
     min_tissue: float = DEFAULT_MIN_TISSUE
     filter: str = "rule"
+    target_mpp: float | None = None
+    read_size: int = 0
+
+    def __post_init__(self) -> None:
+        self.read_size = self.read_size or self.tile_size
+
+    @property
+    def plan(self) -> ReadPlan:
+        """How each tile is read: level, size read there, size the model sees."""
+        return ReadPlan(
+            self.tile_size,
+            self.level,
+            self.downsample,
+            self.tile_size_level0,
+            self.read_size,
+            self.target_mpp,
+        )
 
     def __len__(self) -> int:
         return len(self.coords)
@@ -59,8 +78,10 @@ class TileGrid:
         regions: Sequence[Region] | None = None,
         *,
         filter: TileFilter = "rule",
+        mpp: float | None = None,
     ) -> TileGrid:
-        """Tile `slide` at `level`; keep tiles with tissue >= `min_tissue` whose centre is in `regions`.
+        """Tile `slide` at `mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
+        >= `min_tissue` whose centre is in `regions`.
 
         filter "rule": Big-Layers rule (greyscale in [3, 230]); "otsu": the Otsu tissue mask;
         "none": keep every tile (tissue still reports the rule's fraction). `regions=None` tiles the
@@ -72,18 +93,16 @@ class TileGrid:
             raise ConfigError(f"min_tissue must lie in [0, 1], got {min_tissue}")
         if filter not in ("rule", "otsu", "none"):
             raise ConfigError(f"filter must be 'rule', 'otsu' or 'none', got {filter!r}")
-        if not 0 <= level < slide.level_count:
-            raise SlideError(f"{slide.path}: level {level} does not exist (slide has {slide.level_count})")
-
+        plan = plan_read(slide, tile_size, mpp) if mpp is not None else plan_level(slide, tile_size, level)
+        level, downsample, size0 = plan.level, plan.downsample, plan.size_level0
         level_w, level_h = slide.level_dimensions[level]
-        if tile_size > min(level_w, level_h):
+        if plan.read_size > min(level_w, level_h):
+            at = f" read at {mpp} µm/px as {plan.read_size} px" if mpp is not None else ""
             raise SlideError(
                 f"{slide.path}: a tile of {tile_size} px does not fit the slide ({level_w} x {level_h} px "
-                f"at level {level}); choose a smaller tile size or a more detailed level"
+                f"at level {level}){at}; choose a smaller tile size or a finer resolution"
             )
-        downsample = slide.level_downsamples[level]
-        size0 = round(tile_size * downsample)
-        coords = _full_grid(slide, level, tile_size, size0)
+        coords = _full_grid(slide, level, plan.read_size, size0)
         if regions is not None:
             check_inside(regions, slide.dimensions, slide.path)
             coords = coords[centres_inside(coords, size0, regions)]
@@ -109,6 +128,8 @@ class TileGrid:
             slide_dimensions=slide.dimensions,
             min_tissue=float(min_tissue),
             filter=filter,
+            target_mpp=plan.target_mpp,
+            read_size=plan.read_size,
         )
 
     # -- persistence ------------------------------------------------------------------------------
@@ -124,6 +145,8 @@ class TileGrid:
             "slide_path": self.slide_path,
             "min_tissue": self.min_tissue,
             "filter": self.filter,
+            "target_mpp": self.target_mpp,
+            "read_size": self.read_size,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -156,6 +179,8 @@ class TileGrid:
                 slide_dimensions=(int(attrs["level_dim"][0]), int(attrs["level_dim"][1])),
                 min_tissue=float(attrs.get("min_tissue", DEFAULT_MIN_TISSUE)),
                 filter=str(attrs.get("filter", "rule")),
+                target_mpp=attrs.get("target_mpp"),
+                read_size=int(attrs.get("read_size") or 0),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise SlideError(f"{path}: not a tile grid file ({exc})") from exc

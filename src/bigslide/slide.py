@@ -8,12 +8,13 @@ file) raises `SlideError` naming the file.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 import numpy as np
@@ -21,6 +22,7 @@ from PIL import Image
 
 from bigslide.errors import SlideError
 
+Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
 """Value of pixels outside the slide: white, as glass without tissue looks."""
 WHOLE_READ_PIXELS = 1 << 26
@@ -46,6 +48,9 @@ class Slide:
         )
         self.mpp = _parse_mpp(handle.properties)
         self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
+        self._pages = _tiled_pages(handle, self._arrays)
+        # one descriptor for all threads: os.pread does not move a shared file position
+        self._fd: int | None = os.open(path, os.O_RDONLY) if any(self._pages) else None
         self.pixels_read: Counter[int] = Counter()
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
@@ -148,6 +153,39 @@ class Slide:
         """One lazy (h, w, 3) uint8 dask array per level, chunked by the file's own tiles."""
         return [_rgb_dask(a) for a in self._arrays]
 
+    def tile_shape(self, level: int) -> tuple[int, int]:
+        """(height, width) of the file's own tiles (chunks) at `level`: the unit a decoder reads."""
+        self._check_level(level)
+        chunks = self._arrays[level].chunks
+        return int(chunks[0]), int(chunks[1])
+
+    def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray:
+        """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped).
+
+        Tiled levels are decoded straight from the file (`os.pread` + tifffile's decoder), not through
+        zarr, whose single event-loop thread would serialise the loader's threads.
+        """
+        th, tw = self.tile_shape(level)
+        w, h = self.level_dimensions[level]
+        y0, x0 = row * th, col * tw
+        if not (0 <= y0 < h and 0 <= x0 < w):
+            raise SlideError(f"{self.path}: file tile (row {row}, col {col}) lies outside level {level}")
+        page = self._pages[level]
+        try:
+            index = row * -(-w // tw) + col
+            if page is not None and self._fd is not None and page.databytecounts[index]:
+                data = os.pread(self._fd, page.databytecounts[index], page.dataoffsets[index])
+                block = page.decode(data, index, jpegtables=page.jpegtables)[0][0]
+                block = block[: min(th, h - y0), : min(tw, w - x0)]
+            else:
+                block = np.asarray(self._thread_arrays()[level][y0 : min(y0 + th, h), x0 : min(x0 + tw, w)])
+        except Exception as exc:  # decoder errors come from several libraries
+            raise SlideError(
+                f"{self.path}: cannot decode file tile (row {row}, col {col}) of level {level} ({exc})"
+            ) from exc
+        self.pixels_read[level] += block.shape[0] * block.shape[1]
+        return _to_rgb(block)
+
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:
             block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
@@ -161,6 +199,8 @@ class Slide:
     def _thread_arrays(self) -> list[Any]:
         # tiffslide keeps one zarr store per thread; reading through another thread's store is unsafe
         arrays = getattr(self._local, "arrays", None)
+        if arrays is None and hasattr(self._handle, "levels"):
+            return self._arrays  # OpenSlide levels are safe to share
         if arrays is None:
             group = self._handle.zarr_group
             arrays = self._local.arrays = [group[str(level)] for level in range(self.level_count)]
@@ -172,6 +212,9 @@ class Slide:
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self._handle.close()
 
     def __enter__(self) -> Slide:
@@ -186,15 +229,33 @@ class Slide:
         return f"Slide({str(self.path)!r}, dimensions={self.dimensions}, levels={self.level_count})"
 
 
-def open_slide(path: str | Path) -> Slide:
-    """Open a pyramidal (or single-level) tiled TIFF slide; raise `SlideError` naming `path` on failure."""
+def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
+    """Open a slide; raise `SlideError` naming `path` on failure.
+
+    backend "auto": OpenSlide for MRXS / SCN / BIF / VMS / NDPI when it is installed
+    (`bigslide[openslide]`), else tiffslide (SVS, generic and OME pyramidal TIFF, NDPI).
+    """
     import tiffslide
+
+    from bigslide.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
 
     path = Path(path)
     if not path.exists():
         raise SlideError(f"{path}: no such slide file")
     if not path.is_file():
         raise SlideError(f"{path}: not a file")
+    if backend == "auto":
+        wanted = path.suffix.lower() in OPENSLIDE_SUFFIXES and openslide_available()
+        backend = "openslide" if wanted else "tiffslide"
+    if backend == "openslide":
+        try:
+            return Slide(path, OpenSlideHandle(path))
+        except ImportError:
+            raise SlideError(
+                f"{path}: OpenSlide is not installed (pip install 'bigslide[openslide]')"
+            ) from None
+        except Exception as exc:
+            raise SlideError(f"{path}: not a slide OpenSlide can read ({exc})") from exc
     try:
         handle = tiffslide.TiffSlide(path)
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
@@ -212,6 +273,8 @@ def open_slide(path: str | Path) -> Slide:
 
 def _level_arrays(path: Path, handle: Any) -> list[Any]:
     axes = handle.properties["tiffslide.series-axes"]
+    if hasattr(handle, "levels"):  # OpenSlide: array-like levels
+        return list(handle.levels)
     group = handle.zarr_group
     arrays = [group[str(level)] for level in range(handle.level_count)]
     for array in arrays:
@@ -222,6 +285,27 @@ def _level_arrays(path: Path, handle: Any) -> list[Any]:
     if axes not in ("YXS", "YX"):
         raise SlideError(f"{path}: image axes {axes!r} are not supported (expected RGB)")
     return arrays
+
+
+def _tiled_pages(handle: Any, arrays: list[Any]) -> list[Any]:
+    """Per level, the tifffile page whose tiles are the zarr chunks (None where they are not)."""
+    pages: list[Any] = []
+    try:
+        series = handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]]
+        levels = list(series.levels)
+    except Exception:  # an unusual layout: read through zarr
+        return [None] * len(arrays)
+    for level, array in enumerate(arrays):
+        page = levels[level].keyframe if level < len(levels) else None
+        ok = (
+            page is not None
+            and len(levels[level].pages) == 1
+            and page.is_tiled
+            and (page.tilelength, page.tilewidth) == tuple(array.chunks[:2])
+            and (page.imagelength, page.imagewidth) == tuple(array.shape[:2])
+        )
+        pages.append(page if ok else None)
+    return pages
 
 
 def _check_complete(path: Path, handle: Any) -> None:
@@ -279,6 +363,8 @@ def _to_rgb(block: np.ndarray) -> np.ndarray:
 
 
 def _rgb_dask(array: Any) -> da.Array:
+    if not hasattr(array, "store"):  # not zarr: an OpenSlide level
+        return da.from_array(array, chunks=array.chunks, asarray=False, fancy=False)
     lazy = da.from_zarr(array)
     if lazy.ndim == 2:
         return da.stack([lazy] * 3, axis=-1)

@@ -22,6 +22,8 @@ def demo_config(out: Path, method: str, epochs: int) -> TrainConfig:
     config.data.tile_size = 64
     config.data.bag_size = 48
     config.data.image_size = 256
+    if get_method(method).kind == "image":
+        config.data.mpp = 4.0  # 256 px at 4 µm/px: the whole 2048 px (0.5 µm/px) demo slide
     config.method.name = method
     config.optim.epochs = epochs
     config.optim.lr = 3e-4

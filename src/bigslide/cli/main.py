@@ -27,7 +27,9 @@ BENCHES = (
     "plan_check",
     "mil_learning",
     "patchgd_learning",
+    "io",
 )
+SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -67,7 +69,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.device:
         values["run"]["device"] = args.device
     if args.mpp is not None:
-        values["data"]["mpp"] = args.mpp
+        values["data"]["slide_mpp"] = args.mpp
     return TrainConfig.from_dict(values, source="command line")
 
 
@@ -93,7 +95,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # labels are optional here, but one the model does not know is a typo
     table = SlideTable.from_csv(args.slides, classes=classes, labels_required=False)
     preds, _ = predict_slides(
-        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, mpp=args.mpp
+        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.mpp
     )
     path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps)
     print(f"predictions: {path}")
@@ -105,7 +107,7 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     from bigslide.engine import predict_slide
 
     pred = predict_slide(
-        args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto", mpp=args.mpp
+        args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto", slide_mpp=args.mpp
     )
     for path in write_heatmaps(pred, Path(args.out)):
         print(path)
@@ -154,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. optim.lr=1e-4 (repeatable)"
     )
-    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
+    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -166,14 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-heatmaps", action="store_true")
-    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
+    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--slide", required=True)
     p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
-    p.add_argument("--mpp", type=float, help="µm per pixel of slides whose files do not say (data.mpp)")
+    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
     p.add_argument("--out", default="heatmaps")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=cmd_heatmap)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bigslide.data.decode import read_squares
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.grid import TileGrid
+from bigslide.resolution import DEFAULT_MPP
 
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -41,7 +44,7 @@ class BagDataset(Dataset[Sample]):
         table: SlideTable,
         *,
         tile_size: int,
-        level: int = 0,
+        mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
         augment: bool = False,
@@ -50,18 +53,18 @@ class BagDataset(Dataset[Sample]):
     ) -> None:
         self.table = table
         self.tile_size = tile_size
-        self.level = level
+        self.mpp = mpp
         self.bag_size = bag_size
         self.augment = augment
         self.seed = seed
         self.epoch = 0
-        self.slides = slides or SlideCache(mpp=None)
+        self.slides = slides or SlideCache()
         self.grids: list[TileGrid] = []
         for entry in table.entries:
-            grid = self.slides.grid(entry, tile_size, level, min_tissue)
+            grid = self.slides.grid(entry, tile_size, mpp, min_tissue)
             if len(grid) == 0:
                 raise DataError(
-                    f"{entry.path}: no tile of {tile_size} px at level {level} has tissue >= {min_tissue}"
+                    f"{entry.path}: no tile of {tile_size} px at {mpp} µm/px has tissue >= {min_tissue}"
                     + (f" inside the regions of {entry.regions}" if entry.regions else "")
                 )
             self.grids.append(grid)
@@ -79,14 +82,11 @@ class BagDataset(Dataset[Sample]):
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
         return np.sort(rng.choice(n, self.bag_size, replace=False))
 
-    def read_bag(self, i: int, indices: np.ndarray) -> Sample:
+    def read_bag(self, i: int, indices: np.ndarray, pool: Executor | None = None) -> Sample:
+        """The bag of tiles `indices` of slide i; file tiles are decoded once, on `pool` when given."""
         entry, grid = self.table.entries[i], self.grids[i]
         slide = self.slides.open(entry.path)
-        t = grid.tile_size
-        tiles = np.stack(
-            [slide.read_region((int(x), int(y)), grid.level, (t, t)) for x, y in grid.coords[indices]]
-        )
-        x = torch.from_numpy(tiles).permute(0, 3, 1, 2).float().div_(255.0)
+        x = torch.from_numpy(read_squares(slide, grid.plan, grid.coords[indices], pool, as_float=True))
         if self.augment:
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
         return Sample(
@@ -99,6 +99,10 @@ class BagDataset(Dataset[Sample]):
 
     def __getitem__(self, i: int) -> Sample:
         return self.read_bag(i, self.tile_indices(i))
+
+    def load(self, i: int, pool: Executor | None) -> Sample:
+        """Item i, decoding on `pool` (the loader's threads)."""
+        return self.read_bag(i, self.tile_indices(i), pool)
 
 
 def slide_name(path: str | Path) -> str:

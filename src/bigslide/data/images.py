@@ -2,52 +2,58 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
+
 import numpy as np
 import torch
 from shapely import union_all
-from skimage.transform import resize
 from torch.utils.data import Dataset
 
+from bigslide.data.decode import read_squares
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.regions import load_regions
+from bigslide.resolution import DEFAULT_MPP, ReadPlan, plan_read
 from bigslide.slide import Slide
 from bigslide.tissue import tissue_mask
 
 
-def square_box(
+def content_bounds(
     slide: Slide, regions_bounds: tuple[float, float, float, float] | None
-) -> tuple[int, int, int]:
-    """A square level-0 box (x, y, side) around the regions, else around the tissue, within the slide."""
+) -> tuple[float, float, float, float]:
+    """The level-0 (x0, y0, x1, y1) to image: the regions' bounds, else the tissue's, else the slide."""
+    if regions_bounds is not None:
+        return regions_bounds
+    mask = tissue_mask(slide)
+    ys, xs = np.nonzero(mask.mask)
+    if len(xs):
+        d = mask.downsample
+        return (xs.min() * d, ys.min() * d, (xs.max() + 1) * d, (ys.max() + 1) * d)
     w, h = slide.dimensions
-    if regions_bounds is None:
-        mask = tissue_mask(slide)
-        ys, xs = np.nonzero(mask.mask)
-        if len(xs):
-            d = mask.downsample
-            regions_bounds = (xs.min() * d, ys.min() * d, (xs.max() + 1) * d, (ys.max() + 1) * d)
-        else:
-            regions_bounds = (0, 0, w, h)
-    x0, y0, x1, y1 = regions_bounds
-    side = int(np.ceil(max(x1 - x0, y1 - y0)))
+    return (0.0, 0.0, float(w), float(h))
+
+
+def square_box(slide: Slide, bounds: tuple[float, float, float, float], side: int) -> tuple[int, int, int]:
+    """A level-0 square (x, y, side) centred on `bounds`, moved inside the slide when it fits there.
+
+    The side is set by the resolution, not by the bounds: content larger than the square is cropped
+    around its centre, smaller content gets a margin (white beyond the slide's edge).
+    """
+    w, h = slide.dimensions
+    x0, y0, x1, y1 = bounds
     cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-    x = int(np.clip(round(cx - side / 2), 0, max(w - side, 0)))
-    y = int(np.clip(round(cy - side / 2), 0, max(h - side, 0)))
+    x, y = round(cx - side / 2), round(cy - side / 2)
+    x = int(np.clip(x, 0, w - side)) if side <= w else x
+    y = int(np.clip(y, 0, h - side)) if side <= h else y
     return x, y, side
 
 
-def render_region(slide: Slide, box: tuple[int, int, int], size: int) -> np.ndarray:
-    """Read the square level-0 box at the coarsest level still finer than `size` and resize to size²."""
-    x, y, side = box
-    level = slide.best_level_for_downsample(side / size)
-    ds = slide.level_downsamples[level]
-    n = max(1, round(side / ds))
-    region = slide.read_region((x, y), level, (n, n))
-    if n == size:
-        return region
-    out = resize(region, (size, size), order=1, anti_aliasing=n > size, preserve_range=True)
-    return np.round(out).astype(np.uint8)
+def render_region(
+    slide: Slide, plan: ReadPlan, origin: tuple[int, int], pool: Executor | None = None
+) -> np.ndarray:
+    """The (size, size, 3) image of `plan` whose level-0 top-left corner is `origin`."""
+    return read_squares(slide, plan, np.array([origin]), pool)[0]
 
 
 class SlideImageDataset(Dataset[Sample]):
@@ -58,12 +64,14 @@ class SlideImageDataset(Dataset[Sample]):
         table: SlideTable,
         *,
         image_size: int,
+        mpp: float = DEFAULT_MPP,
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
     ) -> None:
         self.table = table
         self.image_size = image_size
+        self.mpp = mpp
         self.augment = augment
         self.seed = seed
         self.epoch = 0
@@ -76,7 +84,7 @@ class SlideImageDataset(Dataset[Sample]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _render(self, i: int) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def _render(self, i: int, pool: Executor | None = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
         if i not in self._cache:
             entry = self.table.entries[i]
             slide = self.slides.open(entry.path)
@@ -84,13 +92,18 @@ class SlideImageDataset(Dataset[Sample]):
             if entry.regions:
                 geometry = union_all([r.geometry for r in load_regions(entry.regions)])
                 bounds = tuple(float(v) for v in geometry.bounds)
-            box = square_box(slide, bounds)  # type: ignore[arg-type]
-            image = render_region(slide, box, self.image_size)
+            plan = plan_read(slide, self.image_size, self.mpp)
+            box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
+            image = render_region(slide, plan, box[:2], pool)
             self._cache[i] = (torch.from_numpy(image).permute(2, 0, 1).contiguous(), box)
         return self._cache[i]
 
     def __getitem__(self, i: int) -> Sample:
-        image, (x, y, side) = self._render(i)
+        return self.load(i, None)
+
+    def load(self, i: int, pool: Executor | None) -> Sample:
+        """Item i, decoding on `pool` (the loader's threads)."""
+        image, (x, y, side) = self._render(i, pool)
         t = image.float().div(255.0)
         if self.augment:
             rng = np.random.default_rng([self.seed, self.epoch, i])

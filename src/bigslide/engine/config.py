@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +12,7 @@ import yaml
 
 from bigslide.coerce import build_dataclass
 from bigslide.errors import ConfigError
+from bigslide.resolution import DEFAULT_MPP, magnification_to_mpp
 
 
 @dataclass
@@ -21,12 +23,30 @@ class DataConfig:
         metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
     )
     ultramnist_count: int = field(default=200, metadata={"help": "training canvases (validation: a quarter)"})
-    tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at the read level"})
-    level: int = field(default=0, metadata={"help": "pyramid level tiles are read from"})
+    tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at data.mpp"})
+    mpp: float | None = field(
+        default=None,
+        metadata={
+            "help": "µm per pixel tiles and images are read at, whatever the scanner "
+            "(null = from data.magnification, else 0.5)"
+        },
+    )
+    magnification: float | None = field(
+        default=None, metadata={"help": "the same as a magnification: 20 = 0.5 µm/px, 40 = 0.25"}
+    )
+    slide_mpp: float | None = field(
+        default=None,
+        metadata={"help": "level-0 µm per pixel of slides whose files state none (else they are an error)"},
+    )
+    workers: int | None = field(
+        default=None,
+        metadata={"help": "threads decoding tiles ahead of the step (null = min(cores, 8); 0 = none)"},
+    )
+    prefetch: int = field(default=2, metadata={"help": "bags or image batches decoded ahead of the step"})
     bag_size: int = field(default=32, metadata={"help": "tiles sampled per slide for training (0 = all)"})
     min_tissue: float = field(default=0.6, metadata={"help": "minimum tissue fraction of a tile"})
     image_size: int = field(
-        default=256, metadata={"help": "side of the image rendered per slide (image methods)"}
+        default=256, metadata={"help": "side of the image read per slide at data.mpp (image methods)"}
     )
     batch_size: int = field(
         default=1, metadata={"help": "images per batch (image methods; bags come one at a time)"}
@@ -35,7 +55,31 @@ class DataConfig:
     inference_repeats: int = field(
         default=1, metadata={"help": "sampled bags averaged at inference (0 = all tiles)"}
     )
-    mpp: float | None = field(default=None, metadata={"help": "µm per pixel to assume when a slide has none"})
+
+    def __post_init__(self) -> None:
+        # resolved here so the stored config (and so every checkpoint) names the resolution it used
+        if self.magnification is not None:
+            from_magnification = magnification_to_mpp(self.magnification)
+            if self.mpp is not None and abs(self.mpp / from_magnification - 1) > 1e-6:
+                raise ConfigError(
+                    f"data.mpp={self.mpp:g} and data.magnification={self.magnification:g} disagree "
+                    f"({self.magnification:g}x is {from_magnification:g} µm/px); give one of them"
+                )
+            self.mpp = from_magnification
+        if self.mpp is None:
+            self.mpp = DEFAULT_MPP
+        for name in ("mpp", "slide_mpp"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"data.{name} must be a positive number of µm per pixel, got {value}")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"data.workers must be >= 0 (or null for automatic), got {self.workers}")
+        if self.prefetch < 1:
+            raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
+
+    @property
+    def target_mpp(self) -> float:
+        return float(self.mpp if self.mpp is not None else DEFAULT_MPP)
 
 
 @dataclass

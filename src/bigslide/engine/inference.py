@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,11 +12,13 @@ import numpy as np
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
+from bigslide.data.loader import default_workers, load_item
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.errors import ConfigError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 from bigslide.synthetic.ultramnist import UltraMNIST
@@ -51,18 +55,36 @@ def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | No
 
 
 def predict_dataset(
-    method: Method, dataset: SlideDataset, *, repeats: int = 1, with_grids: bool = False
+    method: Method,
+    dataset: SlideDataset,
+    *,
+    repeats: int = 1,
+    with_grids: bool = False,
+    workers: int | None = None,
 ) -> DatasetPredictions:
-    """Predict every item; bags average `repeats` sampled bags (Big-Layers §4.2.4), 0 = all tiles at once."""
+    """Predict every item; bags average `repeats` sampled bags (Big-Layers §4.2.4), 0 = all tiles at once.
+
+    Tiles are decoded on `workers` threads (None: `default_workers()`).
+    """
+    n_workers = default_workers() if workers is None else workers
+    with ThreadPoolExecutor(n_workers) if n_workers else nullcontext() as pool:
+        return _predict_dataset(method, dataset, repeats, with_grids, pool)
+
+
+def _predict_dataset(
+    method: Method, dataset: SlideDataset, repeats: int, with_grids: bool, pool: Executor | None
+) -> DatasetPredictions:
     labels, probs, grids = [], [], []
     n = len(dataset)
     for i in range(n):
         if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
-            samples = [dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k)) for k in range(repeats)]
+            samples = [
+                dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)
+            ]
         elif isinstance(dataset, BagDataset):
-            samples = [dataset.read_bag(i, np.arange(len(dataset.grids[i])))]
+            samples = [dataset.read_bag(i, np.arange(len(dataset.grids[i])), pool)]
         else:
-            samples = [dataset[i]]
+            samples = [load_item(dataset, i, pool)]
         preds = [predict_sample(method, s) for s in samples]
         labels.append(samples[0].y)
         probs.append(np.mean([p.probs for p in preds], axis=0))
@@ -96,6 +118,11 @@ class SlidePrediction:
 
 def load_trained(checkpoint: str | Path, *, device: str = "auto") -> tuple[Method, TrainConfig, list[str]]:
     state = load_checkpoint(checkpoint)
+    if "level" in state["config"].get("data", {}):
+        raise ConfigError(
+            f"{checkpoint}: saved by a bigslide that read tiles from a pyramid level (data.level), not at a "
+            "physical resolution; retrain it to predict at a known µm per pixel"
+        )
     config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
     classes = list(state["classes"])
     method = setup.build_method(config, classes, setup.resolve_device(device))
@@ -110,9 +137,13 @@ def predict_slides(
     *,
     device: str = "auto",
     repeats: int = 0,
-    mpp: float | None = None,
+    slide_mpp: float | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
-    """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0."""
+    """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
+
+    Every slide is read at the checkpoint's resolution (its data.mpp and tile or image size), whatever
+    its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none.
+    """
     method, config, classes = load_trained(checkpoint, device=device)
     table = SlideTable(
         [
@@ -121,10 +152,12 @@ def predict_slides(
         ],
         classes,
     )
-    slides = SlideCache(mpp=mpp if mpp is not None else config.data.mpp)
-    dataset = setup.build_dataset(config, method.kind, table, train=False, slides=slides)
+    slides = SlideCache(slide_mpp=slide_mpp if slide_mpp is not None else config.data.slide_mpp)
     try:
-        preds = predict_dataset(method, dataset, repeats=repeats, with_grids=True)
+        dataset = setup.build_dataset(config, method.kind, table, train=False, slides=slides)
+        preds = predict_dataset(
+            method, dataset, repeats=repeats, with_grids=True, workers=config.data.workers
+        )
     finally:
         slides.close()
     out = [
@@ -141,10 +174,10 @@ def predict_slide(
     regions: str | Path | None = None,
     device: str = "auto",
     repeats: int = 0,
-    mpp: float | None = None,
+    slide_mpp: float | None = None,
 ) -> SlidePrediction:
     """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence")."""
     entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
     table = SlideTable([entry], ["?"])
-    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats, mpp=mpp)
+    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats, slide_mpp=slide_mpp)
     return preds[0]

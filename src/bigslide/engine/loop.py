@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample
 from bigslide.data.slides import SlideCache
 from bigslide.engine import setup
@@ -78,9 +79,10 @@ def train(
     device = ranks.device or setup.resolve_device(config.run.device)
 
     method_kind = get_method(config.method.name).kind
-    slides = SlideCache(mpp=config.data.mpp)
+    slides = SlideCache(slide_mpp=config.data.slide_mpp)
     data = data or setup.build_data(config, method_kind, slides)
     train_ds, val_ds = data.train, data.val
+    loader = BatchLoader(train_ds, workers=config.data.workers, prefetch=config.data.prefetch)
     method = setup.build_method(config, data.classes, device)
     ranks.broadcast_module(method.model)
     if not ranks.is_main:
@@ -150,10 +152,11 @@ def train(
             train_ds.set_epoch(epoch)
             order = ranks.shard(np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds)))
             batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+            loader.plan(batches[state["batch"] : state["batch"] + total - state["step"]])
             seen_y: list[int] = []
             seen_p: list[np.ndarray] = []
             while state["batch"] < len(batches) and state["step"] < total:
-                batch = collate([train_ds[int(i)] for i in batches[state["batch"]]], device)
+                batch = collate(loader.take(batches[state["batch"]]), device)
                 method.model.train()
                 try:
                     result = method.train_step(batch, stepper)
@@ -201,6 +204,7 @@ def train(
             save()
         raise
     finally:
+        loader.close()
         loss_log.close()
         slides.close()
         ranks.close()

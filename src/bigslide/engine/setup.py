@@ -96,7 +96,7 @@ def build_dataset(
         return BagDataset(
             table,
             tile_size=d.tile_size,
-            level=d.level,
+            mpp=d.target_mpp,
             bag_size=d.bag_size if train else (0 if d.inference_repeats == 0 else d.bag_size),
             min_tissue=d.min_tissue,
             augment=d.augment and train,
@@ -104,7 +104,12 @@ def build_dataset(
             slides=slides,
         )
     return SlideImageDataset(
-        table, image_size=d.image_size, augment=d.augment and train, seed=config.run.seed, slides=slides
+        table,
+        image_size=d.image_size,
+        mpp=d.target_mpp,
+        augment=d.augment and train,
+        seed=config.run.seed,
+        slides=slides,
     )
 
 

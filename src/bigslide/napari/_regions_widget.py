@@ -198,9 +198,7 @@ class RegionsWidget(QWidget):
         except BigslideError as err:
             show_error(str(err))
             return None
-        worker = _tile_grid(
-            path, self.session.tile_size, self.session.level, self.session.min_tissue, regions
-        )
+        worker = _tile_grid(path, self.session.tile_size, self.session.mpp, self.session.min_tissue, regions)
         worker.returned.connect(self._show_tiles(slide))
         worker.errored.connect(lambda err: show_error(f"Tile preview failed: {err}"))
         self.preview_worker = worker
@@ -217,7 +215,7 @@ class RegionsWidget(QWidget):
             if previous in self.viewer.layers:  # keep drawing where the user was drawing
                 self.viewer.layers.selection.active = previous
             self.status.setText(
-                f"{len(grid)} tiles of {grid.tile_size_level0} px will be sampled from {slide.name}."
+                f"{len(grid)} tiles of {grid.tile_size_level0} level-0 px will be sampled from {slide.name}."
             )
             self.session.update(slide.metadata["path"], tiles=len(grid))
 
@@ -225,9 +223,9 @@ class RegionsWidget(QWidget):
 
 
 @thread_worker(ignore_errors=True)
-def _tile_grid(path: str, tile_size: int, level: int, min_tissue: float, regions: Any) -> Any:
+def _tile_grid(path: str, tile_size: int, mpp: float, min_tissue: float, regions: Any) -> Any:
     from bigslide.grid import TileGrid
     from bigslide.slide import open_slide
 
     with open_slide(path) as slide:
-        return TileGrid.from_slide(slide, tile_size, level=level, min_tissue=min_tissue, regions=regions)
+        return TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)

@@ -45,7 +45,7 @@ def write_run_folder(
     data = DataConfig(
         csv="slides.csv",
         tile_size=session.tile_size,
-        level=session.level,
+        mpp=session.mpp,
         min_tissue=session.min_tissue,
         **data_values,
     )

@@ -41,7 +41,7 @@ class Session:
         defaults = DataConfig()
         self.rows: list[SlideRow] = []
         self.tile_size = defaults.tile_size
-        self.level = defaults.level
+        self.mpp = defaults.target_mpp  # µm/px tiles are read at
         self.min_tissue = defaults.min_tissue
 
     def row(self, path: str | Path) -> SlideRow | None:

@@ -66,7 +66,16 @@ class SlidesWidget(QWidget):
             0.05,
             tip="Tiles with less tissue than this fraction are skipped",
         )
+        self.mpp = float_box(
+            0.05,
+            64.0,
+            self.session.mpp,
+            0.25,
+            3,
+            tip="µm per pixel tiles are read at (20x = 0.5, 40x = 0.25)",
+        )
         self.tile_size.valueChanged.connect(self._on_tiling_changed)
+        self.mpp.valueChanged.connect(self._on_tiling_changed)
         self.min_tissue.valueChanged.connect(self._on_tiling_changed)
 
         self.load_button = QPushButton("Load table…")
@@ -84,6 +93,7 @@ class SlidesWidget(QWidget):
 
         settings = QFormLayout()
         settings.addRow("tile size (px)", self.tile_size)
+        settings.addRow("resolution (µm/px)", self.mpp)
         settings.addRow("min tissue", self.min_tissue)
         buttons = QHBoxLayout()
         for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
@@ -202,6 +212,7 @@ class SlidesWidget(QWidget):
     # -- tiles ---------------------------------------------------------------------------------------
     def _on_tiling_changed(self) -> None:
         self.session.tile_size = self.tile_size.value()
+        self.session.mpp = self.mpp.value()
         self.session.min_tissue = self.min_tissue.value()
         for row in self.session.rows:
             row.tiles = None
@@ -218,7 +229,7 @@ class SlidesWidget(QWidget):
             return None
         self.count_button.setEnabled(False)
         self.status.setText("Counting tiles…")
-        worker = _count_tiles(jobs, self.session.tile_size, self.session.level, self.session.min_tissue)
+        worker = _count_tiles(jobs, self.session.tile_size, self.session.mpp, self.session.min_tissue)
         worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
         worker.errored.connect(lambda err: show_error(f"Counting tiles failed: {err}"))
         worker.finished.connect(self._count_finished)
@@ -235,12 +246,12 @@ class SlidesWidget(QWidget):
 
 @thread_worker(ignore_errors=True)
 def _count_tiles(
-    jobs: list[tuple[Path, Any]], tile_size: int, level: int, min_tissue: float
+    jobs: list[tuple[Path, Any]], tile_size: int, mpp: float, min_tissue: float
 ) -> Generator[tuple[Path, int], None, None]:
     from bigslide.grid import TileGrid
     from bigslide.slide import open_slide
 
     for path, regions in jobs:
         with open_slide(path) as slide:
-            grid = TileGrid.from_slide(slide, tile_size, level=level, min_tissue=min_tissue, regions=regions)
+            grid = TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)
         yield path, len(grid)

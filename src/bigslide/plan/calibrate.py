@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bigslide.methods.base import Batch, Method, ModelSpec, Sample, get_method, make_params
+from bigslide.data.sample import Batch, Sample
+from bigslide.methods.base import Method, ModelSpec, get_method, make_params
 from bigslide.nn.big.convert import split_stages
 from bigslide.plan.memory import MeasuringStepper, PeakMeter, PhasePeaks, state_bytes
 from bigslide.plan.model import AccModel, BigLayerModel, LinearFit, PatchGDModel, StepModel

@@ -1,0 +1,307 @@
+"""Tile reading throughput on a JPEG SVS, and a training step fed by the loader vs from memory.
+
+Writes (and caches) a JPEG SVS of at least 20,480 x 16,384 px, 256 px file tiles at quality 80, then
+times on the same bags, side by side in one run: sequential `read_region` per tile; the loader at 1,
+2 (and all) workers; and the decode floor: each JPEG file tile the bags touch decoded once by
+imagecodecs straight from the file's bytes, on one thread, with no copy. Then a training step
+(ABMIL-ACC on a small encoder) on bags held in memory, against the same steps taking their bags from
+the loader. Every timing is repeated; min and median are reported.
+
+Targets (exit status 1 when one is missed; `--no-targets` only reports): loader at w workers >= 0.8 x
+w x the decode floor; the loader-fed step <= 1.1 x the in-memory step whenever the loader alone
+delivers a bag faster than the in-memory step takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TILE = 256
+QUALITY = 80
+MPP = 0.5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--width", type=int, default=20_480, help="level-0 width (default 20480)")
+    parser.add_argument("--height", type=int, default=16_384, help="level-0 height (default 16384)")
+    parser.add_argument("--tile-size", type=int, default=224, help="bag tile side at 0.5 µm/px")
+    parser.add_argument("--bag-size", type=int, default=512, help="tiles per bag (default 512)")
+    parser.add_argument("--bags", type=int, default=4, help="bags per timing (default 4)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
+    parser.add_argument("--workers", default="", help="loader worker counts, e.g. 1,2 (default 1, 2, all)")
+    parser.add_argument("--backbone", default="test_resnet", help="encoder of the step (timm)")
+    parser.add_argument(
+        "--step-bag-size", type=int, default=64, help="tiles per bag of the step comparison (default 64)"
+    )
+    parser.add_argument("--steps", type=int, default=4, help="training steps per step timing (default 4)")
+    parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
+    parser.add_argument("--no-targets", action="store_true", help="report only; never fail on a target")
+    parser.add_argument(
+        "--cache", default=str(Path(tempfile.gettempdir()) / "bigslide-bench"), help="folder for the slide"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.loader import default_workers
+    from bigslide.data.table import SlideEntry, SlideTable
+
+    path = ensure_slide(Path(args.cache), args.width, args.height)
+    cores = default_workers()
+    counts = [int(w) for w in args.workers.split(",")] if args.workers else sorted({1, 2, cores})
+    print(
+        f"io: {path.name} ({path.stat().st_size / 1e6:.0f} MB, {args.width} x {args.height}, JPEG Q{QUALITY} "
+        f"{TILE} px tiles); bags of {args.bag_size} x {args.tile_size} px at {MPP} µm/px; {args.bags} bags "
+        f"per timing, {args.repeats} repeats; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+        f"torch {torch.__version__}",
+        flush=True,
+    )
+    # the same slide listed once per bag: bag i samples with (seed, epoch, i), so the bags differ
+    table = SlideTable([SlideEntry(path, "a", "train") for _ in range(args.bags)], ["a", "b"])
+    bags = BagDataset(table, tile_size=args.tile_size, mpp=MPP, bag_size=args.bag_size, seed=1)
+    coords = [bags.grids[i].coords[bags.tile_indices(i)] for i in range(args.bags)]
+    n_tiles = sum(len(c) for c in coords)
+    slide = bags.slides.open(path)
+    plan = bags.grids[0].plan
+    file_tiles = [touched_file_tiles(c, plan.read_size, TILE) for c in coords]
+    print(
+        f"file tiles decoded per bag: {statistics.mean(len(f) for f in file_tiles):.0f} "
+        f"(grid {len(bags.grids[0])} tiles)",
+        flush=True,
+    )
+
+    def sequential() -> None:
+        s = plan.read_size
+        for c in coords:
+            for x, y in c:
+                slide.read_region((int(x), int(y)), plan.level, (s, s))
+
+    floor = DecodeFloor(path)
+    timings: dict[str, list[float]] = {"sequential read_region": [], "decode floor (1 thread)": []}
+    for w in counts:
+        timings[f"loader, {w} worker{'s' if w > 1 else ''}"] = []
+    for _ in range(args.repeats):  # interleaved, so machine load hits every reader alike
+        timings["sequential read_region"].append(_timed(sequential))
+        timings["decode floor (1 thread)"].append(_timed(lambda: floor.decode_bags(file_tiles)))
+        for w in counts:
+            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(
+                _timed(lambda w=w: load_all(bags, w))  # type: ignore[misc]
+            )
+    floor.close()
+
+    rates = {name: [n_tiles / t for t in ts] for name, ts in timings.items()}
+    floor_rate = statistics.median(rates["decode floor (1 thread)"])
+    print("\n| reader | tiles/s, min | tiles/s, median | bag (s), median | vs decode floor |")
+    print("|---|---|---|---|---|")
+    for name, r in rates.items():
+        print(
+            f"| {name} | {min(r):.0f} | {statistics.median(r):.0f} "
+            f"| {args.bag_size / statistics.median(r):.3f} | {statistics.median(r) / floor_rate:.2f}x |"
+        )
+    missed = []
+    for w in counts:
+        name = f"loader, {w} worker{'s' if w > 1 else ''}"
+        ratio = statistics.median(rates[name]) / (floor_rate * w)
+        ok = ratio >= 0.8
+        print(f"target {name} >= 0.8 x {w} x decode floor: {ratio:.2f} -> {'met' if ok else 'MISSED'}")
+        if not ok:
+            missed.append(name)
+
+    if not args.no_step:
+        step_bags = BagDataset(table, tile_size=args.tile_size, mpp=MPP, bag_size=args.step_bag_size, seed=2)
+        missed += step_comparison(args, step_bags, counts, rates)
+        step_bags.slides.close()
+    bags.slides.close()
+    if missed and not args.no_targets:
+        print(f"targets missed: {', '.join(missed)}")
+        return 1
+    return 0
+
+
+def step_comparison(
+    args: argparse.Namespace, bags: Any, counts: list[int], rates: dict[str, list[float]]
+) -> list[str]:
+    """ABMIL-ACC steps on bags in memory vs the same steps taking their bags from the loader."""
+    import torch
+
+    from bigslide.data.loader import BatchLoader
+    from bigslide.engine import setup
+    from bigslide.engine.config import TrainConfig
+    from bigslide.engine.loop import collate
+    from bigslide.engine.stepper import OptimStepper
+
+    config = TrainConfig()
+    config.method.name = "abmil_acc"
+    config.model.backbone = args.backbone
+    device = torch.device("cpu")
+    method = setup.build_method(config, ["a", "b"], device)
+    optimizer = setup.build_optimizer(config, method)
+    stepper = OptimStepper(optimizer, device=device)
+    order = [[i % len(bags)] for i in range(args.steps)]
+    in_memory = [collate([bags[i] for i in b], device) for b in order]
+    method.model.train()
+    method.train_step(in_memory[0], stepper)  # warm-up
+
+    def memory_steps() -> None:
+        for batch in in_memory:
+            method.train_step(batch, stepper)
+
+    def fed_steps(workers: int) -> None:
+        with BatchLoader(bags, workers=workers, prefetch=2) as loader:
+            loader.plan(order)
+            for b in order:
+                method.train_step(collate(loader.take(b), device), stepper)
+
+    timings: dict[str, list[float]] = {"in memory": []}
+    for w in counts:
+        timings[f"loader, {w} worker{'s' if w > 1 else ''}"] = []
+    for _ in range(args.repeats):
+        timings["in memory"].append(_timed(memory_steps) / args.steps)
+        for w in counts:
+            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(
+                _timed(lambda w=w: fed_steps(w)) / args.steps  # type: ignore[misc]
+            )
+    step = statistics.median(timings["in memory"])
+    print(
+        f"\ntraining step: abmil_acc, {args.backbone}, bag {args.step_bag_size} x {args.tile_size} px, CPU, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    print("| bags from | step (s), min | step (s), median | vs in memory | loader alone, bag (s) |")
+    print("|---|---|---|---|---|")
+    verdicts, missed = [], []
+    for name, ts in timings.items():
+        alone = args.step_bag_size / statistics.median(rates[name]) if name in rates else float("nan")
+        print(
+            f"| {name} | {min(ts):.3f} | {statistics.median(ts):.3f} | {statistics.median(ts) / step:.2f}x "
+            f"| {'' if name == 'in memory' else f'{alone:.3f}'} |"
+        )
+        if name == "in memory":
+            continue
+        ratio = statistics.median(ts) / step
+        if alone <= step:
+            ok = ratio <= 1.1
+            verdicts.append(
+                f"target {name}: step <= 1.1 x in memory: {ratio:.2f} -> {'met' if ok else 'MISSED'}"
+            )
+            if not ok:
+                missed.append(f"step fed by {name}")
+        else:
+            verdicts.append(
+                f"target {name}: not applicable (the loader alone needs {alone:.3f} s > step {step:.3f} s)"
+            )
+    print("\n".join(verdicts))
+    return missed
+
+
+def load_all(bags: Any, workers: int) -> None:
+    from bigslide.data.loader import BatchLoader
+
+    order = [[i] for i in range(len(bags))]
+    with BatchLoader(bags, workers=workers, prefetch=2) as loader:
+        loader.plan(order)
+        for b in order:
+            loader.take(b)
+
+
+def touched_file_tiles(coords: np.ndarray, size: int, tile: int) -> list[tuple[int, int]]:
+    """The (row, col) of every file tile the squares touch, each once."""
+    seen: set[tuple[int, int]] = set()
+    for x, y in coords:
+        for r in range(int(y) // tile, (int(y) + size - 1) // tile + 1):
+            for c in range(int(x) // tile, (int(x) + size - 1) // tile + 1):
+                seen.add((r, c))
+    return sorted(seen)
+
+
+class DecodeFloor:
+    """Decode level-0 JPEG file tiles straight from the file's bytes: the least work any reader does."""
+
+    def __init__(self, path: Path) -> None:
+        import tifffile
+
+        self.tif = tifffile.TiffFile(path)
+        page = self.tif.pages.first
+        self.offsets, self.counts = page.dataoffsets, page.databytecounts
+        self.tables = page.jpegtables
+        self.columns = -(-page.imagewidth // page.tilewidth)
+        self.handle = self.tif.filehandle
+
+    def decode_bags(self, bags: list[list[tuple[int, int]]]) -> None:
+        import imagecodecs
+
+        for r, c in (t for bag in bags for t in bag):
+            k = r * self.columns + c
+            self.handle.seek(self.offsets[k])
+            imagecodecs.jpeg8_decode(self.handle.read(self.counts[k]), tables=self.tables)
+
+    def close(self) -> None:
+        self.tif.close()
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def ensure_slide(folder: Path, width: int, height: int) -> Path:
+    """A tissue-textured JPEG SVS (Q80, 256 px tiles, 3 levels), written once and cached."""
+    import tifffile
+    from skimage import data as skdata
+    from skimage.transform import rescale
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"io_{width}x{height}_q{QUALITY}.svs"
+    if path.is_file():
+        return path
+    texture = np.ascontiguousarray(skdata.immunohistochemistry())  # 512 x 512 stained tissue
+    rng = np.random.default_rng(0)
+
+    def tiles(w: int, h: int, scale: float) -> Any:
+        source = texture
+        if scale < 1:
+            source = (rescale(texture, scale, channel_axis=-1, anti_aliasing=True) * 255).astype(np.uint8)
+            source = np.tile(source, (int(1 / scale), int(1 / scale), 1))
+        for _ in range(-(-h // TILE) * -(-w // TILE)):  # row-major, as tifffile writes them
+            y, x = rng.integers(0, source.shape[0] - TILE), rng.integers(0, source.shape[1] - TILE)
+            tile = source[y : y + TILE, x : x + TILE]
+            yield np.rot90(tile, int(rng.integers(4))).copy()
+
+    kw: dict[str, Any] = {
+        "tile": (TILE, TILE),
+        "photometric": "rgb",
+        "compression": "jpeg",
+        "compressionargs": {"level": QUALITY},
+        "dtype": np.uint8,
+    }
+    tmp = path.with_suffix(".tmp")
+    with tifffile.TiffWriter(tmp, bigtiff=True) as tif:
+        desc = (
+            f"Aperio Image Library v12.0.0\r\n{width}x{height} [0,0 {width}x{height}] ({TILE}x{TILE}) "
+            f"JPEG/RGB Q={QUALITY}|AppMag = 20|MPP = {MPP}"
+        )
+        tif.write(tiles(width, height, 1.0), shape=(height, width, 3), description=desc, **kw)
+        thumb = np.full((height // 64, width // 64, 3), 200, np.uint8)
+        tif.write(thumb, photometric="rgb", description=f"{width}x{height} -> thumbnail")
+        for factor in (4, 16):
+            w, h = width // factor, height // factor
+            tif.write(
+                tiles(w, h, 1 / factor),
+                shape=(h, w, 3),
+                subfiletype=1,
+                description=f"{width}x{height} -> {w}x{h}",
+                **kw,
+            )
+    tmp.replace(path)
+    return path

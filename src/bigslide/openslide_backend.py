@@ -1,0 +1,78 @@
+"""OpenSlide as a second slide backend, for the formats tiffslide does not read (MRXS, SCN, BIF, VMS, NDPI).
+
+Optional: `pip install bigslide[openslide]` brings the `openslide-python` and `openslide-bin` wheels.
+Each pyramid level is wrapped as a read-only array (`shape`, `dtype`, `chunks`, slicing), the same
+surface as tiffslide's zarr arrays, so `Slide` reads, tiles and streams it unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OPENSLIDE_SUFFIXES = (".mrxs", ".scn", ".bif", ".vms", ".vmu", ".ndpi")
+"""Files opened with OpenSlide when it is installed (tiffslide stays the default for the rest)."""
+_CHUNK = 512
+
+
+def openslide_available() -> bool:
+    try:
+        import openslide  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class OpenSlideLevel:
+    """One level of an OpenSlide slide as a (h, w, 3) uint8 array that reads on slicing."""
+
+    def __init__(self, handle: Any, level: int, lock: threading.Lock) -> None:
+        self._handle, self._level, self._lock = handle, level, lock
+        w, h = handle.level_dimensions[level]
+        self.shape = (int(h), int(w), 3)
+        self.ndim = 3
+        self.dtype = np.dtype(np.uint8)
+        self.chunks = (_CHUNK, _CHUNK, 3)
+        self._downsample = float(handle.level_downsamples[level])
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rows, cols = key[0], key[1]
+        y0, y1, _ = rows.indices(self.shape[0])
+        x0, x1, _ = cols.indices(self.shape[1])
+        if y1 <= y0 or x1 <= x0:
+            return np.zeros((max(y1 - y0, 0), max(x1 - x0, 0), 3), np.uint8)
+        location = (round(x0 * self._downsample), round(y0 * self._downsample))
+        with self._lock:  # one C handle: OpenSlide is thread-safe, but keep reads ordered per slide
+            rgba = self._handle.read_region(location, self._level, (x1 - x0, y1 - y0))
+        return _rgba_to_rgb(np.asarray(rgba))
+
+
+class OpenSlideHandle:
+    """The part of tiffslide's `TiffSlide` that `Slide` uses, backed by OpenSlide."""
+
+    def __init__(self, path: Path) -> None:
+        import openslide
+
+        self._slide = openslide.OpenSlide(str(path))
+        lock = threading.Lock()
+        self.level_count = int(self._slide.level_count)
+        self.levels = [OpenSlideLevel(self._slide, lv, lock) for lv in range(self.level_count)]
+        props = self._slide.properties
+        self.properties = {
+            "tiffslide.mpp-x": props.get("openslide.mpp-x"),
+            "tiffslide.mpp-y": props.get("openslide.mpp-y"),
+            "tiffslide.series-axes": "YXS",
+        }
+
+    def close(self) -> None:
+        self._slide.close()
+
+
+def _rgba_to_rgb(rgba: np.ndarray) -> np.ndarray:
+    """OpenSlide's premultiplied RGBA to RGB on white: transparent pixels (no scan data) become glass."""
+    rgb = rgba[..., :3].astype(np.uint16)
+    alpha = rgba[..., 3:4].astype(np.uint16)
+    return (rgb + (255 - alpha)).clip(0, 255).astype(np.uint8)

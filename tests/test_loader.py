@@ -1,0 +1,124 @@
+"""The prefetching loader: the same batches with 0 or N workers, clean shutdown, errors naming the tile."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from bigslide.data.bags import BagDataset
+from bigslide.data.loader import BatchLoader
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.engine import Loss, TrainConfig, run_to_end, train
+from bigslide.errors import SlideError
+from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+from bigslide.synthetic.slides import make_slide_set
+
+
+@pytest.fixture(scope="module")
+def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_slide_set(tmp_path_factory.mktemp("loader-slides"), n_slides=4, size=(768, 768), seed=5)
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("bigslide-")]
+
+
+def small_config(csv: Path, out: Path, workers: int) -> TrainConfig:
+    config = TrainConfig()
+    config.data.csv = str(csv)
+    config.data.tile_size, config.data.bag_size, config.data.workers = 32, 6, workers
+    config.model.backbone = "resnet18"
+    config.method.name = "frozen_abmil"
+    config.optim.epochs, config.optim.lr = 1, 1e-3
+    config.run.out_dir, config.run.device, config.run.deterministic = str(out), "cpu", True
+    return config
+
+
+def test_the_same_bags_with_0_and_2_workers(slide_csv: Path) -> None:
+    table = SlideTable.from_csv(slide_csv)
+    batches = [[2], [0], [3], [1], [2]]
+    got = {}
+    for workers in (0, 2):
+        bags = BagDataset(table, tile_size=32, bag_size=7, augment=True, seed=3)
+        bags.set_epoch(1)
+        with BatchLoader(bags, workers=workers, prefetch=2) as loader:
+            loader.plan(batches)
+            got[workers] = [loader.take(b)[0] for b in batches]
+            got[workers].append(loader.take([0])[0])  # off plan: read directly, still the same
+        bags.slides.close()
+    for a, b in zip(got[0], got[2], strict=True):
+        assert a.slide == b.slide
+        np.testing.assert_array_equal(a.coords, b.coords)
+        assert torch.equal(a.x, b.x)
+    assert not loader_threads()
+
+
+def test_training_is_identical_with_0_and_2_workers(slide_csv: Path, tmp_path: Path) -> None:
+    results = [run_to_end(train(small_config(slide_csv, tmp_path / str(w), w))) for w in (0, 2)]
+    logs = [(r.out_dir / "losses.csv").read_text() for r in results]
+    assert logs[0] == logs[1]
+    assert len(logs[0].splitlines()) >= 3  # header + the steps
+    assert not loader_threads()
+
+
+def test_stop_and_ctrl_c_shut_the_loader_down(slide_csv: Path, tmp_path: Path) -> None:
+    for stop in ("close", "interrupt"):
+        run = train(small_config(slide_csv, tmp_path / stop, 2))
+        while not isinstance(next(run), Loss):
+            pass
+        assert loader_threads(), "the loader should be reading ahead"
+        if stop == "close":  # the GUI's Stop
+            run.close()
+        else:  # Ctrl-C reaches the training thread inside the generator
+            with pytest.raises(KeyboardInterrupt):
+                run.throw(KeyboardInterrupt)
+        assert not loader_threads(), stop
+    assert (tmp_path / "close" / "checkpoints" / "last.pt").is_file()  # Stop saved where it stopped
+
+
+def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path) -> None:
+    image = np.full((512, 768, 3), 240, np.uint8)
+    image[32:480, 32:736] = np.random.default_rng(1).integers(60, 200, (448, 704, 3))
+    path = write_pyramid(tmp_path / "broken.svs", downsample_pyramid(image, 3), compression="jpeg")
+    with tifffile.TiffFile(path) as tif:
+        offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(64))
+    bags = BagDataset(SlideTable([SlideEntry(path, "a")], ["a"]), tile_size=64, bag_size=0)
+    with BatchLoader(bags, workers=2) as loader:
+        loader.plan([[0], [0]])
+        with pytest.raises(
+            SlideError, match=r"broken\.svs: cannot decode file tile \(row 1, col 1\) of level 0"
+        ):
+            loader.take([0])
+    bags.slides.close()
+    assert not loader_threads()
+
+
+def test_reading_ahead_is_bounded_by_the_prefetch_depth() -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.loaded: list[int] = []
+
+        def __getitem__(self, i: int) -> int:
+            self.loaded.append(i)
+            return i
+
+    data = Counting()
+    with BatchLoader(data, workers=2, prefetch=3) as loader:  # type: ignore[arg-type]
+        loader.plan([[i] for i in range(50)])
+        for _ in range(100):
+            if len(data.loaded) >= 4:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.2)
+        assert len(data.loaded) == 4  # 3 queued + 1 waiting to be queued
+        assert loader.take([0]) == [0]
+        threading.Event().wait(0.2)
+        assert len(data.loaded) == 5

@@ -1,0 +1,160 @@
+"""Tiles at a physical resolution: the same tissue scanned at different µm/px gives the same tiles,
+the same prediction, and a checkpoint reads every slide at the resolution it was trained at."""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from skimage.transform import rescale
+
+from bigslide import open_slide
+from bigslide.data.bags import BagDataset
+from bigslide.data.decode import read_squares
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
+from bigslide.engine.config import DataConfig
+from bigslide.errors import ConfigError
+from bigslide.resolution import plan_read, resize_square
+from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+from bigslide.synthetic.slides import synthesize_slide
+
+BASE_MPP = 0.25
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory: pytest.TempPathFactory) -> dict[float, Path]:
+    """One tissue written at 0.25 µm/px (one level: 0.5 must be resampled), 0.4 and 0.5 µm/px."""
+    folder = tmp_path_factory.mktemp("scans")
+    fine = synthesize_slide((1024, 1024), lesions=1, seed=11).rgb
+    out = {
+        0.25: write_pyramid(folder / "scan_025.svs", [fine], mpp=0.25),
+        0.5: write_pyramid(folder / "scan_05.svs", downsample_pyramid(fine, 3)[1:], mpp=0.5),
+    }
+    coarse = rescale(fine, BASE_MPP / 0.4, channel_axis=-1, anti_aliasing=True, preserve_range=True)
+    out[0.4] = write_pyramid(
+        folder / "scan_04.tif",
+        downsample_pyramid(np.round(coarse).astype(np.uint8), 2),
+        mpp=0.4,
+        flavour="tiff",
+    )
+    return out
+
+
+def table_of(*paths: Path) -> SlideTable:
+    return SlideTable([SlideEntry(p, "tumor", "train") for p in paths], ["normal", "tumor"])
+
+
+def tiles_by_micron(path: Path, mpp: float, tile: int = 32) -> dict[tuple[int, int], np.ndarray]:
+    """Every tissue tile at `mpp`, keyed by its top-left corner in µm."""
+    bags = BagDataset(table_of(path), tile_size=tile, mpp=mpp, bag_size=0, min_tissue=0.3)
+    sample = bags[0]
+    slide_mpp = bags.slides.open(path).mpp
+    assert slide_mpp is not None
+    bags.slides.close()
+    keys = [(round(x * slide_mpp[0]), round(y * slide_mpp[0])) for x, y in sample.coords]
+    return {k: (t.permute(1, 2, 0).numpy() * 255) for k, t in zip(keys, sample.x)}
+
+
+def test_plan_reads_the_coarsest_level_at_least_as_fine_and_skips_resampling_within_10_percent(
+    scans: dict[float, Path],
+) -> None:
+    with open_slide(scans[0.5]) as slide:  # levels at 0.5, 1, 2 µm/px
+        assert (plan_read(slide, 64, 0.5).level, plan_read(slide, 64, 0.5).resamples) == (0, False)
+        as_stored = plan_read(slide, 64, 1.08)  # within 10 % of level 1: read as is
+        assert (as_stored.level, as_stored.read_size, as_stored.size_level0) == (1, 64, 128)
+        between = plan_read(slide, 64, 1.5)  # between levels 1 and 2: level 1, resized 96 -> 64
+        assert (between.level, between.read_size, between.size_level0) == (1, 96, 192)
+        finer = plan_read(slide, 64, 0.25)  # finer than level 0: level 0 upsampled 32 -> 64
+        assert (finer.level, finer.read_size, finer.size_level0) == (0, 32, 32)
+
+
+def test_two_scans_at_different_mpp_give_the_same_tiles(scans: dict[float, Path]) -> None:
+    reference = tiles_by_micron(scans[0.5], 0.5)  # stored at 0.5: no resampling
+    for mpp in (0.25, 0.4):
+        other = tiles_by_micron(scans[mpp], 0.5)
+        shared = sorted(set(reference) & set(other))
+        assert len(shared) >= 0.9 * len(reference), (mpp, len(shared), len(reference))
+        errors = [np.abs(reference[k] - other[k]).mean() for k in shared]
+        # resampling error only: a few grey levels per pixel, against ~60 between neighbouring tiles
+        assert np.mean(errors) < 4.0, (mpp, np.mean(errors))
+        neighbours = [np.abs(reference[a] - reference[b]).mean() for a, b in itertools.pairwise(shared)]
+        assert np.mean(neighbours) > 5 * np.mean(errors)
+
+
+def test_read_squares_matches_read_region_and_resize(scans: dict[float, Path]) -> None:
+    rng = np.random.default_rng(0)
+    with open_slide(scans[0.25]) as slide:
+        plan = plan_read(slide, 48, 0.55)  # level 0, 106 px resized to 48
+        coords = rng.integers(-80, 1040, (40, 2))
+        expected = np.stack(
+            [
+                resize_square(slide.read_region((int(x), int(y)), plan.level, (plan.read_size,) * 2), 48)
+                for x, y in coords
+            ]
+        )
+        np.testing.assert_array_equal(read_squares(slide, plan, coords), expected)
+        read_before = slide.pixels_read[0]
+        with ThreadPoolExecutor(2) as pool:
+            np.testing.assert_array_equal(read_squares(slide, plan, coords, pool), expected)
+        th, tw = slide.tile_shape(0)
+        files = {
+            (r, c)
+            for x, y in coords
+            for r in range(max(y, 0) // th, (min(y + plan.read_size, 1024) - 1) // th + 1)
+            for c in range(max(x, 0) // tw, (min(x + plan.read_size, 1024) - 1) // tw + 1)
+            if x < 1024 and y < 1024 and x + plan.read_size > 0 and y + plan.read_size > 0
+        }
+        # each touched file tile decoded exactly once (all tiles here are full 256 x 256)
+        assert slide.pixels_read[0] - read_before == len(files) * th * tw
+
+
+def test_magnification_is_an_alias_of_mpp() -> None:
+    assert DataConfig(magnification=40).mpp == 0.25
+    assert DataConfig(magnification=20, mpp=0.5).mpp == 0.5
+    assert DataConfig().mpp == 0.5
+    with pytest.raises(ConfigError, match="disagree"):
+        DataConfig(magnification=40, mpp=0.5)
+    round_trip = TrainConfig.from_dict(TrainConfig(data=DataConfig(magnification=10)).to_dict())
+    assert round_trip.data.mpp == 1.0
+
+
+def test_predict_reads_every_scan_at_the_checkpoints_mpp(scans: dict[float, Path], tmp_path: Path) -> None:
+    config = TrainConfig()
+    csv = table_of(scans[0.5]).to_csv(tmp_path / "slides.csv")
+    config.data.csv = str(csv)
+    config.data.tile_size, config.data.bag_size, config.data.min_tissue = 32, 8, 0.3
+    config.data.mpp, config.data.workers = 0.5, 0
+    config.method.name = "frozen_abmil"
+    config.model.backbone = "resnet18"
+    config.optim.epochs, config.optim.lr = 1, 1e-2
+    config.run.out_dir, config.run.device = str(tmp_path / "run"), "cpu"
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+
+    table = table_of(scans[0.5], scans[0.25], scans[0.4])
+    preds, _ = predict_slides(result.checkpoint, table, device="cpu", repeats=0)
+    sizes = [p.grids["attention"].cell_size_level0 for p in preds]
+    # 32 px at the checkpoint's 0.5 µm/px = 16 µm on each scanner (level 0 as stored would give 32 each)
+    assert sizes == [32, 64, 40]
+    p05, p025, p04 = (p.probs for p in preds)
+    np.testing.assert_allclose(p025, p05, atol=0.02)
+    np.testing.assert_allclose(p04, p05, atol=0.02)
+
+
+def test_a_slide_without_mpp_predicts_with_a_given_pixel_size(
+    scans: dict[float, Path], tmp_path: Path
+) -> None:
+    with open_slide(scans[0.5]) as slide:
+        level = slide.read_level(0)
+    path = write_pyramid(tmp_path / "nompp.tif", downsample_pyramid(level, 2), mpp=None, flavour="tiff")
+    cache = SlideCache(slide_mpp=0.5)
+    grid = cache.grid(SlideEntry(path, "tumor"), 32, 0.5, 0.3)
+    cache.close()
+    reference = BagDataset(table_of(scans[0.5]), tile_size=32, mpp=0.5, min_tissue=0.3)
+    np.testing.assert_array_equal(grid.coords, reference.grids[0].coords)
+    reference.slides.close()
