@@ -27,22 +27,6 @@ if TYPE_CHECKING:
     from bigslide.plan.calibrate import Settings
     from bigslide.plan.recommend import Candidate, Target
 
-__all__ = [
-    "Batch",
-    "Kind",
-    "Method",
-    "MethodParams",
-    "ModelSpec",
-    "Prediction",
-    "Sample",
-    "StepResult",
-    "Stepper",
-    "available_methods",
-    "get_method",
-    "make_params",
-    "register",
-]
-
 Kind = Literal["bag", "image"]
 
 
