@@ -1,37 +1,44 @@
 """`bigslide bench acc`: time and peak memory of one ABMIL-ACC training step against the full-bag step.
 
-Time: one worker process builds both methods from the same weights and alternates their steps
-(after a warm-up step each), so machine load hits both alike; min and median over the repeats.
-On a CPU shared with other jobs, `--threads 1` gives steadier ratios: with more threads than free
-cores, every operator's thread barrier waits for descheduled threads, which penalises the many
-smaller operator calls of a chunked step more than the full bag's few large ones.
+Both methods get the same bag (same seed) in host memory (pinned on CUDA): each step moves what it needs
+to the device, so the transfer is part of both.
 
-Memory: a fresh worker process per method. After a warm-up step on the same bag, the kernel's
-resident-set high-water mark is reset (`/proc/self/clear_refs`), and the step's memory is the new
-high-water mark minus the resident set just before the step (model, optimizer state and the bag are
-already there). glibc is told to serve large blocks with mmap (`MALLOC_MMAP_THRESHOLD_`) so freed
-tensors leave the resident set at once instead of lingering in the heap. Without /proc, the
-`ru_maxrss` increase is used (less exact: it cannot be reset after the warm-up). On CUDA,
-`torch.cuda.max_memory_allocated` above the pre-step allocation is reported as well.
+Time: one worker process builds both methods from the same weights and alternates their steps (after a
+warm-up step each), so machine load hits both alike; min and median over the repeats, and the median of
+the per-round ratios. On a CPU shared with other jobs, `--threads 1` gives steadier ratios.
+
+Memory: fresh worker processes, full bag and ACC alternating for `--rounds` rounds. Each worker runs a
+warm-up step, then for each bag size records the memory held before the bag exists (model and optimizer
+state), creates the bag on the host, runs the step, and reads the peaks:
+- host: resident-set high-water mark (reset through /proc/self/clear_refs) above the resident set before
+  the bag; glibc serves large blocks with mmap (`MALLOC_MMAP_THRESHOLD_`) so freed tensors leave it at
+  once. The host bag itself is counted.
+- CUDA: `torch.cuda.max_memory_allocated` above the allocation before the bag (whatever of the bag the
+  step moves to the device is counted), and the process's peak reserved by the caching allocator.
+Targets are checked on CUDA allocated memory when the device is CUDA. On the CPU the host is the device:
+the full/ACC ratio counts the bag; the bag-size target is on the memory above the bag's own bytes, since a
+bag ten times larger necessarily holds ten times the pixels in RAM.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-HWM_FILE = Path("/proc/self/status")
+from bigslide.bench.memory import peak_rss_bytes, reset_peak, rss_bytes, trim_heap
+from bigslide.bench.targets import Targets, add_target_argument, machine_line, min_median
+
+TIME_TARGET = 1.35  # ACC / full-bag step time, median
+MEMORY_TARGET = 2.5  # full-bag / ACC step memory at --bag
+FLAT_TARGET = 1.2  # ACC step memory at --big-bag / at --bag
+MB = 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,17 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--forward-chunk", type=int, default=0, help="ACC no-grad chunk; 0 = the method's default"
     )
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per method (default 10)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="alternating memory worker rounds per method (default 2)"
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto)")
     parser.add_argument("--amp", default="", help="bf16 or fp16 mixed precision on CUDA")
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads per worker; 0 = torch's default"
     )
+    add_target_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
     base = {
         "backbone": args.backbone,
         "aggregator": args.aggregator,
@@ -68,54 +80,114 @@ def run(args: argparse.Namespace) -> int:
         "amp": args.amp,
         "threads": args.threads,
     }
+    print(machine_line())
     print(
         f"ABMIL-ACC vs full bag: {args.backbone} + {args.aggregator}, tiles 3x{args.tile}x{args.tile}, "
         f"chunk {args.chunk}, no-grad chunk {args.forward_chunk or 4 * args.chunk}, {device}, "
-        f"{args.threads or torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}",
+        f"amp {args.amp or 'none'}, {args.threads or torch.get_num_threads()} threads",
         flush=True,
     )
     timing = _spawn({**base, "mode": "time", "bag": args.bag, "repeats": args.repeats})
-    memory_full = _spawn({**base, "mode": "memory", "method": "full_bag", "bags": [args.bag]})
-    acc_bags = [args.bag] + ([args.big_bag] if args.big_bag else [])
-    memory_acc = _spawn({**base, "mode": "memory", "method": "abmil_acc", "bags": acc_bags})
+    bags = {"full_bag": [args.bag], "abmil_acc": [args.bag] + ([args.big_bag] if args.big_bag else [])}
+    memory = alternate_memory(base, bags, args.rounds)
 
+    header = ["method", "bag", "bag MB", "time min s", "time median s", "host peak MB"]
+    if cuda:
+        header += ["CUDA allocated MB", "CUDA reserved MB"]
     rows = []
-    for method, mem in (("full_bag", memory_full), ("abmil_acc", memory_acc)):
-        times = timing[method]
-        for bag, measured in zip(mem["bags"], mem["memory"]):
+    for method, per_bag in memory.items():
+        for bag, measured in per_bag.items():
             timed = bag == args.bag
-            rows.append(
-                (
-                    method,
-                    bag,
-                    f"{min(times):.2f}" if timed else "-",
-                    f"{statistics.median(times):.2f}" if timed else "-",
-                    f"{measured['rss_mb']:.0f}",
-                    f"{measured['cuda_mb']:.0f}" if measured.get("cuda_mb") is not None else "-",
-                )
-            )
-    header = ("method", "bag", "time min s", "time median s", "step RSS MB", "CUDA MB")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+            row = [
+                method,
+                str(bag),
+                f"{measured['bag_bytes'] / MB:.1f}",
+                f"{min(timing[method]):.3f}" if timed else "-",
+                f"{statistics.median(timing[method]):.3f}" if timed else "-",
+                _span(measured["host"]),
+            ]
+            if cuda:
+                row += [_span(measured["cuda"]), _span(measured["reserved"])]
+            rows.append(row)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    print(
+        "memory: peak above the process's memory before the bag existed, min / median over "
+        f"{args.rounds} fresh workers; host = resident set (the host bag counted)"
+        + (
+            "; CUDA = peak allocated above the start (the device copy counted), reserved = process peak"
+            if cuda
+            else ""
+        )
+    )
 
+    return check_targets(timing, memory, args.bag, args.big_bag, cuda, Targets.from_args(args))
+
+
+def check_targets(
+    timing: dict[str, list[float]],
+    memory: dict[str, dict[int, dict[str, Any]]],
+    bag: int,
+    big_bag: int,
+    cuda: bool,
+    targets: Targets,
+) -> int:
+    """The time and memory targets from this run's measurements; the exit code."""
     t_acc, t_full = timing["abmil_acc"], timing["full_bag"]
-    full_mb = memory_full["memory"][0]["rss_mb"]
-    acc_mb = [m["rss_mb"] for m in memory_acc["memory"]]
     paired = statistics.median(a / f for a, f in zip(t_acc, t_full))
     print(
         f"time ACC/full: min {min(t_acc) / min(t_full):.3f}, median "
-        f"{statistics.median(t_acc) / statistics.median(t_full):.3f}, median of paired rounds "
-        f"{paired:.3f} (target <= 1.35)"
+        f"{statistics.median(t_acc) / statistics.median(t_full):.3f}, median of paired rounds {paired:.3f}"
     )
-    print(f"step memory full/ACC at bag {args.bag}: {full_mb / acc_mb[0]:.2f}x (target >= 2.5)")
-    if len(acc_mb) > 1:
-        ratio = acc_mb[1] / acc_mb[0]
-        print(f"ACC step memory bag {args.big_bag} / bag {args.bag}: {ratio:.3f} (target <= 1.2)")
-    if memory_full["memory"][0].get("cuda_mb") is not None:
-        cuda = [m["cuda_mb"] for m in memory_acc["memory"]]
-        print(f"CUDA step memory full/ACC: {memory_full['memory'][0]['cuda_mb'] / cuda[0]:.2f}x")
-    return 0
+    ratio = statistics.median(t_acc) / statistics.median(t_full)
+    targets.check("ACC / full-bag step time (median)", ratio, TIME_TARGET)
+    kind = "cuda" if cuda else "host"
+    full = min_median(memory["full_bag"][bag][kind])[1]
+    acc = min_median(memory["abmil_acc"][bag][kind])[1]
+    where = "CUDA allocated" if cuda else "host, bag counted"
+    targets.check(
+        f"full-bag / ACC step memory at bag {bag} ({where})", full / acc, MEMORY_TARGET, at_most=False
+    )
+    if big_bag:
+        big = min_median(memory["abmil_acc"][big_bag][kind])[1]
+        if cuda:
+            targets.check(
+                f"ACC step memory bag {big_bag} / bag {bag} (CUDA allocated)", big / acc, FLAT_TARGET
+            )
+        else:
+            small_bytes = memory["abmil_acc"][bag]["bag_bytes"]
+            big_bytes = memory["abmil_acc"][big_bag]["bag_bytes"]
+            print(f"ACC step memory bag {big_bag} / bag {bag}, bag counted: {big / acc:.3f}")
+            targets.check(
+                f"ACC step memory above the bag, bag {big_bag} / bag {bag} (host)",
+                (big - big_bytes) / (acc - small_bytes),
+                FLAT_TARGET,
+            )
+    return targets.exit_code()
+
+
+def _span(values: list[float]) -> str:
+    low, mid = min_median(values)
+    return f"{low / MB:.0f} / {mid / MB:.0f}"
+
+
+def alternate_memory(
+    base: dict[str, Any], bags: dict[str, list[int]], rounds: int
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Fresh memory workers, the methods alternating each round; per method and bag, pooled peaks."""
+    pooled: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in bags}
+    names = list(bags)
+    for r in range(max(1, rounds)):
+        order = names[r % 2 :] + names[: r % 2]
+        for method in order:
+            result = _spawn({**base, "mode": "memory", "method": method, "bags": bags[method]})
+            for bag, measured in zip(bags[method], result["memory"]):
+                into = pooled[method].setdefault(bag, {"bag_bytes": measured["bag_bytes"]})
+                for key in ("host", "cuda", "reserved"):
+                    if measured.get(key) is not None:
+                        into.setdefault(key, []).append(measured[key])
+    return pooled
 
 
 def _spawn(config: dict[str, Any]) -> dict[str, Any]:
@@ -143,10 +215,11 @@ def worker(config: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(config["threads"])
     if config["mode"] == "time":
         methods = {name: _build(name, config, device) for name in ("full_bag", "abmil_acc")}
-        batch = _batch(config["bag"], config["tile"], device)
+        batch = bag_batch(config["bag"], config["tile"], device)
         times: dict[str, list[float]] = {name: [] for name in methods}
         for repeat in range(config["repeats"] + 1):
             for name, (method, stepper) in methods.items():
+                _sync(device)
                 start = time.perf_counter()
                 method.train_step(batch, stepper)
                 _sync(device)
@@ -155,23 +228,31 @@ def worker(config: dict[str, Any]) -> dict[str, Any]:
         return times
 
     method, stepper = _build(config["method"], config, device)
-    batches = [_batch(n, config["tile"], device) for n in config["bags"]]
-    method.train_step(batches[0], stepper)  # warm-up: kernels, optimizer state, gradient buffers
+    method.train_step(bag_batch(config["bags"][0], config["tile"], device), stepper)  # warm-up
     results = []
-    for batch in batches:
+    for n in config["bags"]:
         gc.collect()
-        _trim_heap()
-        before = _rss_mb()
-        _reset_high_water_mark()
+        _sync(device)
+        trim_heap()
+        before = rss_bytes()
+        reset_peak()
         cuda_before = 0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             cuda_before = torch.cuda.memory_allocated(device)
+        batch = bag_batch(n, config["tile"], device)  # inside the measured span: the bag is counted
         method.train_step(batch, stepper)
         _sync(device)
-        measured: dict[str, float | None] = {"rss_mb": _peak_rss_mb() - before, "cuda_mb": None}
+        measured: dict[str, float | None] = {
+            "bag_bytes": batch.x.numel() * batch.x.element_size(),
+            "host": peak_rss_bytes() - before,
+            "cuda": None,
+            "reserved": None,
+        }
         if device.type == "cuda":
-            measured["cuda_mb"] = (torch.cuda.max_memory_allocated(device) - cuda_before) / 2**20
+            measured["cuda"] = torch.cuda.max_memory_allocated(device) - cuda_before
+            measured["reserved"] = torch.cuda.max_memory_reserved(device)
+        del batch
         results.append(measured)
     return {"bags": config["bags"], "memory": results}
 
@@ -195,13 +276,16 @@ def _build(name: str, config: dict[str, Any], device: Any) -> tuple[Any, Any]:
     return method, OptimStepper(optimizer, amp=config["amp"] or None, device=device)
 
 
-def _batch(n: int, tile: int, device: Any) -> Any:
+def bag_batch(n: int, tile: int, device: Any) -> Any:
+    """A bag of `n` random tiles in host memory (pinned when the step will copy it to CUDA)."""
     import torch
 
     from bigslide.methods.base import Batch, Sample
 
-    bag = torch.rand(n, 3, tile, tile, generator=torch.Generator().manual_seed(n)).to(device)
-    return Batch(x=bag, y=torch.tensor([1], device=device), samples=[Sample(x=bag, y=1, slide="bench")])
+    bag = torch.rand(n, 3, tile, tile, generator=torch.Generator().manual_seed(n))
+    if device.type == "cuda":
+        bag = bag.pin_memory()
+    return Batch(x=bag, y=torch.tensor([1]), samples=[Sample(x=bag, y=1, slide="bench")])
 
 
 def _sync(device: Any) -> None:
@@ -209,33 +293,3 @@ def _sync(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _trim_heap() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _status_mb(field: str) -> float | None:
-    try:
-        for line in HWM_FILE.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def _rss_mb() -> float:
-    value = _status_mb("VmRSS")
-    return value if value is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_high_water_mark() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def _peak_rss_mb() -> float:
-    value = _status_mb("VmHWM")
-    return value if value is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -5,6 +5,10 @@ side and repeat, each configuration does one forward + backward in turn, so load
 machine hit all of them alike. The per-configuration times are fitted with t(A) = a·A^b + c (A = side²,
 as in the Big-Layers paper's Table 4) and plotted.
 
+Targets, checked on this run's measurements: big / native median time <= 1.3 at every side and stage
+count, and every partition a big layer placed on the device within `--budget-mb` (the largest set of
+tensors one partition held, as recorded by `track_device_memory`).
+
 Every configuration uses the same number of intra-op threads (`--threads`, default 1). On a small shared
 machine a single thread measures compute cost; with every core requested, the threads of each parallel
 region wait on cores that other jobs hold, which penalises many short kernels (partitions) over a few
@@ -24,8 +28,11 @@ import timm
 import torch
 from torch import nn
 
+from bigslide.bench.targets import Targets, add_target_argument, machine_line
 from bigslide.errors import ConfigError
 from bigslide.nn.big import make_big, track_device_memory
+
+TIME_TARGET = 1.3  # big / native median time per iteration
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out-dir", default="runs/bench", help="folder for the plot")
     parser.add_argument("--plot", default=None, help="plot path (default: <out-dir>/biglayer.png)")
+    add_target_argument(parser)
 
 
 def _parse_ints(text: str, name: str) -> list[int]:
@@ -151,10 +159,12 @@ def run(args: argparse.Namespace) -> int:
         models[f"big{stages}"] = (big, False)
     results: dict[str, dict[int, list[float]]] = {name: {} for name in models}
     partitions: dict[str, dict[int, int]] = {name: {} for name in models if name != "native"}
+    largest: dict[str, dict[int, int]] = {name: {} for name in partitions}
     title = (
         f"{args.model} on {device}, batch {args.batch}, budget {args.budget_mb:g} MiB, "
         f"{torch.get_num_threads()} thread(s), {args.repeats} repeats"
     )
+    print(machine_line())
     print(title)
     for side in sides:
         x = torch.rand(args.batch, 3, side, side)
@@ -169,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                         with track_device_memory() as meter:
                             seconds = _iteration(model, x, device, native)
                         partitions[name][side] = meter.partitions
+                        largest[name][side] = meter.max_partition_bytes
                     else:
                         seconds = _iteration(model, x, device, native)
                 except torch.OutOfMemoryError:
@@ -177,22 +188,37 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 if repeat >= args.warmup:
                     results[name].setdefault(side, []).append(seconds)
-    _print_table(sides, results, partitions)
+    _print_table(sides, results, partitions, largest)
     fits = _print_fits(sides, results)
     plot = Path(args.plot) if args.plot else Path(args.out_dir) / "biglayer.png"
     _plot(plot, sides, results, fits, title)
     print(f"plot: {plot}")
-    return 0
+    targets = Targets.from_args(args)
+    for name in partitions:
+        for side in sides:
+            native_times, big_times = results["native"].get(side), results[name].get(side)
+            if not native_times or not big_times:
+                targets.fail(f"{name} / native time at {side}px (out of memory)")
+                continue
+            ratio = statistics.median(big_times) / statistics.median(native_times)
+            targets.check(f"{name} / native time (median) at {side}px", ratio, TIME_TARGET)
+        worst = max(largest[name].values(), default=0)
+        targets.check(f"{name} largest partition on the device / budget", worst / budget, 1.0)
+    return targets.exit_code()
 
 
 def _print_table(
-    sides: list[int], results: dict[str, dict[int, list[float]]], partitions: dict[str, dict[int, int]]
+    sides: list[int],
+    results: dict[str, dict[int, list[float]]],
+    partitions: dict[str, dict[int, int]],
+    largest: dict[str, dict[int, int]],
 ) -> None:
     names = list(results)
     big_names = [n for n in names if n != "native"]
     header = f"{'side':>6} " + " ".join(f"{n + ' min/med s':>18}" for n in names)
     header += " " + " ".join(f"{n + '/native min/med':>22}" for n in big_names)
     header += " " + " ".join(f"{n + ' parts':>11}" for n in big_names)
+    header += " " + " ".join(f"{n + ' max MiB':>12}" for n in big_names)
     print(header)
     for side in sides:
         cells = []
@@ -210,8 +236,12 @@ def _print_table(
                 cells.append(f"{'-':>22}")
         row = f"{side:>6} " + " ".join(f"{c:>18}" for c in cells)
         row += " " + " ".join(f"{partitions[n].get(side, 0):>11}" for n in big_names)
+        row += " " + " ".join(f"{largest[n].get(side, 0) / 2**20:>12.2f}" for n in big_names)
         print(row)
-    print("parts: partitions the big layers ran in one forward + backward (device budget respected)")
+    print(
+        "parts: partitions the big layers ran in one forward + backward; max MiB: the largest set of tensors "
+        "one partition held on the device (the meter counts a host partition as if it were copied)"
+    )
 
 
 def _print_fits(sides: list[int], results: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, float]]:

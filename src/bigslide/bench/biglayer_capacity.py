@@ -4,7 +4,9 @@ The cap is set with `torch.cuda.set_per_process_memory_fraction`, so the caching
 out-of-memory past it. For each configuration (native, then 1..N big stages) the side grows by doubling
 until a training iteration (forward, backward, Adam step) fails, then a bisection to `--granularity`
 pixels finds the largest side that trains. It then times iterations at the native model's largest side,
-for every configuration, side by side. Needs CUDA: on the CPU there is no device memory to cap.
+for every configuration, alternating repeat by repeat. Target: the deepest big configuration trains a
+side >= 4x the native maximum; the command exits 1 when it does not (`--no-targets`: report only).
+Needs CUDA: on the CPU there is no device memory to cap.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import statistics
 import time
 
 import timm
 import torch
 from torch import nn
 
+from bigslide.bench.targets import Targets, add_target_argument, machine_line, min_median
 from bigslide.errors import ConfigError
 from bigslide.nn.big import make_big
 
@@ -32,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-side", type=int, default=8192, help="largest side tried (px; host RAM)")
     parser.add_argument("--granularity", type=int, default=128, help="bisection resolution (px)")
     parser.add_argument("--repeats", type=int, default=3, help="timed iterations at the native maximum")
+    add_target_argument(parser)
+
+
+SIDE_TARGET = 4.0  # deepest big configuration's largest side / native's
 
 
 def _trains(model: nn.Module, side: int, native: bool, device: torch.device) -> bool:
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     for stages in stage_counts:
         big = make_big(copy.deepcopy(base), stages, int(args.budget_mb * 2**20)).to(device)
         configs[f"big{stages}"] = (big, False)
+    print(machine_line())
     print(
         f"{args.model}, batch 1, CUDA cap {args.cap_gb:g} GiB of {total / 2**30:.0f}, "
         f"partition budget {args.budget_mb:g} MiB, {torch.cuda.get_device_name(device)}, "
@@ -120,17 +127,33 @@ def run(args: argparse.Namespace) -> int:
     reference = sides["native"]
     if reference:
         print(
-            f"\nseconds per iteration at the native maximum ({reference} px), min / median, ratio to native:"
+            f"\nseconds per iteration at the native maximum ({reference} px), min / median, ratio to native "
+            "(configurations alternate each repeat):"
         )
-        medians: dict[str, float] = {}
-        for name, (model, native) in configs.items():
-            _time(model, reference, native, device)  # warm-up
-            times = [_time(model, reference, native, device) for _ in range(args.repeats)]
-            medians[name] = statistics.median(times)
-            ratio = medians[name] / medians["native"]
-            print(f"{name:>7}: {min(times):.3f} / {medians[name]:.3f}  ({ratio:.2f}x)", flush=True)
+        times: dict[str, list[float]] = {name: [] for name in configs}
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for name, (model, native) in configs.items():
+                seconds = _time(model, reference, native, device)
+                if repeat:
+                    times[name].append(seconds)
+        for name, values in times.items():
+            low, mid = min_median(values)
+            print(
+                f"{name:>7}: {low:.3f} / {mid:.3f}  ({mid / min_median(times['native'])[1]:.2f}x)", flush=True
+            )
     for name, (model, native) in configs.items():
         if name != "native" and sides[name]:
             seconds = _time(model, sides[name], native, device)
             print(f"{name:>7} at its maximum {sides[name]} px: {seconds:.3f} s per iteration", flush=True)
-    return 0
+    return check_capacity(sides, f"big{max(stage_counts)}", Targets.from_args(args)) if stage_counts else 0
+
+
+def check_capacity(sides: dict[str, int], deepest: str, targets: Targets) -> int:
+    """The deepest big configuration's largest side against SIDE_TARGET x native's; the exit code."""
+    if not sides.get("native"):
+        targets.fail(f"{deepest} / native largest side (native trains no side)")
+    else:
+        targets.check(
+            f"{deepest} / native largest side", sides[deepest] / sides["native"], SIDE_TARGET, at_most=False
+        )
+    return targets.exit_code()

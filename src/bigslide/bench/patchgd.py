@@ -1,19 +1,25 @@
-"""`bigslide bench patchgd`: PatchGD against full-image gradient descent, step time and memory, side by side.
+"""`bigslide bench patchgd`: PatchGD against full-image GD and against the upstream loop, time and memory.
 
-Every configuration runs in a fresh subprocess, one warm-up step first (it allocates Adam's state, so that
-sits in the baseline of both methods). Memory is the step's peak above the memory held just before it:
-- CPU: peak resident set size (VmHWM, reset through /proc/self/clear_refs before each step) minus the
-  resident size before the step, measured with large blocks mmapped (so freed tensors leave the resident
-  set). Timed steps follow with glibc's usual heap reuse: mmapping every tensor would time page faults.
-- CUDA: `torch.cuda.max_memory_allocated` minus `memory_allocated` before the step.
+Every measurement runs in a fresh worker process, and the sides of a comparison alternate (`--rounds`
+rounds, order rotated each round) so that load on a shared machine hits both; each side's steps of all
+rounds are pooled into min and median. Both sides of a comparison get the same inputs (same seed), the same
+backbone, precision (`--amp`), device and thread count.
 
-Tables: per image size, full-image GD vs PatchGD (min and median over repeats, ratios PatchGD / GD) with
-the paper's sampling, a fixed k, and the paper's sampling with the inner iteration's patches replayed in
-chunks of `--grad-chunk` (exact with frozen encoder BatchNorm; memory set by the chunk, not by k); and
-the reference configuration (512², patch 128, batch 2, k 2, ζ 8, ε 8, resnet18, latent 256, CNN head,
-Adam 1e-3), timed beside the reference implementation's loop structure re-created in
-`bigslide.bench.patchgd_reference` (alternating subprocesses, two rounds each); the reference code's own
-median of 0.94 s, recorded earlier on this project's CPU machine, is printed for comparison.
+Memory is what one training step adds to the process, counting its inputs: the worker records the memory
+held before the step's images exist (the model, and the optimizer state of a warm-up step; gradient
+buffers are not there, as each optimizer step frees them), then creates the images on the host, runs the
+step (which moves them to the device) and reads the peak:
+- CPU: host resident set (VmHWM, reset through /proc/self/clear_refs), with large blocks mmapped so that
+  freed tensors leave the resident set. Timed steps follow with glibc's usual heap reuse.
+- CUDA: `torch.cuda.max_memory_allocated` above the allocation before the step (the device copy of the
+  images included), and the process's peak reserved by the caching allocator.
+
+Tables: per image size, full-image GD vs PatchGD with the paper's sampling, a fixed k, and the paper's
+sampling with grad chunks (target: PatchGD's memory <= 0.10 of GD's at 2048² and above); then bigslide's
+PatchGD against the upstream training loop (`bigslide.bench.patchgd_reference`) at the reference
+configuration (patch 128, batch 2, 1/8 sampling (k 2 at 512²), ζ 8, ε 8, latent 256, CNN head, Adam 1e-3)
+at each `--reference-sizes` side (targets: memory <= the upstream loop's at every size, step time <= 0.9 of
+it at 512²). The command exits 1 when a target is missed (`--no-targets`: report only).
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
-import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bigslide.bench.memory import (
@@ -37,9 +44,12 @@ from bigslide.bench.memory import (
     set_mmap_threshold,
     trim_heap,
 )
+from bigslide.bench.targets import Targets, add_target_argument, machine_line, min_median
 
-REFERENCE_SECONDS = 0.94
-MEMORY_TARGET = 0.10
+MEMORY_TARGET = 0.10  # PatchGD / GD step memory at 2048² and above
+TIME_TARGET = 0.9  # bigslide / upstream loop step time at the reference configuration (512²)
+MEMORY_VS_REFERENCE = 1.0  # bigslide / upstream loop step memory, every reference size
+MB = 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,16 +72,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fill-batch-size", type=int, default=32, help="patches per Z-filling call (size table)"
     )
-    parser.add_argument("--backbone", default="resnet18")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per configuration")
-    parser.add_argument("--large-repeats", type=int, default=1, help="timed steps for sizes >= 2048")
+    parser.add_argument("--backbone", default="resnet18", help="encoder of both sides of every comparison")
+    parser.add_argument("--repeats", type=int, default=3, help="measured steps per process and round")
+    parser.add_argument("--large-repeats", type=int, default=1, help="measured steps for sizes >= 2048")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of fresh processes")
     parser.add_argument(
-        "--reference-repeats", type=int, default=7, help="timed steps, reference configuration"
+        "--reference-sizes",
+        type=int,
+        nargs="*",
+        default=[512, 2048],
+        help="sides for the comparison with the upstream loop (none: skip it)",
     )
-    parser.add_argument("--no-reference", action="store_true", help="skip the reference configuration")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="mixed precision (CUDA only)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
+    add_target_argument(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
 
 
@@ -79,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if args.worker:
         print(json.dumps(_measure(json.loads(args.worker))))
         return 0
+    print(machine_line(), flush=True)
+    targets = Targets.from_args(args)
     common = {"device": args.device, "amp": args.amp, "threads": args.threads, "backbone": args.backbone}
     # (label, k, grad_chunk, encoder_bn)
     variants = [(f"sampling {args.sampling:g}", 0, 0, "train")]
@@ -86,14 +103,13 @@ def run(args: argparse.Namespace) -> int:
         variants.append((f"k = {args.fixed_k}", args.fixed_k, 0, "train"))
     if args.grad_chunk:
         variants.append((f"{args.sampling:g}, chunk {args.grad_chunk}", 0, args.grad_chunk, "frozen"))
-    rows: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
+    rows: list[tuple[int, dict[str, dict[str, Any]]]] = []
     for size in args.sizes:
         repeats = args.large_repeats if size >= 2048 else args.repeats
         shared = {**common, "size": size, "batch": args.batch, "repeats": repeats}
-        gd = _spawn({**shared, "method": "full_image"})
-        runs = []
+        configs = {"full-image GD": {**shared, "method": "full_image"}}
         for label, k, grad_chunk, encoder_bn in variants:
-            config = {
+            configs[f"PatchGD, {label}"] = {
                 **shared,
                 "method": "patchgd",
                 "patch": args.patch,
@@ -105,69 +121,104 @@ def run(args: argparse.Namespace) -> int:
                 "epsilon": args.epsilon,
                 "fill_batch_size": args.fill_batch_size,
             }
-            runs.append((label, _spawn(config)))
-        rows.append((size, gd, runs))
+        rows.append((size, alternate(configs, args.rounds)))
     if rows:
-        _print_sizes(args, rows)
-    if not args.no_reference:
+        _print_sizes(args, rows, targets)
+    for size in args.reference_sizes:
+        repeats = args.large_repeats if size >= 2048 else args.repeats
         reference = {
             **common,
-            "method": "patchgd",
-            "size": 512,
+            "size": size,
             "batch": 2,
             "patch": 128,
             "sampling": 0.125,
-            "k": 2,
             "zeta": 8,
             "epsilon": 8,
-            "fill_batch_size": 256,
-            "repeats": args.reference_repeats,
+            "repeats": repeats,
         }
-        # Ours and the reference-structured loop alternate, twice, so drift on a shared machine hits both.
-        ours: list[dict[str, Any]] = []
-        loop: list[dict[str, Any]] = []
-        for _ in range(2):
-            ours.append(_spawn(reference))
-            loop.append(_spawn({**reference, "method": "reference_loop"}))
-        _print_reference(ours, loop)
-    return 0
+        configs = {
+            "bigslide PatchGD": {
+                **reference,
+                "method": "patchgd",
+                "k": 0,
+                "grad_chunk": 0,
+                "encoder_bn": "train",
+                "fill_batch_size": 256,
+            },
+            "upstream loop": {**reference, "method": "reference_loop"},
+        }
+        _print_reference(args, size, alternate(configs, args.rounds), targets)
+    return targets.exit_code()
 
 
-def _spawn(config: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
+def alternate(configs: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
+    """Each configuration in a fresh process per round, order rotated every round; results pooled."""
+    names = list(configs)
+    pooled: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for r in range(max(1, rounds)):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            result = _spawn(name, configs[name])
+            into = pooled[name]
+            if "error" in result or "error" in into:
+                into.setdefault("error", result.get("error"))
+                continue
+            for key, value in result.items():
+                if isinstance(value, list):
+                    into.setdefault(key, []).extend(value)
+                else:
+                    into[key] = value
+    return pooled
+
+
+def _spawn(name: str, config: dict[str, Any]) -> dict[str, Any]:
     code = "import sys; from bigslide.bench.patchgd import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", code, "--worker", json.dumps(config)],
-        env=env,
+        env=dict(os.environ),
         capture_output=True,
         text=True,
         check=False,
     )
-    what = f"{config['method']} {config['size']}² k={config.get('k')} chunk={config.get('grad_chunk', 0)}"
+    what = f"{name} {config['size']}²"
     if done.returncode != 0:
-        print(f"  {what}: failed", file=sys.stderr, flush=True)
-        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        print(f"  {what}: failed: {last}", file=sys.stderr, flush=True)
+        return {"error": last}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    low, mid = _stats(result["times"])
-    peak = statistics.median(result["peaks"]) / 2**20 if "peaks" in result else float("nan")
+    low, mid = min_median(result["times"])
+    peak = min_median(result["memory"])[1] / MB
     print(f"  {what}: {low:.3f} / {mid:.3f} s, {peak:.0f} MB", file=sys.stderr, flush=True)
     return result
 
 
-def _measure(config: dict[str, Any]) -> dict[str, Any]:
+def _build_step(config: dict[str, Any]) -> tuple[Callable[[Any, Any], int], Callable[[], dict[str, int]]]:
+    """The worker's step function (images, labels) -> optimizer steps, and what it re-encoded (k, ζ)."""
     import torch
 
-    from bigslide.bench.patchgd_reference import reference_step_times
+    from bigslide.bench.patchgd_reference import reference_step
     from bigslide.engine.stepper import OptimStepper
     from bigslide.methods.base import Batch, ModelSpec
     from bigslide.methods.full_image import FullImage, FullImageParams
     from bigslide.methods.patchgd import PatchGD, PatchGDParams
 
-    if config["threads"]:
-        torch.set_num_threads(config["threads"])
-    if config["method"] == "reference_loop":
-        return {"times": reference_step_times(repeats=config["repeats"], device=config["device"])}
     torch.manual_seed(0)
+    if config["method"] == "reference_loop":
+        per_side = config["size"] // config["patch"]
+        loop = reference_step(
+            backbone=config["backbone"],
+            patch=config["patch"],
+            per_side=per_side,
+            batch=config["batch"],
+            sampling=config["sampling"],
+            zeta=config["zeta"],
+            epsilon=config["epsilon"],
+            device=config["device"],
+            amp=config["amp"],
+        )
+        k = math.ceil(per_side**2 * config["sampling"])
+        zeta = min(config["zeta"], math.ceil(per_side**2 / k))
+        return loop, lambda: {"k": k, "zeta": zeta}
     device = torch.device(config["device"])
     spec = ModelSpec(config["backbone"], num_classes=10)
     method: FullImage | PatchGD
@@ -183,118 +234,179 @@ def _measure(config: dict[str, Any]) -> dict[str, Any]:
             latent_dim=256,
             head="cnn",
             fill_batch_size=config["fill_batch_size"],
-            grad_chunk=config.get("grad_chunk", 0),
-            encoder_bn=config.get("encoder_bn", "train"),
+            grad_chunk=config["grad_chunk"],
+            encoder_bn=config["encoder_bn"],
         )
         method = PatchGD(params, spec, device)
     method.model.train()
     amp = None if config["amp"] == "none" else config["amp"]
     stepper = OptimStepper(torch.optim.Adam(method.model.parameters(), lr=1e-3), amp=amp, device=device)
-    size, batch_size = config["size"], config["batch"]
-    batch = Batch(
-        torch.rand(batch_size, 3, size, size, device=device), torch.randint(0, 10, (batch_size,)), []
-    )
+
+    def step(images: Any, labels: Any) -> int:
+        return method.train_step(Batch(images, labels, []), stepper).optimizer_steps
+
+    def sampled() -> dict[str, int]:
+        if isinstance(method, PatchGD) and method.last_positions is not None:
+            zeta, _, k = method.last_positions.shape
+            return {"k": k, "zeta": zeta}
+        return {}
+
+    return step, sampled
+
+
+def _measure(config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
+    device = torch.device(config["device"])
+    cuda = device.type == "cuda"
+    size, batch = config["size"], config["batch"]
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        """The same images and labels for every side: host tensors, moved to the device by the step."""
+        g = torch.Generator().manual_seed(size)
+        images = torch.rand(batch, 3, size, size, generator=g)
+        return (images.pin_memory() if cuda else images), torch.randint(0, 10, (batch,), generator=g)
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize(device)
 
+    step, sampled = _build_step(config)
     # Memory first, with large blocks mmapped so the resident set follows live tensors; then timings
     # with glibc's usual heap reuse (mmapping every tensor would time page faults, not the method).
     set_mmap_threshold(MEASURE_MEMORY)
-    method.train_step(batch, stepper)  # warm-up
-    peaks = []
+    steps = step(*inputs())  # warm-up: Adam's state, gradient buffers, kernels
+    memory, reserved = [], []
     for _ in range(config["repeats"]):
         gc.collect()
         sync()
-        if device.type == "cuda":
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+        trim_heap()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
         else:
-            trim_heap()
             before = rss_bytes()
             reset_peak()
-        result = method.train_step(batch, stepper)
+        images, labels = inputs()
+        step(images, labels)
         sync()
-        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else peak_rss_bytes()
-        peaks.append(peak - before)
+        del images, labels
+        if cuda:
+            memory.append(torch.cuda.max_memory_allocated(device) - before)
+            reserved.append(torch.cuda.max_memory_reserved(device))
+        else:
+            memory.append(peak_rss_bytes() - before)
     set_mmap_threshold(MEASURE_TIME)
-    method.train_step(batch, stepper)  # warm the heap for the timed steps
+    step(*inputs())  # warm the heap for the timed steps
     times = []
     for _ in range(config["repeats"]):
+        images, labels = inputs()
         sync()
         start = time.perf_counter()
-        result = method.train_step(batch, stepper)
+        steps = step(images, labels)
         sync()
         times.append(time.perf_counter() - start)
-    out: dict[str, Any] = {"times": times, "peaks": peaks, "steps": result.optimizer_steps}
-    if isinstance(method, PatchGD) and method.last_positions is not None:
-        out["zeta"], _, out["k"] = method.last_positions.shape
+    out: dict[str, Any] = {"times": times, "memory": memory, "steps": steps, **sampled()}
+    if cuda:
+        out["reserved"] = reserved
     return out
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    return min(values), statistics.median(values)
+def memory_label(device: str) -> str:
+    if device.startswith("cuda"):
+        return "CUDA peak allocated above the step's start, images included (MB)"
+    return "host resident-set peak above the step's start, images included (MB)"
 
 
 def _print_sizes(
-    args: argparse.Namespace, rows: list[tuple[int, dict[str, Any], list[tuple[str, dict[str, Any]]]]]
+    args: argparse.Namespace, rows: list[tuple[int, dict[str, dict[str, Any]]]], targets: Targets
 ) -> None:
-    where = f"{args.device}" + (f", {args.threads} threads" if args.threads else "")
+    where = f"{args.device}, amp {args.amp}" + (f", {args.threads} threads" if args.threads else "")
     print(
         f"\nPatchGD (patch {args.patch}, ε {args.epsilon}, fill batch {args.fill_batch_size}) vs "
-        f"full-image GD: {args.backbone}, batch {args.batch}, Adam, {where}; "
-        "mem+ = step peak above the memory held before it"
+        f"full-image GD: {args.backbone}, batch {args.batch}, Adam, {where}; {args.rounds} alternating "
+        f"rounds of fresh processes; mem = {memory_label(args.device)}, median"
     )
     head = (
-        f"{'size':>5} | {'method':<24} | {'s/step min / med':>17} | {'k x ζ':>8} | {'time / GD':>9} | "
-        f"{'mem+ MB':>8} | {'mem+ / GD':>9}"
+        f"{'size':>5} | {'method':<26} | {'s/step min / med':>17} | {'k x ζ':>8} | {'time / GD':>9} | "
+        f"{'mem MB':>7} | {'mem / GD':>8}"
     )
     print(head)
     print("-" * len(head))
-    for size, gd, runs in rows:
+    for size, results in rows:
+        gd = results.pop("full-image GD")
         if "error" in gd:
             print(f"{size:>5} | full-image GD failed: {gd['error']}")
+            for label in results:
+                if size >= 2048:
+                    targets.fail(f"{label} memory / GD at {size}²")
             continue
-        gd_t, gd_m = _stats(gd["times"]), _stats(gd["peaks"])
+        gd_t, gd_m = min_median(gd["times"]), min_median(gd["memory"])
         print(
-            f"{size:>5} | {'full-image GD':<24} | {gd_t[0]:>7.2f} / {gd_t[1]:>7.2f} | {'':>8} | {1:>9.2f} | "
-            f"{gd_m[1] / 2**20:>8.0f} | {1:>9.3f}"
+            f"{size:>5} | {'full-image GD':<26} | {gd_t[0]:>7.2f} / {gd_t[1]:>7.2f} | {'':>8} | {1:>9.2f} | "
+            f"{gd_m[1] / MB:>7.0f} | {1:>8.3f}"
         )
-        for label, run in runs:
-            if "error" in run:
-                print(f"{size:>5} | PatchGD {label} failed: {run['error']}")
+        ratios = []
+        for label, result in results.items():
+            if "error" in result:
+                print(f"{size:>5} | {label} failed: {result['error']}")
+                if size >= 2048:
+                    targets.fail(f"{label} memory / GD at {size}²")
                 continue
-            t, m = _stats(run["times"]), _stats(run["peaks"])
-            flag = f" (target <= {MEMORY_TARGET})" if size >= 2048 else ""
+            t, m = min_median(result["times"]), min_median(result["memory"])
             print(
-                f"{size:>5} | {'PatchGD, ' + label:<24} | {t[0]:>7.2f} / {t[1]:>7.2f} | "
-                f"{run['k']:>3} x {run['zeta']:<4}| {t[1] / gd_t[1]:>9.2f} | {m[1] / 2**20:>8.0f} | "
-                f"{m[1] / gd_m[1]:>9.3f}{flag}"
+                f"{size:>5} | {label:<26} | {t[0]:>7.2f} / {t[1]:>7.2f} | "
+                f"{result['k']:>3} x {result['zeta']:<4}| {t[1] / gd_t[1]:>9.2f} | {m[1] / MB:>7.0f} | "
+                f"{m[1] / gd_m[1]:>8.3f}"
             )
+            ratios.append((label, m[1] / gd_m[1]))
+        if size >= 2048:
+            for label, ratio in ratios:
+                targets.check(f"{label} memory / GD at {size}²", ratio, MEMORY_TARGET)
 
 
-def _print_reference(ours: list[dict[str, Any]], loop: list[dict[str, Any]]) -> None:
+def _print_reference(
+    args: argparse.Namespace, size: int, results: dict[str, dict[str, Any]], targets: Targets
+) -> None:
     print(
-        "\nReference configuration: 512², patch 128, batch 2, k 2, ζ 8, ε 8, resnet18, latent 256, "
-        "CNN head, Adam; beside it the reference's loop structure (bigslide.bench.patchgd_reference)"
+        f"\nReference configuration at {size}²: patch 128, batch 2, sampling 1/8, ζ 8, ε 8, "
+        f"{args.backbone}, latent 256, CNN head, Adam, {args.device}, amp {args.amp}; bigslide's PatchGD "
+        f"beside the upstream training loop, {args.rounds} alternating rounds of fresh processes; "
+        f"mem = {memory_label(args.device)}"
     )
-    failed = [r["error"] for r in ours + loop if "error" in r]
-    if failed:
-        print(f"failed: {failed[0]}")
+    ours, loop = results["bigslide PatchGD"], results["upstream loop"]
+    if "error" in ours or "error" in loop:
+        print(f"failed: {ours.get('error') or loop.get('error')}")
+        targets.fail(f"bigslide / upstream step memory at {size}²")
+        if size == 512:
+            targets.fail("bigslide / upstream step time at 512²")
         return
-    t_ours = _stats([t for r in ours for t in r["times"]])
-    t_loop = _stats([t for r in loop for t in r["times"]])
-    verdict = "meets" if t_ours[1] <= 0.9 * t_loop[1] else "misses"
     print(
-        f"bigslide PatchGD   step s min {t_ours[0]:.3f} / median {t_ours[1]:.3f} "
-        f"(optimizer steps per batch {ours[0]['steps']}; "
-        f"peak increase median {statistics.median(ours[0]['peaks']) / 2**20:.0f} MB)\n"
-        f"reference loop     step s min {t_loop[0]:.3f} / median {t_loop[1]:.3f}\n"
-        f"ratio ours / reference loop: min {t_ours[0] / t_loop[0]:.2f}, median {t_ours[1] / t_loop[1]:.2f} "
-        f"-> {verdict} the <= 0.9x target; against the reference's recorded {REFERENCE_SECONDS:.2f} s: "
-        f"median {t_ours[1] / REFERENCE_SECONDS:.2f}x"
+        f"{'side':<17} | {'s/step min / med':>17} | {'k x ζ':>8} | {'mem MB min / med':>17} | optimizer steps"
     )
+    for name, result in results.items():
+        t, m = min_median(result["times"]), min_median(result["memory"])
+        line = (
+            f"{name:<17} | {t[0]:>7.3f} / {t[1]:>7.3f} | {result['k']:>3} x {result['zeta']:<4}| "
+            f"{m[0] / MB:>7.1f} / {m[1] / MB:>7.1f} | {result['steps']}"
+        )
+        if "reserved" in result:
+            line += f" | CUDA reserved peak {min_median(result['reserved'])[1] / MB:.0f} MB"
+        print(line)
+    t_ours, t_loop = min_median(ours["times"]), min_median(loop["times"])
+    m_ours, m_loop = min_median(ours["memory"]), min_median(loop["memory"])
+    print(
+        f"ratio bigslide / upstream: time min {t_ours[0] / t_loop[0]:.3f}, "
+        f"median {t_ours[1] / t_loop[1]:.3f}; "
+        f"memory min {m_ours[0] / m_loop[0]:.3f}, median {m_ours[1] / m_loop[1]:.3f}"
+    )
+    targets.check(
+        f"bigslide / upstream step memory (median) at {size}²", m_ours[1] / m_loop[1], MEMORY_VS_REFERENCE
+    )
+    if size == 512:
+        targets.check("bigslide / upstream step time (median) at 512²", t_ours[1] / t_loop[1], TIME_TARGET)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,27 @@
-"""The reference implementation's PatchGD outer step, written plainly, to time beside ours in one run.
+"""The upstream PatchGD training loop (nyunAI/PatchGD), written plainly, to measure beside ours in one run.
 
-It keeps the reference's structure: a torchvision ResNet whose `fc` maps to the latent size, a per-position
-`DataLoader` over patch positions shuffled once per pass (batch = ⌈positions · sampling⌉ positions × all
-images), Z filled in those small calls under `no_grad`, then ζ inner iterations that re-encode one loader
-batch with grad, write it into the detached Z, run the CNN head (1 same + 3 reducing Conv-ReLU-BN-Dropout
-blocks, width 256) and back-propagate loss/ε, with an Adam step every ε iterations. Only the timing is used.
+It keeps the reference's structure: an encoder whose classifier maps to the latent size (the reference uses
+torchvision's resnet18 with a new `fc`; here `timm.create_model(backbone, num_classes=latent)`, the same
+network for resnet18, so `--backbone` changes both sides alike), a per-position `DataLoader` over patch
+positions shuffled once per pass (batch = ⌈positions · sampling⌉ positions × all images), Z filled in those
+small calls under `no_grad`, then ζ inner iterations that re-encode one loader batch with grad, write it
+into the detached Z, run the CNN head (1 same + 3 reducing Conv-ReLU-BN-Dropout blocks, width 256) and
+back-propagate loss/ε, with an Adam step every ε iterations. Mixed precision, when asked for, wraps the
+forward passes in the same autocast as ours (the reference itself has none).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _Positions(Dataset[tuple[torch.Tensor, int]]):
@@ -42,70 +49,66 @@ def _cnn_head(latent: int, width: int, per_side: int, classes: int) -> nn.Module
     return nn.Sequential(body, nn.Flatten(), nn.Linear(flat, classes))
 
 
-def reference_step_times(
+def reference_step(
     *,
-    repeats: int,
-    size: int = 512,
-    batch: int = 2,
+    backbone: str = "resnet18",
     patch: int = 128,
+    per_side: int = 4,
+    batch: int = 2,
     sampling: float = 0.125,
     zeta: int = 8,
     epsilon: int = 8,
     latent: int = 256,
     classes: int = 10,
     device: str = "cpu",
-) -> list[float]:
-    """Seconds per outer step (after one warm-up step) of the reference-structured PatchGD loop."""
-    from torchvision.models import resnet18
+    amp: str = "none",
+) -> Callable[[torch.Tensor, torch.Tensor], int]:
+    """A function running one outer step of the reference loop on (images, labels); returns the number of
+    optimizer steps it took. Images (batch, 3, per_side·patch, per_side·patch) may live on the host: they
+    are moved to `device` inside the step, as ours moves its batch."""
+    import timm
 
-    torch.manual_seed(0)
     where = torch.device(device)
-    per_side = size // patch
-    encoder = resnet18()
-    encoder.fc = nn.Linear(encoder.fc.in_features, latent)
-    head = _cnn_head(latent, 256, per_side, classes)
-    encoder, head = encoder.to(where), head.to(where)
+    encoder = timm.create_model(backbone, num_classes=latent).to(where)
+    head = _cnn_head(latent, 256, per_side, classes).to(where)
     optimizer = torch.optim.Adam([*encoder.parameters(), *head.parameters()], lr=1e-3)
     criterion = nn.CrossEntropyLoss()
-    images = torch.rand(batch, 3, size, size, device=where)
-    labels = torch.randint(0, classes, (batch,), device=where)
-    positions = _Positions(images, per_side, patch)
+    dtype = AMP_DTYPES.get(amp) if where.type == "cuda" else None
 
-    def encode(patches: torch.Tensor) -> torch.Tensor:
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(where.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+    def encode(patches: torch.Tensor, images: int) -> torch.Tensor:
         out: torch.Tensor = encoder(patches.reshape(-1, 3, patch, patch))
-        return out.reshape(-1, batch, latent).permute(1, 2, 0)
+        return out.reshape(-1, images, latent).permute(1, 2, 0)
 
-    def step() -> None:
+    def step(images: torch.Tensor, labels: torch.Tensor) -> int:
+        images, labels = images.to(where), labels.to(where)
+        n = images.shape[0]
         encoder.train()
         head.train()
-        z = torch.zeros(batch, latent, per_side, per_side, device=where)
+        positions = _Positions(images, per_side, patch)
+        z = torch.zeros(n, latent, per_side, per_side, device=where)
         loader = DataLoader(positions, batch_size=math.ceil(len(positions) * sampling), shuffle=True)
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             for patches, index in loader:
                 index = index.to(where)
-                z[:, :, index // per_side, index % per_side] = encode(patches)
+                z[:, :, index // per_side, index % per_side] = encode(patches, n).float()
         optimizer.zero_grad()
+        steps = 0
         for iteration, (patches, index) in enumerate(loader):
             z = z.detach()
             index = index.to(where)
-            z[:, :, index // per_side, index % per_side] = encode(patches)
-            (criterion(head(z), labels) / epsilon).backward()
+            with autocast():
+                z[:, :, index // per_side, index % per_side] = encode(patches, n).float()
+                loss = criterion(head(z), labels) / epsilon
+            loss.backward()
             if (iteration + 1) % epsilon == 0:
                 optimizer.step()
                 optimizer.zero_grad()
+                steps += 1
             if iteration + 1 >= zeta:
                 break
+        return steps
 
-    def sync() -> None:
-        if where.type == "cuda":
-            torch.cuda.synchronize(where)
-
-    step()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return times
+    return step

@@ -3,7 +3,9 @@
 Each method is calibrated on small inputs (up to `--cap-px` pixels with grad), exactly as `bigslide plan`
 does, then its real training step runs at the target size and its peak is measured the same way
 (`torch.cuda.max_memory_allocated` above the step's start on CUDA; live tensor bytes on the CPU). For
-Big-Layer on CUDA the device peak is compared (the big activations live in host RAM).
+Big-Layer on CUDA the device peak is compared (the big activations live in host RAM). The command exits 1
+when a prediction is off by more than the tolerance or a check could not be measured (`--no-targets`:
+report only).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from bigslide.bench.targets import Targets, add_target_argument, machine_line
 from bigslide.methods.base import Batch
 from bigslide.plan.calibrate import (
     Settings,
@@ -45,17 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk", type=int, default=0, help="ABMIL-ACC replay chunk (default: 32 CUDA, 8 CPU)"
     )
     parser.add_argument("--cap-px", type=int, default=0, help="largest calibration input (default as plan)")
+    add_target_argument(parser)
 
 
-def _row(name: str, target: str, predicted: int, measured: int) -> bool:
-    error = abs(predicted - measured) / measured
-    ok = error <= TOLERANCE
+def relative_error(predicted: int, measured: int) -> float:
+    return abs(predicted - measured) / measured if measured > 0 else float("inf")
+
+
+def _row(name: str, target: str, predicted: int, measured: int) -> float:
+    error = relative_error(predicted, measured)
     print(
         f"{name:<16} {target:<28} {predicted / 2**20:>11.1f} {measured / 2**20:>11.1f} "
-        f"{100 * error:>7.1f} %  {'ok' if ok else 'MISSED'}",
+        f"{100 * error:>7.1f} %  {'ok' if error <= TOLERANCE else 'MISSED'}",
         flush=True,
     )
-    return ok
+    return error
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         backbone=args.backbone, device=device, cap_px=args.cap_px or (1024 * 1024 if gpu else 128 * 128)
     )
     name = torch.cuda.get_device_name() if gpu else "cpu"
+    print(machine_line())
     print(f"{args.backbone}, fp32, {name}, torch {torch.__version__}, calibration cap {settings.cap_px} px")
     print(f"{'method':<16} {'target':<28} {'predicted MiB':>11} {'measured MiB':>11} {'error':>9}")
     checks: list[tuple[str, str, Callable[[], tuple[int, int]]]] = [
@@ -87,18 +95,25 @@ def run(args: argparse.Namespace) -> int:
         ),
         ("biglayer_image 2", f"{image}² image", lambda: biglayer_image_check(settings, image, 2, 64.0)[:2]),
     ]
-    missed = 0
+    errors: dict[str, float] = {}
     for method, target, check in checks:
         try:
             predicted, measured = check()
         except torch.OutOfMemoryError:
             print(f"{method:<16} {target:<28} out of device memory while measuring")
+            errors[method] = float("nan")
             continue
-        missed += not _row(method, target, predicted, measured)
+        errors[method] = _row(method, target, predicted, measured)
         if gpu:
             torch.cuda.empty_cache()
-    print(f"tolerance {100 * TOLERANCE:.0f} %: {'all within' if not missed else f'{missed} outside'}")
-    return 0
+    return verdicts(errors, Targets.from_args(args))
+
+
+def verdicts(errors: dict[str, float], targets: Targets) -> int:
+    """Each method's relative planner error against the tolerance (NaN: not measured, a miss); exit code."""
+    for method, error in errors.items():
+        targets.check(f"{method} planner error", error, TOLERANCE)
+    return targets.exit_code()
 
 
 # Each check calibrates like `bigslide plan`, then measures the real step at the target: (predicted,
