@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from bigslide.bench.targets import Targets, add_target_argument, min_median
 from bigslide.cli.main import main as cli_main
 
 MB = 2**20
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -145,7 +148,7 @@ def test_patchgd_size_table_checks_memory_at_2048() -> None:
 
 
 def test_biglayer_bench_checks_time_and_the_meters_budget(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
         "bench", "biglayer", "--model", "resnet10t", "--sides", "64,96", "--stages", "1", "--repeats", "1",
@@ -159,3 +162,32 @@ def test_biglayer_bench_checks_time_and_the_meters_budget(
     monkeypatch.setattr(biglayer, "TIME_TARGET", 0.0)  # no big layer runs in no time
     assert cli_main(argv) == 1
     assert cli_main([*argv, "--no-targets"]) == 0
+
+
+def test_benchmark_pages_are_rendered_from_saved_bench_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("gen_benchmarks", ROOT / "docs" / "gen_benchmarks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "OUTPUT", tmp_path)
+    (tmp_path / "acc.txt").write_text(
+        "$ bigslide bench acc --bag 100\ndate: 2026-11-23 15:54 UTC\n"
+        "machine: 2 CPU cores (x86_64), no GPU; torch 2.14.1, Python 3.11.7, load average 3.0\n"
+        "target ACC / full-bag step time (median): 1.500 <= 1.35: MISSED\nexit status: 1\n"
+    )
+    page = (
+        "intro\n<!-- bench-summary -->\nold\n<!-- end bench-summary -->\n"
+        "<!-- bench-output acc -->\n| old | 0.94 s |\n<!-- end bench-output -->\n"
+        "<!-- bench-output grid -->\n1.15 s\n<!-- end bench-output -->\n"
+    )
+    out = gen.render(page)
+    assert "0.94" not in out
+    assert "1.15 s" not in out
+    assert "`bigslide bench acc --bag 100`, 2026-11-23 15:54 UTC, exit status: 1" in out
+    assert "1.500 <= 1.35: MISSED" in out
+    assert "No saved run of `bigslide bench grid`" in out
+    assert "| acc | 2 CPU cores (x86_64), no GPU; torch 2.14.1, Python 3.11.7 |" in out
+    assert gen.render(out) == out

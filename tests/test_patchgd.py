@@ -370,3 +370,31 @@ def test_a_few_steps_learn_a_tiny_task():
     method.model.eval()
     probs = np.stack([method.predict(Sample(img, 0, "s")).probs for img in images])
     assert (probs.argmax(1) == labels.numpy()).mean() >= 0.75
+
+
+def test_host_encoder_keeps_large_late_convolutions_in_the_standard_layout() -> None:
+    from bigslide.methods.patchgd import channels_last_encoder
+
+    torch.manual_seed(0)
+    plain = create_encoder("resnet18", out_dim=16).eval()
+    mixed = channels_last_encoder(copy.deepcopy(plain), host=True)
+    cl = torch.channels_last
+    assert mixed.backbone.conv1.weight.is_contiguous(memory_format=cl)  # stem: channels-last (speed)
+    assert mixed.backbone.layer2[1].conv2.weight.is_contiguous(memory_format=cl)  # 590 KB weights
+    assert mixed.backbone.layer3[0].downsample[0].weight.is_contiguous()  # from the first > 1 MiB conv on
+    assert mixed.backbone.layer4[1].conv2.weight.is_contiguous()
+    assert not mixed.backbone.layer4[1].conv2.weight.is_contiguous(memory_format=cl)
+    gpu_style = channels_last_encoder(copy.deepcopy(plain), host=False)
+    assert gpu_style.backbone.layer4[1].conv2.weight.is_contiguous(memory_format=cl)
+    x = torch.rand(3, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(mixed(x.contiguous(memory_format=cl)), plain(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("fill", "images", "k", "expected"), [(256, 2, 2, 8), (256, 2, 32, 128), (4, 2, 32, 4)]
+)
+def test_training_fill_batch_never_exceeds_two_inner_iterations(
+    fill: int, images: int, k: int, expected: int
+) -> None:
+    assert PatchGDParams(fill_batch_size=fill).training_fill_batch(images, k) == expected

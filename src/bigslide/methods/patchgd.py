@@ -35,7 +35,7 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -327,9 +327,10 @@ class PatchGD(Method):
 # resnet18, 4 patches of 128²: backward peak with accumulated gradients 54 MB all channels-last, 45.5 MB
 # mixed, same speed).
 HOST_CHANNELS_LAST_MAX_WEIGHT = 2**20  # bytes
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
-def channels_last_encoder(encoder: nn.Module, *, host: bool) -> nn.Module:
+def channels_last_encoder(encoder: ModuleT, *, host: bool) -> ModuleT:
     """`encoder` in channels-last layout; on the host (`host`), the convolutions from the first one whose
     weight exceeds HOST_CHANNELS_LAST_MAX_WEIGHT bytes on keep the standard layout and take a contiguous
     input (one copy per activation, shared by the convolutions that read it)."""
