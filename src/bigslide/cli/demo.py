@@ -31,12 +31,12 @@ def demo_config(out: Path, method: str, epochs: int, backbone: str = DEMO_BACKBO
     config.data.source = "demo"
     config.data.tile_size = 32
     config.data.level = 1
-    config.data.bag_size = 32
+    config.data.bag_size = 24
     config.data.image_size = 256
     config.model.backbone = backbone
     config.method.name = method
     config.optim.epochs = epochs
-    config.optim.lr = 1e-3
+    config.optim.lr = 2e-3
     config.run.out_dir = str(out)
     config.run.device = "auto"
     return config
@@ -51,10 +51,17 @@ def run_demo(
     quiet: bool = False,
 ) -> int:
     get_method(method)  # fail fast on a wrong name
-    start = time.perf_counter()
+    start, wall = time.perf_counter(), time.time()
     csv = make_slide_set(demo_dir())
     made = time.perf_counter()
-    print(f"demo slides: {csv.parent} ({made - start:.1f} s)")
+    manifest = csv.parent / "synthetic_set.json"
+    if manifest.stat().st_mtime >= wall:  # written now, not reused from the cache
+        params = json.loads(manifest.read_text())["params"]
+        mpx = params["n_slides"] * params["size"][0] * params["size"][1] / 1e6
+        seconds = made - start
+        print(f"demo slides: {csv.parent}: {mpx:.0f} Mpx in {seconds:.1f} s ({mpx / seconds:.1f} Mpx/s)")
+    else:
+        print(f"demo slides: {csv.parent} (reused)")
     config = demo_config(out, method, epochs, backbone)
     result = run_with_progress(train(config), quiet=quiet)
     assert result.checkpoint is not None

@@ -22,8 +22,7 @@ BENCHES = (
     "biglayer",
     "biglayer_capacity",
     "plan_check",
-    "mil_learning",
-    "patchgd_learning",
+    "learning",
 )
 
 
