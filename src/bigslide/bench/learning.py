@@ -1,4 +1,4 @@
-"""Does each method learn? Synthetic H&E slides (tumour and subtle lesions) and UltraMNIST, several seeds.
+"""Does each method learn? Synthetic hematoxylin-eosin slides (tumour, subtle lesions) and UltraMNIST.
 
 Parts (run seed by seed, so a time box still leaves every part with its first seeds):
 - tumour_mil: every MIL method on tumour slides: test slide AUC, balanced accuracy, attention cell AUC.
@@ -14,6 +14,7 @@ interrupted bench resumes. `--docs` writes the tables into docs/benchmarks.md fr
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slides", type=int, default=24, help="slides per set (1/2 train, 1/4 val, 1/4 test)"
     )
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
     parser.add_argument("--canvas", type=int, default=512, help="UltraMNIST canvas side")
@@ -150,11 +151,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bigslide: error: --parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    state["meta"] = {
-        "command": "bigslide bench learning " + " ".join(sys.argv[sys.argv.index("learning") + 1 :])
-        if "learning" in sys.argv
-        else "bigslide bench learning",
+    command = "bigslide bench learning " + " ".join(sys.argv[sys.argv.index("learning") + 1 :])
+    meta = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "slides": args.slides,
@@ -165,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         "matched_canvas": args.matched_canvas,
         "canvases": args.canvases,
     }
-    runs = state.setdefault("runs", {})
+    state = _update(path, meta=meta, command=command.strip())
+    runs = state["runs"]
     csvs = {kind: _slide_set(args, kind) for kind in ("tumour", "subtle") if _needs(kind, parts)}
     for seed in [int(s) for s in args.seeds.split(",")]:
         jobs: list[tuple[str, str, Any]] = []
@@ -199,10 +198,29 @@ def run(args: argparse.Namespace) -> int:
             if key in runs:
                 continue
             runs[key] = job()
-            path.write_text(json.dumps(state, indent=1))
+            state = _update(path, key=key, value=runs[key])
             print(f"{key}: " + "  ".join(f"{k}={v:.3f}" for k, v in runs[key].items()), flush=True)
     print(render_tables(state))
     return 0
+
+
+def _update(path: Path, **change: Any) -> dict[str, Any]:
+    """Read-modify-write the results file under a lock, so several bench processes can share it."""
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        state.setdefault("runs", {})
+        state.setdefault("commands", [])
+        if "meta" in change:
+            if state.get("meta", change["meta"]) != change["meta"]:
+                raise SystemExit(f"{path}: made with other settings; pass another --out")
+            state["meta"] = change["meta"]
+            if change["command"] not in state["commands"]:
+                state["commands"].append(change["command"])
+        if "key" in change:
+            state["runs"][change["key"]] = change["value"]
+        path.write_text(json.dumps(state, indent=1))
+        return state
 
 
 def _needs(kind: str, parts: list[str]) -> bool:
@@ -238,8 +256,9 @@ def render_tables(state: dict[str, Any]) -> str:
     slide_cols = {"auc": "test AUC", "balanced_accuracy": "balanced accuracy", "cell_auc": "map cell AUC"}
     lines = [
         f"Machine: 2-core CPU VM, shared (other jobs running); torch {meta.get('torch')}, Python "
-        f"{meta.get('python')}. Command: `{meta.get('command')}`. "
-        f"{meta.get('slides')} slides of 1024² per set "
+        f"{meta.get('python')}. Commands: "
+        + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
+        + f". {meta.get('slides')} slides of 1024² per set "
         f"(half train, a quarter validation, a quarter test), {meta.get('epochs')} epochs, backbone "
         f"`{meta.get('backbone')}` from random weights. Mean ± sd over the seeds measured; *map cell AUC* is "
         "the AUC of the attention (MIL) or Z-block class-evidence (PatchGD) cells, lesion (> 10 % lesion) "
