@@ -25,8 +25,7 @@ BENCHES = (
     "biglayer",
     "biglayer_capacity",
     "plan_check",
-    "mil_learning",
-    "patchgd_learning",
+    "learning",
     "io",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"

@@ -1,4 +1,4 @@
-"""Sample data: a synthetic slide with its lesions, and a small labelled training set.
+"""Sample data: a synthetic H&E slide with its tumour lesions, and a small labelled training set.
 
 Files are written once into a cache folder (`$BIGSLIDE_CACHE`, else `~/.cache/bigslide/samples`) and
 reused, so the menu entries open instantly the second time.
@@ -37,7 +37,7 @@ def sample_slide_path() -> Path:
     from bigslide.regions import Region, save_regions
     from bigslide.synthetic.slides import make_synthetic_slide
 
-    path = cache_dir() / "sample_slide.svs"
+    path = cache_dir() / "sample_slide_he.svs"  # new name: a cached slide of an older generator stays unused
     lesions = lesions_path(path)
     if not (path.is_file() and lesions.is_file()):
         info = make_synthetic_slide(path, size=SAMPLE_SIZE, lesions=2, seed=SAMPLE_SEED)

@@ -1,9 +1,9 @@
-"""Synthetic whole-slide images with planted lesions, made on the fly (no downloads).
+"""Synthetic H&E-like whole-slide images with planted lesions, made on the fly (no downloads).
 
-Tissue is textured with scikit-image's bundled immunohistochemistry image. A lesion is tissue with
-the same colours but a finer texture (the same image shrunk, so nuclei are smaller and denser, with its
-colour histogram matched back to the normal tissue), so telling lesions apart needs texture, not colour.
-A slide is positive ("tumor") when it holds at least one lesion.
+Glass, a tissue outline, collagen stroma, glands, vessels and fat, and nuclei, rendered by
+`bigslide.synthetic.he`. Lesion kinds: "tumour" (crowded, enlarged, dark, pleomorphic nuclei: plain to
+see at 10-20x) and "subtle" (the same nuclei in the same places with a changed chromatin pattern: same
+density, same colour). Masks and polygons are exact. A slide is positive ("tumor") when it holds a lesion.
 """
 
 from __future__ import annotations
@@ -14,24 +14,27 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import shapely
 from scipy import ndimage
-from skimage import data as skdata
-from skimage import draw, exposure, transform
+from skimage import draw
 
 from bigslide.errors import DataError
 from bigslide.regions import Region, save_regions
+from bigslide.synthetic import he
 from bigslide.synthetic.pyramid import Flavour, downsample_pyramid, write_pyramid
 
-BACKGROUND = 240
-LESION_TEXTURE_SCALE = 0.45
+LesionKind = Literal["tumour", "subtle"]
+LESION_KINDS: tuple[str, ...] = ("tumour", "subtle")
+NORMAL_DENSITY = 1 / 900  # stromal nuclei per pixel (before the cellularity field) at 0.5 µm/px
+TUMOUR_DENSITY = 1 / 150  # crowded: nuclei overlap and touch
+BLUR_SIGMA = 0.8  # optics: a slightly soft focus
 _SUFFIX = {"svs": ".svs", "tiff": ".tiff", "ome": ".ome.tif"}
 _MANIFEST = "synthetic_set.json"
-_SET_VERSION = 1
+_SET_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -58,49 +61,6 @@ class SlideImage:
     tissue: np.ndarray
     lesion_mask: np.ndarray
     lesions: list[np.ndarray]
-
-
-@lru_cache(maxsize=1)
-def _textures() -> tuple[np.ndarray, np.ndarray]:
-    """(normal, lesion) source textures; the lesion one is finer-grained with matched colour histogram."""
-    normal = np.ascontiguousarray(skdata.immunohistochemistry())
-    small = transform.rescale(normal, LESION_TEXTURE_SCALE, channel_axis=-1, anti_aliasing=True)
-    lesion = exposure.match_histograms(small, normal.astype(np.float64) / 255, channel_axis=-1)
-    return normal, np.clip(np.round(lesion * 255), 0, 255).astype(np.uint8)
-
-
-def _mirror_index(n: int, period: int, offset: int) -> np.ndarray:
-    """Indices 0..n-1 shifted by `offset` into a texture of `period`, mirrored at its edges (seamless)."""
-    i = (np.arange(n) + offset) % (2 * period)
-    return np.where(i < period, i, 2 * period - 1 - i)
-
-
-class _Texture:
-    """A randomly flipped/rotated texture mirror-tiled over the whole slide, sampled on demand."""
-
-    def __init__(self, texture: np.ndarray, rng: np.random.Generator) -> None:
-        tex = np.rot90(texture, int(rng.integers(4)))
-        self.tex = np.ascontiguousarray(tex[:, ::-1] if rng.random() < 0.5 else tex)
-        self.offset = (int(rng.integers(self.tex.shape[0])), int(rng.integers(self.tex.shape[1])))
-
-    def window(self, row: int, col: int, height: int, width: int) -> np.ndarray:
-        """The (height, width, 3) patch whose top-left pixel is slide pixel (row, col)."""
-        th, tw = self.tex.shape[:2]
-        iy = _mirror_index(height, th, self.offset[0] + row)
-        ix = _mirror_index(width, tw, self.offset[1] + col)
-        return self.tex.take(iy, axis=0).take(ix, axis=1)
-
-
-def _linear_weights(n_out: int, n_in: int, step: int) -> np.ndarray:
-    """(n_out, n_in) linear-interpolation matrix from a grid of cells `step` pixels wide to pixels."""
-    pos = np.clip((np.arange(n_out) + 0.5) / step - 0.5, 0, n_in - 1)
-    lo = np.minimum(pos.astype(np.int64), max(n_in - 2, 0))
-    frac = (pos - lo).astype(np.float32)
-    weights = np.zeros((n_out, n_in), np.float32)
-    weights[np.arange(n_out), lo] = 1 - frac
-    if n_in > 1:
-        weights[np.arange(n_out), lo + 1] += frac
-    return weights
 
 
 def _tissue_field(height: int, width: int, rng: np.random.Generator) -> tuple[np.ndarray, float, int]:
@@ -136,8 +96,8 @@ def _raster(poly: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.nd
 
 
 def _default_diameter(height: int, width: int) -> tuple[float, float]:
-    scale = min(1.0, min(height, width) / 2048)
-    return max(24.0, 80 * scale), max(40.0, 250 * scale)
+    side = min(height, width)
+    return max(24.0, 0.12 * side), max(40.0, 0.25 * side)
 
 
 def synthesize_slide(
@@ -146,45 +106,91 @@ def synthesize_slide(
     lesions: int,
     seed: int,
     lesion_diameter: tuple[float, float] | None = None,
+    lesion_kind: LesionKind = "tumour",
 ) -> SlideImage:
-    """Render a slide of `size` (w, h) in memory with `lesions` lesions fully inside the tissue."""
+    """Render an H&E-like slide of `size` (w, h) with `lesions` lesions of `lesion_kind` inside the tissue.
+
+    Each part draws from its own random stream, so the same seed with and without lesions gives the same
+    pixels everywhere outside the lesion mask (the tests rely on this to check the ground truth).
+    """
     width, height = int(size[0]), int(size[1])
     if width < 64 or height < 64:
         raise DataError(f"size={size}: synthetic slides need at least 64x64 pixels")
     if lesions < 0:
         raise DataError(f"lesions={lesions}: must be >= 0")
-    rng = np.random.default_rng(seed)
-    normal_src, lesion_src = _textures()
-
-    fld, threshold, step = _tissue_field(height, width, rng)
-    # Separable linear upsampling as two small matrix products: much faster than ndimage.zoom.
-    full = _linear_weights(height, fld.shape[0], step) @ fld @ _linear_weights(width, fld.shape[1], step).T
-    alpha = np.clip((full - threshold) / 0.15, 0, 1)
+    if lesion_kind not in LESION_KINDS:
+        raise DataError(f"lesion_kind={lesion_kind!r}: must be one of {', '.join(LESION_KINDS)}")
+    r_tissue, r_stain, r_stroma, r_nuclei, r_lesion, r_noise = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
+    )
+    fld, threshold, step = _tissue_field(height, width, r_tissue)
+    alpha = np.clip((he.upsample(fld, height, width, step) - threshold) / 0.15, 0, 1)
     tissue = alpha >= 0.5
+    stain = he.slide_stain(r_stain)
+
+    stroma = he.stroma_eosin(height, width, r_stroma)
+    parts = he.draw_structures(alpha >= 1, r_stroma)
+    open_tissue = 1 - parts.lumen
+    eosin = np.maximum(stroma, parts.eosin)
+    eosin *= open_tissue
+    h_base = (0.025 * open_tissue).astype(np.float32)
+    xs, ys, which = _normal_nuclei(alpha, parts, r_nuclei)
+    hema = h_base.copy()
+    he.stamp_nuclei(hema, xs, ys, which, he.nucleus_bank("normal"))
 
     lesion_mask = np.zeros((height, width), bool)
     # Lesions go where tissue is fully opaque, so no lesion pixel is blended with background.
-    polygons = _place_lesions(lesions, fld > threshold, alpha >= 1, step, lesion_diameter, rng)
-    normal_tex, lesion_tex = _Texture(normal_src, rng), _Texture(lesion_src, rng)
-    texture = normal_tex.window(0, 0, height, width)
+    polygons = _place_lesions(lesions, fld > threshold, alpha >= 1, step, lesion_diameter, r_lesion)
+    hema_out = ndimage.gaussian_filter(hema, BLUR_SIGMA)
+    eosin_out = ndimage.gaussian_filter(eosin, BLUR_SIGMA)
+    margin = he.nucleus_bank("tumour").half + 6
     for poly in polygons:
         rr, cc = _raster(poly, (height, width))
         lesion_mask[rr, cc] = True
-        r0, c0 = int(rr.min()), int(cc.min())
-        patch = lesion_tex.window(r0, c0, int(rr.max()) - r0 + 1, int(cc.max()) - c0 + 1)
-        texture[rr, cc] = patch[rr - r0, cc - c0]
+        y0, x0 = max(0, int(rr.min()) - margin), max(0, int(cc.min()) - margin)
+        y1, x1 = min(height, int(rr.max()) + margin + 1), min(width, int(cc.max()) + margin + 1)
+        if lesion_kind == "tumour":
+            h_local, e_local = _tumour_layer(stroma[y0:y1, x0:x1], r_lesion)
+        else:  # the same nuclei in the same places, only their chromatin changes
+            h_local, e_local = h_base[y0:y1, x0:x1].copy(), eosin[y0:y1, x0:x1]
+            he.stamp_nuclei(h_local, xs - x0, ys - y0, which, he.nucleus_bank("subtle"))
+        hema_out[rr, cc] = ndimage.gaussian_filter(h_local, BLUR_SIGMA)[rr - y0, cc - x0]
+        eosin_out[rr, cc] = ndimage.gaussian_filter(e_local, BLUR_SIGMA)[rr - y0, cc - x0]
 
-    stain = rng.uniform(0.94, 1.04, size=3).astype(np.float32)  # per-slide stain variation, lesion included
-    noise = rng.integers(-3, 4, size=(height, width, 1), dtype=np.int16)
-    # background + alpha * (stained texture - background) + noise, in place to keep memory flat
-    rgb_f = texture.astype(np.float32)
-    rgb_f *= stain
-    rgb_f -= BACKGROUND
-    rgb_f *= alpha[..., None]
-    rgb_f += noise + np.float32(BACKGROUND)
-    np.clip(rgb_f, 0, 255, out=rgb_f)
-    rgb = np.rint(rgb_f, out=rgb_f).astype(np.uint8)
+    alpha32 = alpha.astype(np.float32)
+    hema_out *= alpha32 * np.float32(stain.h_strength)
+    eosin_out *= alpha32 * np.float32(stain.e_strength)
+    noise = r_noise.standard_normal((height, width), dtype=np.float32)
+    noise *= 0.012
+    rgb = he.od_to_rgb(hema_out, eosin_out, stain, extra=noise)
     return SlideImage(rgb=rgb, tissue=tissue, lesion_mask=lesion_mask, lesions=polygons)
+
+
+def _normal_nuclei(
+    alpha: np.ndarray, parts: he.Structures, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stromal nuclei (sparse, denser in cellular patches) plus the nuclei lining glands and vessels."""
+    height, width = alpha.shape
+    n = rng.poisson(height * width * NORMAL_DENSITY * 2.5)
+    xs, ys = rng.uniform(0, width, n), rng.uniform(0, height, n)
+    cellularity = np.exp(0.9 * he.smooth_noise(height, width, 128, rng))  # mean ~1.5, patches up to ~5
+    iy, ix = ys.astype(np.int64), xs.astype(np.int64)
+    keep = (alpha[iy, ix] > 0.5) & (parts.lumen[iy, ix] < 0.5)
+    keep &= rng.uniform(0, 2.5, n) < cellularity[iy, ix]
+    xs = np.concatenate([xs[keep], np.asarray(parts.nuclei_x)])
+    ys = np.concatenate([ys[keep], np.asarray(parts.nuclei_y)])
+    return xs, ys, rng.integers(he.BANK_SIZE, size=len(xs))
+
+
+def _tumour_layer(stroma: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A sheet of crowded, enlarged, dark, pleomorphic nuclei in lilac cytoplasm with a little stroma."""
+    height, width = stroma.shape
+    bank = he.nucleus_bank("tumour")
+    n = rng.poisson(height * width * TUMOUR_DENSITY)
+    hema = np.full((height, width), 0.1, np.float32)
+    xs, ys = rng.uniform(0, width, n), rng.uniform(0, height, n)
+    he.stamp_nuclei(hema, xs, ys, rng.integers(he.BANK_SIZE, size=n), bank)
+    return hema, 0.45 * stroma + 0.14
 
 
 def _place_lesions(
@@ -237,9 +243,12 @@ def make_synthetic_slide(
     tile: int = 256,
     flavour: Flavour = "svs",
     lesion_diameter: tuple[float, float] | None = None,
+    lesion_kind: LesionKind = "tumour",
 ) -> SlideInfo:
     """Write a 3-level pyramidal tiled TIFF with MPP metadata; label 1 ("tumor") when `lesions` > 0."""
-    image = synthesize_slide(size, lesions=lesions, seed=seed, lesion_diameter=lesion_diameter)
+    image = synthesize_slide(
+        size, lesions=lesions, seed=seed, lesion_diameter=lesion_diameter, lesion_kind=lesion_kind
+    )
     path = Path(path)
     write_pyramid(path, downsample_pyramid(image.rgb, 3), mpp=mpp, tile=tile, flavour=flavour)
     return SlideInfo(
@@ -312,21 +321,26 @@ def load_lesions(path: str | Path) -> dict[str, list[np.ndarray]]:
 def make_slide_set(
     out_dir: str | Path,
     *,
-    n_slides: int = 12,
-    size: tuple[int, int] = (2048, 2048),
+    n_slides: int = 40,
+    size: tuple[int, int] = (1024, 1024),
     seed: int = 0,
     positive_fraction: float = 0.5,
     flavour: Flavour = "svs",
     lesion_diameter: tuple[float, float] | None = None,
+    lesion_kind: LesionKind = "tumour",
+    lesion_count: tuple[int, int] = (1, 3),
 ) -> Path:
     """Write slides, `slides.csv` (slide,label,split), `lesions.json` and per-slide lesion GeoJSON.
 
     `lesion_diameter` = (min, max) in level-0 pixels; None scales the default with the slide size.
+    Each positive slide holds `lesion_count` = (min, max) lesions of `lesion_kind`.
 
     Returns the CSV path. A folder already holding a set made with the same parameters is reused as is.
     """
     if n_slides < 1:
         raise DataError(f"n_slides={n_slides}: must be >= 1")
+    if not 1 <= lesion_count[0] <= lesion_count[1]:
+        raise DataError(f"lesion_count={lesion_count}: need 1 <= min <= max")
     if not 0 <= positive_fraction <= 1:
         raise DataError(f"positive_fraction={positive_fraction}: must be in [0, 1]")
     out = Path(out_dir)
@@ -339,6 +353,8 @@ def make_slide_set(
         "positive_fraction": positive_fraction,
         "flavour": flavour,
         "lesion_diameter": list(lesion_diameter) if lesion_diameter else None,
+        "lesion_kind": lesion_kind,
+        "lesion_count": list(lesion_count),
     }
     names = [f"slide_{i:03d}{_SUFFIX[flavour]}" for i in range(n_slides)]
     if _cached(out, params, names):
@@ -352,7 +368,7 @@ def make_slide_set(
     for i in rng.permutation(n_slides)[:n_pos]:
         labels[i] = 1
     splits = _stratified_splits(labels, rng)
-    counts = [int(rng.integers(1, 4)) if lab else 0 for lab in labels]
+    counts = [int(rng.integers(lesion_count[0], lesion_count[1] + 1)) if lab else 0 for lab in labels]
 
     def write(i: int) -> SlideInfo:
         name = names[i]
@@ -363,6 +379,7 @@ def make_slide_set(
             seed=seed * 100_003 + i,
             flavour=flavour,
             lesion_diameter=lesion_diameter,
+            lesion_kind=lesion_kind,
         )
         _write_lesion_geojson(info.lesions, out / f"{name.split('.')[0]}.lesions.geojson")
         return info

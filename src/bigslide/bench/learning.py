@@ -1,0 +1,291 @@
+"""Does each method learn? Synthetic hematoxylin-eosin slides (tumour, subtle lesions) and UltraMNIST.
+
+Parts (run seed by seed, so a time box still leaves every part with its first seeds):
+- tumour_mil: every MIL method on tumour slides: test slide AUC, balanced accuracy, attention cell AUC.
+- tumour_image: PatchGD and full-image GD on the same slides rendered whole; PatchGD's Z-block class
+  evidence map scored like attention (full_image has no map).
+- subtle: ABMIL-ACC against the frozen (random) encoder on subtle lesions (chromatin change only).
+- ultramnist: PatchGD at full size vs full-image GD at the size of equal training memory and at full size.
+
+Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there, so an
+interrupted bench resumes. `--docs` writes the tables into docs/benchmarks.md from that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import statistics
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigslide.bench.memory import peak_rss_delta
+from bigslide.data.table import SlideTable
+from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
+from bigslide.engine.metrics import classification_metrics
+from bigslide.explain.localisation import lesion_cell_auc
+from bigslide.synthetic.slides import LesionKind, load_lesions, make_slide_set
+
+MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
+IMAGE_METHODS = ("patchgd", "full_image")
+SUBTLE_METHODS = ("abmil_acc", "frozen_abmil")
+PARTS = ("tumour_mil", "tumour_image", "subtle", "ultramnist")
+BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument(
+        "--slides", type=int, default=24, help="slides per set (1/2 train, 1/4 val, 1/4 test)"
+    )
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
+    parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
+    parser.add_argument("--canvas", type=int, default=512, help="UltraMNIST canvas side")
+    parser.add_argument("--matched-canvas", type=int, default=128, help="GD's side at PatchGD's memory")
+    parser.add_argument("--canvases", type=int, default=160, help="UltraMNIST training canvases")
+    parser.add_argument("--out", default="runs/bench-learning")
+    parser.add_argument(
+        "--docs", help="write the tables from <out>/results.json into this Markdown file and exit"
+    )
+
+
+def _base_config(args: argparse.Namespace, name: str, method: str, seed: int) -> TrainConfig:
+    config = TrainConfig()
+    config.model.backbone = args.backbone
+    config.method.name = method
+    config.optim.epochs = args.epochs
+    config.optim.lr = 2e-3
+    config.run.seed = seed
+    config.run.device = "auto"
+    config.run.out_dir = str(Path(args.out) / f"{name}-seed{seed}")
+    return config
+
+
+def slide_config(
+    args: argparse.Namespace, csv: Path, kind: LesionKind, method: str, seed: int, name: str
+) -> TrainConfig:
+    config = _base_config(args, name, method, seed)
+    config.data.csv = str(csv)
+    # Tumour: 1 µm/px (10x) tiles of 32 px. Subtle: a chromatin change needs full resolution (0.5 µm/px).
+    config.data.mpp = 1.0 if kind == "tumour" else 0.5
+    config.data.tile_size = 32
+    config.data.bag_size = 24 if kind == "tumour" else 32
+    config.data.image_size = args.image_size
+    config.data.augment = method != "frozen_abmil"  # precomputed features are of un-augmented tiles
+    if method == "patchgd":
+        config.method.params = {"patch_size": 64, "k": 16, "epsilon": 1, "latent_dim": 64}
+    return config
+
+
+def slide_run(
+    args: argparse.Namespace, csv: Path, kind: LesionKind, method: str, seed: int
+) -> dict[str, float]:
+    config = slide_config(args, csv, kind, method, seed, f"{kind}-{method}")
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    table = SlideTable.from_csv(csv)
+    test = table.subset("test")
+    preds, raw = predict_slides(result.checkpoint, test, repeats=0)
+    labels = np.array([table.encode(e.label) for e in test.entries])
+    metrics = classification_metrics(labels, raw.probs)
+    lesions = load_lesions(csv.parent / "lesions.json")
+    map_name = "attention" if method not in IMAGE_METHODS else "evidence"
+    aucs = [
+        lesion_cell_auc(p.grids[map_name], lesions[Path(e.path).name])
+        for p, e in zip(preds, test.entries)
+        if e.label == "tumor" and map_name in p.grids
+    ]
+    if aucs:
+        metrics["cell_auc"] = float(np.nanmean(aucs))
+    return metrics
+
+
+def ultramnist_run(
+    args: argparse.Namespace, method: str, size: int, seed: int, name: str
+) -> dict[str, float]:
+    config = _base_config(args, name, method, seed)
+    config.data.source = "ultramnist"
+    config.data.ultramnist_count = args.canvases
+    config.data.image_size = size
+    config.data.batch_size = 2
+    config.data.augment = False
+    config.optim.lr = 1e-3
+    if method == "patchgd":
+        config.method.params = {"patch_size": 128, "k": 2, "epsilon": 4, "latent_dim": 128}
+    history, peak = peak_rss_delta(partial(lambda c: run_to_end(train(c)).history, config))
+    val = history[-1]["val"]
+    return {"accuracy": val["accuracy"], "qwk": val["qwk"], "peak_mb": peak / 2**20}
+
+
+def _slide_set(args: argparse.Namespace, kind: LesionKind) -> Path:
+    cache = Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide"))
+    return make_slide_set(
+        cache / f"learning-{kind}-{args.slides}",
+        n_slides=args.slides,
+        seed=11,
+        lesion_kind=kind,
+        lesion_count=(1, 3) if kind == "tumour" else (2, 3),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    path = out / "results.json"
+    if args.docs:
+        write_docs(json.loads(path.read_text()), Path(args.docs))
+        print(f"wrote the learning tables from {path} into {args.docs}")
+        return 0
+    parts = args.parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        print(f"bigslide: error: --parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    command = "bigslide bench learning " + " ".join(sys.argv[sys.argv.index("learning") + 1 :])
+    meta = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "slides": args.slides,
+        "epochs": args.epochs,
+        "backbone": args.backbone,
+        "image_size": args.image_size,
+        "canvas": args.canvas,
+        "matched_canvas": args.matched_canvas,
+        "canvases": args.canvases,
+    }
+    state = _update(path, meta=meta, command=command.strip())
+    runs = state["runs"]
+    csvs = {kind: _slide_set(args, kind) for kind in ("tumour", "subtle") if _needs(kind, parts)}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        jobs: list[tuple[str, str, Any]] = []
+        if "tumour_mil" in parts:
+            jobs += [
+                ("tumour_mil", m, partial(slide_run, args, csvs["tumour"], "tumour", m, seed))
+                for m in MIL_METHODS
+            ]
+        if "tumour_image" in parts:
+            jobs += [
+                ("tumour_image", m, partial(slide_run, args, csvs["tumour"], "tumour", m, seed))
+                for m in IMAGE_METHODS
+            ]
+        if "subtle" in parts:
+            jobs += [
+                ("subtle", m, partial(slide_run, args, csvs["subtle"], "subtle", m, seed))
+                for m in SUBTLE_METHODS
+            ]
+        if "ultramnist" in parts:
+            sizes = {
+                f"patchgd@{args.canvas}": ("patchgd", args.canvas),
+                f"gd@{args.matched_canvas}": ("full_image", args.matched_canvas),
+                f"gd@{args.canvas}": ("full_image", args.canvas),
+            }
+            jobs += [
+                ("ultramnist", name, partial(ultramnist_run, args, m, size, seed, f"ultramnist-{name}"))
+                for name, (m, size) in sizes.items()
+            ]
+        for part, name, job in jobs:
+            key = f"{part}/{name}/seed{seed}"
+            if key in runs:
+                continue
+            runs[key] = job()
+            state = _update(path, key=key, value=runs[key])
+            print(f"{key}: " + "  ".join(f"{k}={v:.3f}" for k, v in runs[key].items()), flush=True)
+    print(render_tables(state))
+    return 0
+
+
+def _update(path: Path, **change: Any) -> dict[str, Any]:
+    """Read-modify-write the results file under a lock, so several bench processes can share it."""
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        state.setdefault("runs", {})
+        state.setdefault("commands", [])
+        if "meta" in change:
+            if state.get("meta", change["meta"]) != change["meta"]:
+                raise SystemExit(f"{path}: made with other settings; pass another --out")
+            state["meta"] = change["meta"]
+            if change["command"] not in state["commands"]:
+                state["commands"].append(change["command"])
+        if "key" in change:
+            state["runs"][change["key"]] = change["value"]
+        path.write_text(json.dumps(state, indent=1))
+        return state
+
+
+def _needs(kind: str, parts: list[str]) -> bool:
+    return ("subtle" in parts) if kind == "subtle" else bool({"tumour_mil", "tumour_image"} & set(parts))
+
+
+def mean_sd(values: list[float]) -> str:
+    values = [v for v in values if np.isfinite(v)]
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}" if len(values) > 1 else f"{values[0]:.3f} (1 seed)"
+
+
+def _table(runs: dict[str, dict[str, float]], part: str, columns: dict[str, str]) -> list[str]:
+    names: dict[str, list[dict[str, float]]] = {}
+    for key, value in runs.items():
+        p, name, _seed = key.split("/")
+        if p == part:
+            names.setdefault(name, []).append(value)
+    if not names:
+        return ["(not measured)", ""]
+    lines = ["| run | seeds | " + " | ".join(columns.values()) + " |", "|---|---:|" + "---:|" * len(columns)]
+    for name, rows in names.items():
+        cells = [mean_sd([r.get(k, float("nan")) for r in rows]) for k in columns]
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def render_tables(state: dict[str, Any]) -> str:
+    """The Markdown tables (mean ± sd over seeds) of every part measured so far."""
+    runs, meta = state.get("runs", {}), state.get("meta", {})
+    slide_cols = {"auc": "test AUC", "balanced_accuracy": "balanced accuracy", "cell_auc": "map cell AUC"}
+    lines = [
+        f"Machine: 2-core CPU VM, shared (other jobs running); torch {meta.get('torch')}, Python "
+        f"{meta.get('python')}. Commands: "
+        + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
+        + f". {meta.get('slides')} slides of 1024² per set "
+        f"(half train, a quarter validation, a quarter test), {meta.get('epochs')} epochs, backbone "
+        f"`{meta.get('backbone')}` from random weights. Mean ± sd over the seeds measured; *map cell AUC* is "
+        "the AUC of the attention (MIL) or Z-block class-evidence (PatchGD) cells, lesion (> 10 % lesion) "
+        "against other tissue cells, averaged over the tumour test slides.",
+        "",
+        "### Tumour lesions, MIL methods (tiles of 32 px at 1 µm/px, bag 24)",
+        "",
+        *_table(runs, "tumour_mil", slide_cols),
+        f"### Tumour lesions, whole-slide image methods ({meta.get('image_size')}² per slide)",
+        "",
+        *_table(runs, "tumour_image", slide_cols),
+        "### Subtle lesions (chromatin change only; tiles of 32 px at 0.5 µm/px, bag 32)",
+        "",
+        *_table(runs, "subtle", slide_cols),
+        f"### UltraMNIST: PatchGD vs GD at equal memory ({meta.get('canvases')} canvases, "
+        "validation accuracy)",
+        "",
+        *_table(runs, "ultramnist", {"accuracy": "accuracy", "qwk": "QWK", "peak_mb": "peak MB"}),
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(state: dict[str, Any], path: Path) -> None:
+    """Replace the text between the bench's markers in `path` with freshly rendered tables."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no '{BEGIN}' ... '{END}' markers to write between")
+    head, rest = text.split(BEGIN, 1)
+    _old, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{render_tables(state)}\n{END}{tail}")
