@@ -13,7 +13,7 @@ APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-ra
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[napari,dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[napari,dev,openslide]"
 	touch $(STAMP)
 
 system-deps:

@@ -199,7 +199,6 @@ def test_file_tiles_decoded_from_the_file_are_the_written_pixels(
 
 
 def test_openslide_and_tiffslide_give_the_same_pixels(svs_slide: WrittenSlide) -> None:
-    pytest.importorskip("openslide")
     with (
         open_slide(svs_slide.path, backend="tiffslide") as tiff,
         open_slide(svs_slide.path, backend="openslide") as osr,
