@@ -26,7 +26,7 @@ from bigslide.errors import TrainingError
 FORMAT = 2
 # What every checkpoint holds; `load_checkpoint(require=...)` adds what resuming needs.
 MODEL_KEYS = ("config", "classes", "method", "model")
-RESUME_KEYS = ("optimizer", "schedule", "position", "rng")
+RESUME_KEYS = ("optimizer", "schedule", "position", "rng", "stepper")
 
 
 def plain(value: Any) -> Any:

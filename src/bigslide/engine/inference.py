@@ -18,7 +18,6 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
-from bigslide.errors import ConfigError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 from bigslide.synthetic.ultramnist import UltraMNIST
@@ -118,11 +117,6 @@ class SlidePrediction:
 
 def load_trained(checkpoint: str | Path, *, device: str = "auto") -> tuple[Method, TrainConfig, list[str]]:
     state = load_checkpoint(checkpoint)
-    if "level" in state["config"].get("data", {}):
-        raise ConfigError(
-            f"{checkpoint}: saved by a bigslide that read tiles from a pyramid level (data.level), not at a "
-            "physical resolution; retrain it to predict at a known µm per pixel"
-        )
     config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
     classes = list(state["classes"])
     method = setup.build_method(config, classes, setup.resolve_device(device))

@@ -118,8 +118,7 @@ def train(
         method.model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
-        if "stepper" in saved:
-            stepper.load_state_dict(saved["stepper"])
+        stepper.load_state_dict(saved["stepper"])
         state = dict(saved["position"])
         history = list(saved.get("history", []))
         set_rng_state(saved["rng"])

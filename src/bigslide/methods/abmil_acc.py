@@ -20,7 +20,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -78,15 +78,6 @@ def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None
             f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
         )
     return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
-
-
-def head_loss(
-    aggregator: nn.Module, logits: torch.Tensor, target: torch.Tensor, loss_fn: LossFn | None = None
-) -> torch.Tensor:
-    """`bag_loss` for any head: its auxiliary loss (DTFD's tier 1) counts only when it has `aux_loss`."""
-    if hasattr(aggregator, "aux_loss"):
-        return bag_loss(cast(Aggregator, aggregator), logits, target, loss_fn)
-    return (loss_fn or F.cross_entropy)(logits, target)
 
 
 @contextlib.contextmanager
@@ -163,7 +154,7 @@ def accumulated_bag_backward(
 
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
         logits, attention = split_head_output(aggregator(Z))
-        loss = head_loss(aggregator, logits, target, loss_fn)
+        loss = bag_loss(aggregator, logits, target, loss_fn)
         return loss, (logits.detach(), None if attention is None else attention.detach())
 
     with bn_policy(encoder, bn_mode):

@@ -126,7 +126,7 @@ class BigLayerMIL(Method):
         target = batch.y.to(self.device)
         with stepper.autocast():
             logits, _ = self.model(_to_host(batch.x))
-            loss = bag_loss(self.model.aggregator, logits.float(), target)  # type: ignore[arg-type]
+            loss = bag_loss(self.model.aggregator, logits.float(), target)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)

@@ -30,14 +30,16 @@ class Aggregator(nn.Module):
 
 
 def bag_loss(
-    aggregator: Aggregator,
+    aggregator: nn.Module,
     logits: torch.Tensor,
     target: torch.Tensor,
     loss_fn: LossFn | None = None,
 ) -> torch.Tensor:
-    """`loss_fn(logits, target)` (cross-entropy by default) plus the aggregator's auxiliary loss."""
+    """`loss_fn(logits, target)` (cross-entropy by default) plus the aggregator's auxiliary loss (DTFD's
+    tier 1), when it has an `aux_loss`: a plain head module from a script has none."""
     loss = (loss_fn or F.cross_entropy)(logits, target)
-    aux = aggregator.aux_loss(target)
+    aux_loss = getattr(aggregator, "aux_loss", None)
+    aux = aux_loss(target) if aux_loss is not None else None
     return loss if aux is None else loss + aux
 
 
