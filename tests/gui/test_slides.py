@@ -55,3 +55,53 @@ def test_bad_csv_is_reported(viewer: Any, dock: Any, tmp_path: Path, notificatio
     panel.load_csv(bad)
     assert any("missing.svs" in n.message for n in notifications if n.severity == "error")
     assert panel.table.rowCount() == 0
+
+
+def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
+    viewer: Any,
+    dock: Any,
+    qtbot: Any,
+    make_slide: Any,
+    slide_image: Any,
+    notifications: list[Any],
+    tmp_path: Path,
+) -> None:
+    from bigslide.engine.config import TrainConfig
+    from bigslide.napari._run import write_run_folder
+
+    unstated = make_slide(slide_image, flavour="tiff", mpp=None, name="no-mpp")
+    panel = dock("Slides")
+    viewer.open(unstated.path, plugin="bigslide")
+    panel.set_label(0, "tumor")
+    panel.tile_size.setValue(64)
+    assert panel.count_tiles() is not None
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+    errors = [n.message for n in notifications if n.severity == "error"]
+    assert any("no-mpp" in m and "pixel size" in m for m in errors), errors  # names the slide and says why
+    assert panel.session.rows[0].tiles is None
+
+    panel.slide_mpp.setValue(0.25)  # its scanner's µm/px; read at 0.5 µm/px: 128 level-0 px per tile
+    assert panel.session.slide_mpp == 0.25
+    panel.count_tiles()
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+    with open_slide(unstated.path) as slide:
+        slide.mpp = (0.25, 0.25)
+        expected = len(
+            TileGrid.from_slide(slide, 64, mpp=panel.session.mpp, min_tissue=panel.session.min_tissue)
+        )
+    assert panel.session.rows[0].tiles == expected > 0
+
+    defaults = TrainConfig()
+    written = write_run_folder(
+        viewer,
+        panel.session,
+        tmp_path / "run",
+        method="abmil_acc",
+        method_params={},
+        data_values={},
+        model=defaults.model,
+        optim=defaults.optim,
+        device="cpu",
+    )
+    config = TrainConfig.from_yaml(written)
+    assert config.data.slide_mpp == 0.25

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bigslide.data.decode import read_squares
-from bigslide.data.sample import Sample
+from bigslide.data.sample import Sample, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
@@ -20,7 +20,7 @@ from bigslide.resolution import DEFAULT_MPP
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     """One random flip/rotation and brightness/contrast change, the same for every tile of the bag
-    (Big-Layers §4.2.6): the bag stays one coherent view of the slide."""
+    (Big-Layers §4.2.6): the bag stays one coherent view of the slide. uint8 bags stay uint8."""
     k = int(rng.integers(4))
     if k:
         x = torch.rot90(x, k, dims=(-2, -1))
@@ -28,8 +28,10 @@ def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         x = torch.flip(x, dims=(-1,))
     brightness = float(rng.uniform(-0.05, 0.05))
     contrast = float(rng.uniform(0.9, 1.1))
-    mean = x.mean()
-    return ((x - mean) * contrast + mean + brightness).clamp_(0.0, 1.0)
+    f = as_float(x)
+    mean = f.mean()
+    f = ((f - mean) * contrast + mean + brightness).clamp_(0.0, 1.0)
+    return f.mul_(255).round_().to(torch.uint8) if x.dtype == torch.uint8 else f
 
 
 class BagDataset(Dataset[Sample]):
@@ -86,7 +88,7 @@ class BagDataset(Dataset[Sample]):
         """The bag of tiles `indices` of slide i; file tiles are decoded once, on `pool` when given."""
         entry, grid = self.table.entries[i], self.grids[i]
         slide = self.slides.open(entry.path)
-        x = torch.from_numpy(read_squares(slide, grid.plan, grid.coords[indices], pool, as_float=True))
+        x = torch.from_numpy(read_squares(slide, grid.plan, grid.coords[indices], pool))
         if self.augment:
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
         return Sample(

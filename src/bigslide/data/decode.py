@@ -2,8 +2,11 @@
 
 Neighbouring grid tiles share file tiles (a 224 px tile on a 256 px JPEG grid touches up to four), so
 reading squares one by one decodes most file tiles several times. Here the squares are visited top to
-bottom; the file tiles a row band needs are decoded once (in parallel: imagecodecs releases the GIL)
-and dropped as soon as no later square can touch them, so memory stays at a few rows of file tiles.
+bottom in groups of row bands; the file tiles a group needs are decoded once (in parallel: imagecodecs
+releases the GIL) and dropped as soon as no later square can touch them, so memory stays at a few rows
+of file tiles. Groups hold at least `GROUP_TILES` file tiles so that a pool's threads wait on each other
+rarely. Squares come out channels-first uint8, the form a bag crosses to the device in (a quarter of
+float32's bytes; methods scale to [0, 1] on their device).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from bigslide.slide import BACKGROUND, Slide
 
 FileTile = tuple[int, int]
 T = TypeVar("T")
+GROUP_TILES = 64
 
 
 def read_squares(
@@ -28,18 +32,15 @@ def read_squares(
     plan: ReadPlan,
     coords: np.ndarray,
     pool: Executor | None = None,
-    *,
-    as_float: bool = False,
 ) -> np.ndarray:
-    """(N, size, size, 3) uint8: the square at each level-0 top-left (x, y) of `coords`, read by `plan`.
+    """(N, 3, size, size) uint8: the square at each level-0 top-left (x, y) of `coords`, read by `plan`.
 
-    Equal to `resize_square(slide.read_region(xy, plan.level, (read_size,) * 2), size)` per square.
-    `as_float`: (N, 3, size, size) float32 in [0, 1] instead, converted square by square on the pool
-    (the conversion of a whole bag costs about as much as decoding it).
+    Equal to `resize_square(slide.read_region(xy, plan.level, (read_size,) * 2), size)` per square,
+    channels first.
     """
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
     n, s = len(coords), plan.size
-    out = np.empty((n, 3, s, s), np.float32) if as_float else np.empty((n, s, s, 3), np.uint8)
+    out = np.empty((n, 3, s, s), np.uint8)
     if len(coords) == 0:
         return out
     level, rs = plan.level, plan.read_size
@@ -52,10 +53,12 @@ def read_squares(
     row0 = np.clip(y0, 0, lh - 1) // th
     order = np.argsort(np.where(inside, row0, -1), kind="stable")
 
+    xs, ys = x0.tolist(), y0.tolist()  # Python ints: numpy scalars are slow in the loops below
+
     def spans(i: int) -> tuple[range, range]:
         return (
-            range(int(max(y0[i], 0) // th), int((min(y0[i] + rs, lh) - 1) // th) + 1),
-            range(int(max(x0[i], 0) // tw), int((min(x0[i] + rs, lw) - 1) // tw) + 1),
+            range(max(ys[i], 0) // th, (min(ys[i] + rs, lh) - 1) // th + 1),
+            range(max(xs[i], 0) // tw, (min(xs[i] + rs, lw) - 1) // tw + 1),
         )
 
     cache: dict[FileTile, np.ndarray] = {}
@@ -67,46 +70,49 @@ def read_squares(
             x, y = (int(v) for v in coords[needed_by])
             raise SlideError(f"{err}; needed by the tile at level-0 (x={x}, y={y})") from err
 
+    resamples = rs != s
+
     def assemble(i: int) -> None:
-        square = np.full((rs, rs, 3), BACKGROUND, np.uint8)
+        # as read: straight into the channels-first output; else via an (rs, rs, 3) square to resize
+        square = np.empty((rs, rs, 3), np.uint8) if resamples else out[i].transpose(1, 2, 0)
+        x, y = xs[i], ys[i]
+        if x < 0 or y < 0 or x + rs > lw or y + rs > lh:
+            square[...] = BACKGROUND  # partly beyond the level's edge
         rows, cols = spans(i)
         for r in rows:
             for c in cols:
                 tile = cache[(r, c)]
                 # overlap of the file tile and the square, in level coordinates
                 ty0, tx0 = r * th, c * tw
-                ay0, ay1 = max(ty0, int(y0[i])), min(ty0 + tile.shape[0], int(y0[i]) + rs)
-                ax0, ax1 = max(tx0, int(x0[i])), min(tx0 + tile.shape[1], int(x0[i]) + rs)
-                square[ay0 - y0[i] : ay1 - y0[i], ax0 - x0[i] : ax1 - x0[i]] = tile[
-                    ay0 - ty0 : ay1 - ty0, ax0 - tx0 : ax1 - tx0
-                ]
-        square = resize_square(square, plan.size)
-        if as_float:
-            np.divide(square.transpose(2, 0, 1), np.float32(255), out=out[i], dtype=np.float32)
-        else:
-            out[i] = square
+                ay0, ay1 = max(ty0, y), min(ty0 + tile.shape[0], y + rs)
+                ax0, ax1 = max(tx0, x), min(tx0 + tile.shape[1], x + rs)
+                piece = tile[ay0 - ty0 : ay1 - ty0, ax0 - tx0 : ax1 - tx0]
+                square[ay0 - y : ay1 - y, ax0 - x : ax1 - x] = piece
+        if resamples:
+            out[i] = resize_square(square, s).transpose(2, 0, 1)
 
     def run(fn: Callable[..., T], items: list[tuple[Any, ...]]) -> list[T]:
         if pool is None:
             return [fn(*item) for item in items]
         return list(pool.map(lambda item: fn(*item), items))  # re-raises the first error
 
-    out[~inside] = BACKGROUND / 255 if as_float else BACKGROUND
+    out[~inside] = BACKGROUND
     todo = [int(i) for i in order if inside[i]]
     start = 0
     while start < len(todo):
-        band = int(row0[todo[start]])
+        # whole row bands, until the group has GROUP_TILES file tiles to decode
         stop = start
-        while stop < len(todo) and int(row0[todo[stop]]) == band:
-            stop += 1
-        group = todo[start:stop]
         needed: dict[FileTile, int] = {}
-        for i in group:
-            rows, cols = spans(i)
-            for r in rows:
-                for c in cols:
-                    if (r, c) not in cache:
-                        needed.setdefault((r, c), i)
+        while stop < len(todo) and (stop == start or len(needed) < GROUP_TILES):
+            band = int(row0[todo[stop]])
+            while stop < len(todo) and int(row0[todo[stop]]) == band:
+                rows, cols = spans(todo[stop])
+                for r in rows:
+                    for c in cols:
+                        if (r, c) not in cache:
+                            needed.setdefault((r, c), todo[stop])
+                stop += 1
+        group = todo[start:stop]
         keys = list(needed)
         cache.update(zip(keys, run(decode, [(key, needed[key]) for key in keys])))
         run(assemble, [(i,) for i in group])

@@ -52,7 +52,7 @@ def square_box(slide: Slide, bounds: tuple[float, float, float, float], side: in
 def render_region(
     slide: Slide, plan: ReadPlan, origin: tuple[int, int], pool: Executor | None = None
 ) -> np.ndarray:
-    """The (size, size, 3) image of `plan` whose level-0 top-left corner is `origin`."""
+    """The (3, size, size) uint8 image of `plan` whose level-0 top-left corner is `origin`."""
     return read_squares(slide, plan, np.array([origin]), pool)[0]
 
 
@@ -95,7 +95,7 @@ class SlideImageDataset(Dataset[Sample]):
             plan = plan_read(slide, self.image_size, self.mpp)
             box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
             image = render_region(slide, plan, box[:2], pool)
-            self._cache[i] = (torch.from_numpy(image).permute(2, 0, 1).contiguous(), box)
+            self._cache[i] = (torch.from_numpy(image), box)
         return self._cache[i]
 
     def __getitem__(self, i: int) -> Sample:
@@ -103,8 +103,7 @@ class SlideImageDataset(Dataset[Sample]):
 
     def load(self, i: int, pool: Executor | None) -> Sample:
         """Item i, decoding on `pool` (the loader's threads)."""
-        image, (x, y, side) = self._render(i, pool)
-        t = image.float().div(255.0)
+        t, (x, y, side) = self._render(i, pool)  # uint8: methods scale it on their device
         if self.augment:
             rng = np.random.default_rng([self.seed, self.epoch, i])
             t = torch.rot90(t, int(rng.integers(4)), dims=(-2, -1))

@@ -12,9 +12,11 @@ import torch
 class Sample:
     """One item from a dataset.
 
-    kind "bag": `x` is (N, 3, t, t) float in [0, 1], `coords` the (N, 2) level-0 top-left (x, y) of each tile.
-    kind "image": `x` is (3, H, W) float in [0, 1]; image pixel (r, c) covers level-0 pixels starting at
+    kind "bag": `x` is (N, 3, t, t), `coords` the (N, 2) level-0 top-left (x, y) of each tile.
+    kind "image": `x` is (3, H, W); image pixel (r, c) covers level-0 pixels starting at
     `origin + (c, r) * downsample`.
+    Pixels are uint8 (as read: a quarter of float32's host memory and transfer) or float in [0, 1];
+    methods pass them through `to_device` / `as_float`, so models always see float in [0, 1].
     """
 
     x: torch.Tensor
@@ -36,3 +38,13 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor
     samples: list[Sample]
+
+
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged."""
+    return x.float().div_(255) if x.dtype == torch.uint8 else x
+
+
+def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Pixels onto `device` (asynchronously from pinned memory), then as float in [0, 1] there."""
+    return as_float(x.to(device, non_blocking=True))

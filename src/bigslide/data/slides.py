@@ -14,6 +14,20 @@ from bigslide.resolution import slide_mpp
 from bigslide.slide import Slide, open_slide
 
 
+def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
+    """Open a slide to read at a physical resolution: a file that states no pixel size gets
+    `fallback_mpp` (data.slide_mpp), else it is an error naming the slide."""
+    slide = open_slide(path)
+    if slide.mpp is None and fallback_mpp is not None:
+        slide.mpp = (fallback_mpp, fallback_mpp)
+    try:
+        slide_mpp(slide)
+    except Exception:
+        slide.close()
+        raise
+    return slide
+
+
 class SlideCache:
     """`slide_mpp` (data.slide_mpp, `--slide-mpp`) is the level-0 pixel size given to slides whose files
     state none; without it such a slide is an error naming it (it cannot be read at a physical
@@ -31,14 +45,7 @@ class SlideCache:
         with self._lock:
             slide = self._slides.get(path)
             if slide is None:
-                slide = open_slide(path)
-                if slide.mpp is None and self.slide_mpp is not None:
-                    slide.mpp = (self.slide_mpp, self.slide_mpp)
-                try:
-                    slide_mpp(slide)  # no pixel size: fail here, naming the slide
-                except Exception:
-                    slide.close()
-                    raise
+                slide = open_with_mpp(path, self.slide_mpp)
                 self._slides[path] = slide
             return slide
 

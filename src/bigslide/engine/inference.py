@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import default_workers, load_item
+from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import setup
@@ -34,6 +35,8 @@ class DatasetPredictions:
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
     method.model.eval()
+    if not method.takes_uint8:
+        sample = replace(sample, x=as_float(sample.x))
     return method.predict(sample)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from bigslide.data.loader import BatchLoader
-from bigslide.data.sample import Batch, Sample
+from bigslide.data.sample import Batch, Sample, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import (
@@ -51,8 +51,11 @@ class RunResult:
     method: Method | None = None  # the trained method (its modules are `method.model`)
 
 
-def collate(samples: list[Sample], device: torch.device) -> Batch:
+def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) -> Batch:
+    """`uint8=False`: pixels as floats in [0, 1] (for methods that do not scale them themselves)."""
     x = torch.stack([s.x for s in samples]) if len(samples) > 1 else samples[0].x
+    if not uint8:
+        x = as_float(x)
     if samples[0].coords is None and x.ndim == 3:  # one image: add the batch axis
         x = x.unsqueeze(0)
     y = torch.tensor([s.y for s in samples], dtype=torch.long)
@@ -155,7 +158,7 @@ def train(
             seen_y: list[int] = []
             seen_p: list[np.ndarray] = []
             while state["batch"] < len(batches) and state["step"] < total:
-                batch = collate(loader.take(batches[state["batch"]]), device)
+                batch = collate(loader.take(batches[state["batch"]]), device, uint8=method.takes_uint8)
                 method.model.train()
                 try:
                     result = method.train_step(batch, stepper)

@@ -261,6 +261,7 @@ class MILMethod(Method):
     """Shared parts of the bag methods: model building and chunked, gradient-free prediction."""
 
     kind = "bag"
+    takes_uint8 = True
     map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
     Params: ClassVar[type[MethodParams]] = MILParams
 

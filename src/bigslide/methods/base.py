@@ -93,6 +93,9 @@ class Method(ABC):
     map_titles: ClassVar[dict[str, str]] = {}
     # Among methods that fit a memory limit the planner recommends the lowest.
     plan_preference: ClassVar[int] = 100
+    # True: the method takes pixels as read (uint8; `to_device` scales them on its device, a quarter of
+    # float32's transfer). False: the engine hands it floats in [0, 1].
+    takes_uint8: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams, spec: ModelSpec, device: torch.device) -> None:
         self.params = params

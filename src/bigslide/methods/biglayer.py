@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bigslide.data.sample import as_float
 from bigslide.errors import ConfigError
 from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs
 from bigslide.methods.base import (
@@ -96,13 +97,14 @@ class BigLayerImageParams(MethodParams):
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
     # The big layers read their input from host memory; a device copy would defeat them.
-    return x if x.device.type == "cpu" else x.cpu()
+    return as_float(x if x.device.type == "cpu" else x.cpu())
 
 
 @register
 class BigLayerMIL(Method):
     name = "biglayer_mil"
     kind = "bag"
+    takes_uint8 = True
     Params = BigLayerMILParams
     summary = "Whole bag through a Big-Layer encoder (exact whole-bag BatchNorm) into a MIL aggregator"
     memory_params = ("budget_mb",)
@@ -142,6 +144,7 @@ class BigLayerMIL(Method):
 class BigLayerImage(Method):
     name = "biglayer_image"
     kind = "image"
+    takes_uint8 = True
     Params = BigLayerImageParams
     summary = "Whole large images through a Big-Layer ResNet and a linear classifier, without patching"
     memory_params = ("budget_mb",)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bigslide.data.sample import to_device
 from bigslide.methods.base import (
     Batch,
     Method,
@@ -48,6 +49,7 @@ class FullImageParams(MethodParams):
 class FullImage(Method):
     name = "full_image"
     kind = "image"
+    takes_uint8 = True
     Params = FullImageParams
     summary = "Standard training: the backbone sees the whole image in one pass."
     memory_params = ("img_size",)
@@ -79,7 +81,7 @@ class FullImage(Method):
         return model
 
     def _inputs(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.device, non_blocking=True)
+        x = to_device(x, self.device)
         return x.contiguous(memory_format=torch.channels_last) if self.params.channels_last else x
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from bigslide.data.sample import to_device
 from bigslide.methods.abmil_acc import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
 from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
@@ -76,7 +77,7 @@ class FullBag(MILMethod):
         step = full_bag_backward(
             model.encoder,
             model.aggregator,
-            batch.x.to(self.device, non_blocking=True),
+            to_device(batch.x, self.device),
             batch.y.to(self.device),
             autocast=stepper.autocast,
             backward=stepper.backward,

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bigslide.data.sample import to_device
 from bigslide.errors import ConfigError
 from bigslide.methods.base import (
     Batch,
@@ -200,6 +201,7 @@ def sample_positions(
 class PatchGD(Method):
     name = "patchgd"
     kind = "image"
+    takes_uint8 = True
     Params = PatchGDParams
     summary = "Z-block of patch encodings; each inner step re-encodes k patches per image with grad."
     memory_params = ("k", "fill_batch_size")
@@ -271,7 +273,7 @@ class PatchGD(Method):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params
-        x = batch.x.to(self.device, non_blocking=True)
+        x = to_device(batch.x, self.device)
         y = batch.y.to(self.device, non_blocking=True).long()
         grid, patches = self._grid(x)
         encoder, head = self.model.encoder, self.model.head
@@ -340,7 +342,7 @@ class PatchGD(Method):
 
     def predict(self, sample: Sample) -> Prediction:
         """Z filled with every patch, the head on it, and the Z-block maps for the predicted class."""
-        x = sample.x.to(self.device)[None]
+        x = to_device(sample.x, self.device)[None]
         Z = fill_z(
             self.model.encoder,
             x,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from bigslide.data.sample import to_device
 from bigslide.errors import ConfigError
 
 AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -81,7 +82,7 @@ def compute_device(module: nn.Module, fallback: torch.device) -> torch.device:
 
 def move_chunk(chunk: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One chunk of inputs onto the compute device (asynchronous from pinned host memory)."""
-    return chunk.to(device, non_blocking=True)
+    return to_device(chunk, device)
 
 
 def pinned(inputs: torch.Tensor, device: torch.device) -> torch.Tensor:

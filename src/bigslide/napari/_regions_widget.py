@@ -198,7 +198,8 @@ class RegionsWidget(QWidget):
         except BigslideError as err:
             show_error(str(err))
             return None
-        worker = _tile_grid(path, self.session.tile_size, self.session.mpp, self.session.min_tissue, regions)
+        s = self.session
+        worker = _tile_grid(path, s.tile_size, s.mpp, s.min_tissue, regions, s.slide_mpp)
         worker.returned.connect(self._show_tiles(slide))
         worker.errored.connect(lambda err: show_error(f"Tile preview failed: {err}"))
         self.preview_worker = worker
@@ -223,9 +224,11 @@ class RegionsWidget(QWidget):
 
 
 @thread_worker(ignore_errors=True)
-def _tile_grid(path: str, tile_size: int, mpp: float, min_tissue: float, regions: Any) -> Any:
+def _tile_grid(
+    path: str, tile_size: int, mpp: float, min_tissue: float, regions: Any, slide_mpp: float | None
+) -> Any:
+    from bigslide.data.slides import open_with_mpp
     from bigslide.grid import TileGrid
-    from bigslide.slide import open_slide
 
-    with open_slide(path) as slide:
+    with open_with_mpp(path, slide_mpp) as slide:
         return TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)

@@ -153,6 +153,7 @@ class ResultsWidget(QWidget):
             slide.metadata["path"],
             regions=regions,
             device=self.device.currentText(),
+            slide_mpp=self.session.slide_mpp,
             _start_thread=False,
             _ignore_errors=True,
         )

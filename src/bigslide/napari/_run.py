@@ -46,6 +46,7 @@ def write_run_folder(
         csv="slides.csv",
         tile_size=session.tile_size,
         mpp=session.mpp,
+        slide_mpp=session.slide_mpp,
         min_tissue=session.min_tissue,
         **data_values,
     )

@@ -42,6 +42,7 @@ class Session:
         self.rows: list[SlideRow] = []
         self.tile_size = defaults.tile_size
         self.mpp = defaults.target_mpp  # µm/px tiles are read at
+        self.slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
         self.min_tissue = defaults.min_tissue
 
     def row(self, path: str | Path) -> SlideRow | None:

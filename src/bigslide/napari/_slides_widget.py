@@ -74,8 +74,19 @@ class SlidesWidget(QWidget):
             3,
             tip="µm per pixel tiles are read at (20x = 0.5, 40x = 0.25)",
         )
+        self.slide_mpp = float_box(
+            0.0,
+            64.0,
+            self.session.slide_mpp or 0.0,
+            0.25,
+            4,
+            tip="Level-0 µm per pixel of slides whose files state none (their scanner's); "
+            "'from file' reads it from each file",
+        )
+        self.slide_mpp.setSpecialValueText("from file")  # shown at 0
         self.tile_size.valueChanged.connect(self._on_tiling_changed)
         self.mpp.valueChanged.connect(self._on_tiling_changed)
+        self.slide_mpp.valueChanged.connect(self._on_tiling_changed)
         self.min_tissue.valueChanged.connect(self._on_tiling_changed)
 
         self.load_button = QPushButton("Load table…")
@@ -94,6 +105,7 @@ class SlidesWidget(QWidget):
         settings = QFormLayout()
         settings.addRow("tile size (px)", self.tile_size)
         settings.addRow("resolution (µm/px)", self.mpp)
+        settings.addRow("slide µm/px if unstated", self.slide_mpp)
         settings.addRow("min tissue", self.min_tissue)
         buttons = QHBoxLayout()
         for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
@@ -213,6 +225,7 @@ class SlidesWidget(QWidget):
     def _on_tiling_changed(self) -> None:
         self.session.tile_size = self.tile_size.value()
         self.session.mpp = self.mpp.value()
+        self.session.slide_mpp = self.slide_mpp.value() or None
         self.session.min_tissue = self.min_tissue.value()
         for row in self.session.rows:
             row.tiles = None
@@ -229,7 +242,8 @@ class SlidesWidget(QWidget):
             return None
         self.count_button.setEnabled(False)
         self.status.setText("Counting tiles…")
-        worker = _count_tiles(jobs, self.session.tile_size, self.session.mpp, self.session.min_tissue)
+        s = self.session
+        worker = _count_tiles(jobs, s.tile_size, s.mpp, s.min_tissue, s.slide_mpp)
         worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
         worker.errored.connect(lambda err: show_error(f"Counting tiles failed: {err}"))
         worker.finished.connect(self._count_finished)
@@ -246,12 +260,12 @@ class SlidesWidget(QWidget):
 
 @thread_worker(ignore_errors=True)
 def _count_tiles(
-    jobs: list[tuple[Path, Any]], tile_size: int, mpp: float, min_tissue: float
+    jobs: list[tuple[Path, Any]], tile_size: int, mpp: float, min_tissue: float, slide_mpp: float | None
 ) -> Generator[tuple[Path, int], None, None]:
+    from bigslide.data.slides import open_with_mpp
     from bigslide.grid import TileGrid
-    from bigslide.slide import open_slide
 
     for path, regions in jobs:
-        with open_slide(path) as slide:
+        with open_with_mpp(path, slide_mpp) as slide:
             grid = TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)
         yield path, len(grid)
