@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the MIL methods on tumour slides")
     parser.add_argument("--image-epochs", type=int, default=10, help="epochs of the image methods")
-    parser.add_argument("--subtle-epochs", type=int, default=8, help="epochs on subtle-lesion slides")
+    parser.add_argument("--subtle-epochs", type=int, default=12, help="epochs on subtle-lesion slides")
     parser.add_argument("--subtle-tile", type=int, default=64, help="subtle tiles' side at 0.5 µm/px")
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
