@@ -71,6 +71,30 @@ def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it() 
     assert prediction.instance_scores.shape == (5,)
 
 
+def test_biglayer_mil_predicts_with_the_function_it_trains() -> None:
+    """A bag is one slide: prediction normalises it with its own statistics, as every training step does,
+    whatever the running statistics hold (with them, the learning bench's test slides ranked inversely)."""
+    torch.manual_seed(2)
+    params = BigLayerMILParams(stages=1, budget_mb=4.0, aggregator="abmil")
+    method = BigLayerMIL(params, ModelSpec(backbone="test_resnet", num_classes=2), CPU)
+    stepper = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.05))
+    for label in (0, 1, 0):
+        method.train_step(bag_batch(6, label), stepper)
+    method.model.eval()
+    running = {k: v.clone() for k, v in method.model.state_dict().items() if "running" in k}
+    bag = bag_batch(5, 1).samples[0].x + 0.5  # brighter than any training bag
+    probs = method.predict(Sample(x=bag, y=1, slide="s", coords=np.zeros((5, 2)), tile_size_level0=32)).probs
+    after = {k: v for k, v in method.model.state_dict().items() if "running" in k}
+    assert all(torch.equal(running[k], after[k]) for k in running)  # prediction left them alone
+    assert not any(m.training for m in method.model.modules())  # and the eval mode too
+
+    method.model.train()
+    with torch.no_grad():
+        logits, _ = method.model(bag)
+    trained = torch.softmax(logits, dim=-1)[0].numpy()
+    np.testing.assert_allclose(probs, trained, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("aggregator", ["abmil_gated", "transmil", "dtfd"])
 def test_biglayer_mil_runs_every_aggregator(aggregator: str) -> None:
     torch.manual_seed(1)

@@ -77,3 +77,19 @@ def test_predict_gives_probabilities_for_a_vit_of_a_chosen_size():
     assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-6)
     assert prediction.maps == {}
     assert prediction.instance_scores is None
+
+
+def test_eval_batchnorm_trains_the_function_it_predicts_with():
+    """bn_mode="eval": a training step computes the loss of the same function `predict` evaluates, and
+    leaves the running statistics alone (batch statistics of one image are not the running ones)."""
+    torch.manual_seed(2)
+    method = make_method(bn_mode="eval")
+    running = {k: v.clone() for k, v in method.model.state_dict().items() if "running" in k}
+    x, y = torch.rand(1, 3, 64, 64), torch.tensor([1])
+    stepper = OptimStepper(torch.optim.SGD(method.model.parameters(), lr=0.0))
+    loss = method.train_step(Batch(x, y, []), stepper).loss
+    assert all(torch.equal(v, method.model.state_dict()[k]) for k, v in running.items())
+    assert method.model.training  # the mode is restored after the step
+    method.model.eval()
+    probs = method.predict(Sample(x[0], 1, "s")).probs
+    assert loss == pytest.approx(-float(np.log(probs[1])), rel=1e-5)

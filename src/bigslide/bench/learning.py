@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slides", type=int, default=24, help="slides per set (1/2 train, 1/4 val, 1/4 test)"
     )
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the MIL methods on tumour slides")
+    parser.add_argument("--image-epochs", type=int, default=10, help="epochs of the image methods")
+    parser.add_argument("--subtle-epochs", type=int, default=12, help="epochs on subtle-lesion slides")
+    parser.add_argument("--subtle-tile", type=int, default=64, help="subtle tiles' side at 0.5 µm/px")
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
     parser.add_argument("--canvas", type=int, default=512, help="UltraMNIST canvas side")
@@ -76,14 +79,33 @@ def slide_config(
 ) -> TrainConfig:
     config = _base_config(args, name, method, seed)
     config.data.csv = str(csv)
-    # Tumour: 1 µm/px (10x) tiles of 32 px. Subtle: a chromatin change needs full resolution (0.5 µm/px).
+    # Tumour: 1 µm/px (10x) tiles of 32 px. Subtle: a chromatin change needs full resolution (0.5 µm/px),
+    # and tiles holding several nuclei (a 32 px tile at 0.5 µm/px holds one or two).
     config.data.mpp = 1.0 if kind == "tumour" else 0.5
-    config.data.tile_size = 32
+    config.data.tile_size = 32 if kind == "tumour" else args.subtle_tile
     config.data.bag_size = 24 if kind == "tumour" else 32
     config.data.image_size = args.image_size
     config.data.augment = method != "frozen_abmil"  # precomputed features are of un-augmented tiles
+    config.optim.epochs = args.subtle_epochs if kind == "subtle" else args.epochs
+    # Image methods see one rendering per slide, a step per image (or batch): they get more epochs.
+    # BatchNorm with batches from one or few slides normalises each slide by itself, which running
+    # statistics do not reproduce at inference: full_image trains one slide per step with eval-mode
+    # BatchNorm; PatchGD trains batches of 4 slides, fills Z with the same batch statistics as its inner
+    # iterations, and its head uses GroupNorm (no running statistics).
+    if method in IMAGE_METHODS:
+        config.optim.epochs = args.image_epochs
+    if method == "full_image":
+        config.method.params = {"bn_mode": "eval"}
     if method == "patchgd":
-        config.method.params = {"patch_size": 64, "k": 16, "epsilon": 1, "latent_dim": 64}
+        config.data.batch_size = 4
+        config.method.params = {
+            "patch_size": 64,
+            "k": 16,
+            "epsilon": 1,
+            "latent_dim": 64,
+            "fill_bn_mode": "train",
+            "head_norm": "group",
+        }
     return config
 
 
@@ -120,8 +142,20 @@ def ultramnist_run(
     config.data.batch_size = 2
     config.data.augment = False
     config.optim.lr = 1e-3
+    config.optim.epochs = args.image_epochs
+    # The BatchNorm choices of the slide images (see `slide_config`), so both methods differ only in
+    # how they see the canvas.
+    if method == "full_image":
+        config.method.params = {"bn_mode": "eval"}
     if method == "patchgd":
-        config.method.params = {"patch_size": 128, "k": 2, "epsilon": 4, "latent_dim": 128}
+        config.method.params = {
+            "patch_size": 128,
+            "k": 2,
+            "epsilon": 4,
+            "latent_dim": 128,
+            "fill_bn_mode": "train",
+            "head_norm": "group",
+        }
     history, peak = peak_rss_delta(partial(lambda c: run_to_end(train(c)).history, config))
     val = history[-1]["val"]
     return {"accuracy": val["accuracy"], "qwk": val["qwk"], "peak_mb": peak / 2**20}
@@ -157,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "slides": args.slides,
         "epochs": args.epochs,
+        "image_epochs": args.image_epochs,
+        "subtle_epochs": args.subtle_epochs,
+        "subtle_tile": args.subtle_tile,
         "backbone": args.backbone,
         "image_size": args.image_size,
         "canvas": args.canvas,
@@ -259,18 +296,21 @@ def render_tables(state: dict[str, Any]) -> str:
         f"{meta.get('python')}. Commands: "
         + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
         + f". {meta.get('slides')} slides of 1024² per set "
-        f"(half train, a quarter validation, a quarter test), {meta.get('epochs')} epochs, backbone "
-        f"`{meta.get('backbone')}` from random weights. Mean ± sd over the seeds measured; *map cell AUC* is "
+        f"(half train, a quarter validation, a quarter test), backbone "
+        f"`{meta.get('backbone')}` from random weights; epochs: {meta.get('epochs')} (tumour MIL), "
+        f"{meta.get('image_epochs')} (image methods, UltraMNIST), {meta.get('subtle_epochs')} (subtle). "
+        "Mean ± sd over the seeds measured; *map cell AUC* is "
         "the AUC of the attention (MIL) or Z-block class-evidence (PatchGD) cells, lesion (> 10 % lesion) "
         "against other tissue cells, averaged over the tumour test slides.",
         "",
         "### Tumour lesions, MIL methods (tiles of 32 px at 1 µm/px, bag 24)",
         "",
         *_table(runs, "tumour_mil", slide_cols),
-        f"### Tumour lesions, whole-slide image methods ({meta.get('image_size')}² per slide)",
+        f"### Tumour lesions, whole-slide image methods ({meta.get('image_size')}² per slide at 1 µm/px)",
         "",
         *_table(runs, "tumour_image", slide_cols),
-        "### Subtle lesions (chromatin change only; tiles of 32 px at 0.5 µm/px, bag 32)",
+        f"### Subtle lesions (chromatin change only; tiles of {meta.get('subtle_tile')} px at 0.5 µm/px, "
+        "bag 32)",
         "",
         *_table(runs, "subtle", slide_cols),
         f"### UltraMNIST: PatchGD vs GD at equal memory ({meta.get('canvases')} canvases, "

@@ -1,7 +1,10 @@
 """Big-Layer methods: end-to-end training on whole bags and whole images with host-held early layers.
 
 "biglayer_mil" encodes a whole bag of tiles as one batch (BatchNorm statistics over the whole bag,
-exactly) and pools it with a MIL aggregator. "biglayer_image" runs one large image through a big
+exactly) and pools it with a MIL aggregator. It predicts with the same function it trains: BatchNorm
+normalises each bag with that bag's statistics at inference too. A bag is one slide's tiles, so running
+statistics (averages over other slides' bags) would give another model, one that ranked the test slides
+of the learning bench inversely. "biglayer_image" runs one large image through a big
 ResNet and a linear classifier, without patching. In both, the stem and the first `stages` ResNet
 stages keep their activations in host RAM and compute in partitions of at most `budget_mb` on the
 device; the rest of the network runs on the device as usual.
@@ -13,6 +16,8 @@ statistics are always accumulated in float32.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -34,6 +39,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.replay import batchnorm_layers
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
@@ -134,10 +140,29 @@ class BigLayerMIL(Method):
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
-        with torch.no_grad():
+        with torch.no_grad(), bag_statistics(self.model.encoder):
             logits, attention = self.model(_to_host(sample.x))
         probs = torch.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
+
+
+@contextlib.contextmanager
+def bag_statistics(encoder: nn.Module) -> Iterator[None]:
+    """BatchNorm of `encoder` normalising with the statistics of the batch it sees (as in training),
+    leaving its running statistics and modes as they were."""
+    layers = batchnorm_layers(encoder)
+    saved = [
+        (layer.training, {k: b.clone() for k, b in layer.named_buffers(recurse=False)}) for layer in layers
+    ]
+    try:
+        for layer in layers:
+            layer.train()
+        yield
+    finally:
+        for layer, (training, buffers) in zip(layers, saved):
+            layer.train(training)
+            for name, value in buffers.items():
+                getattr(layer, name).copy_(value)
 
 
 @register
