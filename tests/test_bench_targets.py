@@ -91,6 +91,21 @@ def test_acc_targets(
     assert "target full-bag / ACC step memory" in capsys.readouterr().out
 
 
+def test_acc_memory_ratio_is_a_target_only_on_bags_of_eight_chunks_or_more(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    timing = {"abmil_acc": [1.2] * 3, "full_bag": [1.0] * 3}
+    memory = _acc_memory(200, 100, 110, (10, 100))  # 2x: below the 2.5 target
+    assert acc.check_targets(timing, memory, 200, 2000, False, Targets(), chunk=25) == 1
+    assert "target full-bag / ACC step memory at bag 200 (host, bag counted): 2.000 >= 2.5: MISSED" in (
+        capsys.readouterr().out
+    )
+    assert acc.check_targets(timing, memory, 200, 2000, False, Targets(), chunk=50) == 0  # 4 chunks
+    out = capsys.readouterr().out
+    assert "target full-bag" not in out
+    assert "full-bag / ACC step memory at bag 200 (host, bag counted): 2.000; the >= 2.5 target" in out
+
+
 def _reference_results(ours: tuple[float, float], loop: tuple[float, float]) -> dict:
     def side(seconds: float, mb: float) -> dict:
         return {"times": [seconds, seconds * 1.1], "memory": [mb * MB], "steps": 1, "k": 2, "zeta": 8}

@@ -398,3 +398,50 @@ def test_training_fill_batch_never_exceeds_two_inner_iterations(
     fill: int, images: int, k: int, expected: int
 ) -> None:
     assert PatchGDParams(fill_batch_size=fill).training_fill_batch(images, k) == expected
+
+
+def test_inputs_and_layout_copies_rebuilt_in_backward_give_the_same_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step keeps recipes instead of its sampled patches and its host layout copies (memory); the
+    gradients must equal plain autograd's, which keeps the tensors themselves."""
+    import contextlib
+
+    import bigslide.methods.patchgd as patchgd
+
+    monkeypatch.setattr(patchgd, "HOST_CHANNELS_LAST_MAX_WEIGHT", 4096)  # a layout change inside test_resnet
+    used: list[torch.Size] = []
+    make = patchgd._Rebuild.__call__
+
+    def counted(self: patchgd._Rebuild) -> torch.Tensor:
+        out = make(self)
+        used.append(out.shape)
+        return out
+
+    monkeypatch.setattr(patchgd._Rebuild, "__call__", counted)
+
+    def grads(optimised: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(6)
+        method = make_method(tiny=False, k=2, epsilon=2, head_width=8, channels_last=True)
+        method.model.double()
+        stepper = RecordingStepper(method.model)
+        with contextlib.ExitStack() as stack:
+            if not optimised:
+                plain = stack.enter_context(pytest.MonkeyPatch.context())
+                plain.setattr(patchgd, "_rebuilt_in_backward", lambda *a: contextlib.nullcontext())
+                plain.setattr(patchgd, "normalised_in_place", lambda encoder, x: (encoder, x))
+            method.train_step(
+                Batch(torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2]), []), stepper
+            )
+        return stepper.grads[0]
+
+    plain = grads(False)
+    assert not used
+    optimised = grads(True)
+    assert torch.Size([4, 3, 32, 32]) in used  # the B·k sampled patches, re-gathered
+    assert any(len(shape) == 4 and shape[1:] != (3, 32, 32) for shape in used)  # a layout copy, remade
+    for name, value in plain.items():
+        torch.testing.assert_close(
+            optimised[name], value, atol=1e-12, rtol=1e-10, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    assert any(v.abs().sum() > 0 for n, v in optimised.items() if n.startswith("encoder."))

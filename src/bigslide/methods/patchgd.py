@@ -31,9 +31,11 @@ Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) cov
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
@@ -66,7 +68,7 @@ from bigslide.methods.zblock import (
     patch_view,
     zblock_maps,
 )
-from bigslide.nn.backbones import Encoder, create_encoder
+from bigslide.nn.backbones import Encoder, create_encoder, normalised_in_place
 from bigslide.nn.patchgd_heads import make_head
 
 if TYPE_CHECKING:
@@ -328,8 +330,15 @@ class PatchGD(Method):
                         batch_stats=batch_stats,
                     )
                 else:
-                    with stepper.autocast():
-                        scaled, (loss, logits, z) = head_loss(_encode(encoder, sampled))
+                    # The encoder's input is rebuilt from the images in backward instead of being kept.
+                    def rebuild(where: tuple[torch.Tensor, torch.Tensor] = where) -> torch.Tensor:
+                        again = gather_patches(patches, *where, channels_last=p.channels_last)
+                        return normalised_in_place(encoder, again)[1]
+
+                    module, sampled = normalised_in_place(encoder, sampled)
+                    with stepper.autocast(), _rebuilt_in_backward(encoder, sampled, rebuild, patches):
+                        scaled, (loss, logits, z) = head_loss(_encode(module, sampled))
+                    del sampled, module
                     stepper.backward(scaled)
                 Z.index_put_(where, z.to(Z.dtype))
                 losses.append(loss)
@@ -377,6 +386,9 @@ def channels_last_encoder(encoder: ModuleT, *, host: bool) -> ModuleT:
         return encoder
     late = False
     hook = _ContiguousInput()
+    _LAYOUT_COPIES[encoder] = (
+        hook  # the training step's backward remakes these copies instead of keeping them
+    )
     for module in encoder.modules():
         if not isinstance(module, nn.Conv2d):
             continue
@@ -406,6 +418,67 @@ class _ContiguousInput:
         out = x.contiguous()
         self.source, self.copy = weakref.ref(x), weakref.ref(out)
         return (out, *args[1:])
+
+    def source_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The activation `t` is this hook's latest copy of, if it is."""
+        if self.copy is None or self.source is None or not _same(t, self.copy()):
+            return None
+        return self.source()
+
+
+class _Rebuild:
+    """What autograd keeps in place of a saved tensor the step can remake exactly: the recipe, and the
+    version of the tensor it reads (an in-place change to that tensor would make the remade one differ)."""
+
+    def __init__(self, make: Callable[[], torch.Tensor], reads: torch.Tensor) -> None:
+        self.make, self.reads, self.version = make, reads, reads._version
+
+    def __call__(self) -> torch.Tensor:
+        if self.reads._version != self.version:
+            raise RuntimeError("PatchGD: a tensor saved for backward was modified in place")
+        return self.make()
+
+
+def _unpack(saved: torch.Tensor | _Rebuild) -> torch.Tensor:
+    return saved() if isinstance(saved, _Rebuild) else saved
+
+
+def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return (
+        b is not None
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
+
+
+@contextlib.contextmanager
+def _rebuilt_in_backward(
+    encoder: nn.Module, sampled: torch.Tensor, rebuild: Callable[[], torch.Tensor], images: torch.Tensor
+) -> Iterator[None]:
+    """During one with-grad encoder forward, autograd saves two kinds of tensors as recipes instead:
+    - the sampled patches (what the first layer saves for its weight gradient): re-gathered from the images,
+      which the step holds anyway, so B·k patches are not held through the forward and backward;
+    - on the host, the standard-layout copies `channels_last_encoder` makes of a channels-last activation
+      (whose original the preceding layer saves anyway): copied again from that original.
+    Each is remade once per use in backward: a memory copy, no layer is recomputed. Gradients are exact."""
+    target = weakref.ref(sampled)
+    layout = _LAYOUT_COPIES.get(encoder)
+
+    def pack(t: torch.Tensor) -> torch.Tensor | _Rebuild:
+        if _same(t, target()):
+            return _Rebuild(rebuild, images)
+        source = layout.source_of(t) if layout is not None else None
+        if source is not None:
+            return _Rebuild(source.contiguous, source)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+        yield
+
+
+_LAYOUT_COPIES: weakref.WeakKeyDictionary[nn.Module, _ContiguousInput] = weakref.WeakKeyDictionary()
 
 
 def _encode(encoder: nn.Module, patches: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from sklearn.decomposition import PCA
 from torch import nn
 
 from bigslide.errors import ConfigError
+from bigslide.nn.backbones import normalised_in_place
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,12 @@ def encode_grid(
     with torch.no_grad():
         for start in range(0, total, batch_size):
             index = flat[start : start + batch_size]
-            z = encoder(
-                gather_patches(patches, index // per_image, index % per_image, channels_last=channels_last)
+            batch = gather_patches(
+                patches, index // per_image, index % per_image, channels_last=channels_last
             )
+            module, batch = normalised_in_place(encoder, batch)  # the gathered copy is ours
+            z = module(batch)
+            del batch
             if out is None:
                 dtype = torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
                 out = torch.empty(total, z.shape[1], dtype=dtype, device=z.device)

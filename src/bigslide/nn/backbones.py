@@ -28,6 +28,10 @@ class Normalize(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.std
 
+    def forward_(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` in place, for a float batch the caller copied out for this call: no second copy."""
+        return x.sub_(self.mean).div_(self.std)
+
 
 class Encoder(nn.Module):
     """`normalize` then a timm backbone with its classifier removed: (B, 3, H, W) -> (B, dim)."""
@@ -40,6 +44,18 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(self.normalize(x))
+
+
+def normalised_in_place(encoder: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
+    """(module, input) giving `encoder(x)`: for an `Encoder` and a float `x` the caller owns and gives up (a
+    fresh copy made for this call), `x` normalised in place and the backbone, so that the batch is not held
+    twice (raw and normalised) while the backbone runs; otherwise `encoder` and `x` unchanged."""
+    if not isinstance(encoder, Encoder) or type(encoder.normalize) is not Normalize:
+        return encoder, x
+    norm: Normalize = encoder.normalize
+    if x.is_floating_point() and torch.promote_types(x.dtype, norm.mean.dtype) == x.dtype:
+        return encoder.backbone, norm.forward_(x)
+    return encoder, x
 
 
 def create_encoder(
