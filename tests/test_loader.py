@@ -39,11 +39,11 @@ def small_config(csv: Path, out: Path, workers: int) -> TrainConfig:
     return config
 
 
-def test_the_same_bags_with_0_and_2_workers(slide_csv: Path) -> None:
+def test_the_same_bags_with_0_1_and_2_workers(slide_csv: Path) -> None:
     table = SlideTable.from_csv(slide_csv)
     batches = [[2], [0], [3], [1], [2]]
     got = {}
-    for workers in (0, 2):
+    for workers in (0, 1, 2):  # one worker reads in the producer thread, two on a pool
         bags = BagDataset(table, tile_size=32, bag_size=7, augment=True, seed=3)
         bags.set_epoch(1)
         with BatchLoader(bags, workers=workers, prefetch=2) as loader:
@@ -51,10 +51,11 @@ def test_the_same_bags_with_0_and_2_workers(slide_csv: Path) -> None:
             got[workers] = [loader.take(b)[0] for b in batches]
             got[workers].append(loader.take([0])[0])  # off plan: read directly, still the same
         bags.slides.close()
-    for a, b in zip(got[0], got[2], strict=True):
-        assert a.slide == b.slide
-        np.testing.assert_array_equal(a.coords, b.coords)
-        assert torch.equal(a.x, b.x)
+    for workers in (1, 2):
+        for a, b in zip(got[0], got[workers], strict=True):
+            assert a.slide == b.slide
+            np.testing.assert_array_equal(a.coords, b.coords)
+            assert torch.equal(a.x, b.x)
     assert not loader_threads()
 
 
@@ -81,7 +82,8 @@ def test_stop_and_ctrl_c_shut_the_loader_down(slide_csv: Path, tmp_path: Path) -
     assert (tmp_path / "close" / "checkpoints" / "last.pt").is_file()  # Stop saved where it stopped
 
 
-def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path, workers: int) -> None:
     image = np.full((512, 768, 3), 240, np.uint8)
     image[32:480, 32:736] = np.random.default_rng(1).integers(60, 200, (448, 704, 3))
     path = write_pyramid(tmp_path / "broken.svs", downsample_pyramid(image, 3), compression="jpeg")
@@ -91,7 +93,7 @@ def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path) -> None:
         f.seek(offset)
         f.write(bytes(64))
     bags = BagDataset(SlideTable([SlideEntry(path, "a")], ["a"]), tile_size=64, bag_size=0)
-    with BatchLoader(bags, workers=2) as loader:
+    with BatchLoader(bags, workers=workers) as loader:
         loader.plan([[0], [0]])
         with pytest.raises(
             SlideError, match=r"broken\.svs: cannot decode file tile \(row 1, col 1\) of level 0"
