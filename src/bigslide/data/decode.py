@@ -11,6 +11,7 @@ float32's bytes; methods scale to [0, 1] on their device).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -102,15 +103,14 @@ def read_squares(
     while start < len(todo):
         # whole row bands, until the group has GROUP_TILES file tiles to decode
         stop = start
-        needed: dict[FileTile, int] = {}
+        needed: dict[FileTile, int] = {}  # file tile -> the first square needing it (for errors)
         while stop < len(todo) and (stop == start or len(needed) < GROUP_TILES):
             band = int(row0[todo[stop]])
             while stop < len(todo) and int(row0[todo[stop]]) == band:
                 rows, cols = spans(todo[stop])
-                for r in rows:
-                    for c in cols:
-                        if (r, c) not in cache:
-                            needed.setdefault((r, c), todo[stop])
+                for key in itertools.product(rows, cols):
+                    if key not in cache:
+                        needed.setdefault(key, todo[stop])
                 stop += 1
         group = todo[start:stop]
         keys = list(needed)

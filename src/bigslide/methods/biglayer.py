@@ -16,8 +16,6 @@ statistics are always accumulated in float32.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -39,7 +37,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.replay import batchnorm_layers
+from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
@@ -140,29 +138,11 @@ class BigLayerMIL(Method):
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
-        with torch.no_grad(), bag_statistics(self.model.encoder):
+        # whole-bag statistics, as in training; the running ones are left as they were
+        with torch.no_grad(), batchnorm_mode(self.model.encoder, True, keep_statistics=True):
             logits, attention = self.model(_to_host(sample.x))
         probs = torch.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
-
-
-@contextlib.contextmanager
-def bag_statistics(encoder: nn.Module) -> Iterator[None]:
-    """BatchNorm of `encoder` normalising with the statistics of the batch it sees (as in training),
-    leaving its running statistics and modes as they were."""
-    layers = batchnorm_layers(encoder)
-    saved = [
-        (layer.training, {k: b.clone() for k, b in layer.named_buffers(recurse=False)}) for layer in layers
-    ]
-    try:
-        for layer in layers:
-            layer.train()
-        yield
-    finally:
-        for layer, (training, buffers) in zip(layers, saved):
-            layer.train(training)
-            for name, value in buffers.items():
-                getattr(layer, name).copy_(value)
 
 
 @register

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,6 +40,26 @@ class InexactGradientWarning(UserWarning):
 
 def batchnorm_layers(module: nn.Module) -> list[_BatchNorm]:
     return [m for m in module.modules() if isinstance(m, _BatchNorm)]
+
+
+@contextlib.contextmanager
+def batchnorm_mode(module: nn.Module, training: bool, *, keep_statistics: bool = False) -> Iterator[None]:
+    """The BatchNorm layers of `module` in train (batch statistics) or eval (running statistics) mode
+    inside the block, their modes restored after it. `keep_statistics`: the running statistics a
+    train-mode pass updates are restored too."""
+    layers = batchnorm_layers(module)
+    saved = [
+        (m.training, [b.clone() for b in m.buffers(recurse=False)] if keep_statistics else []) for m in layers
+    ]
+    for m in layers:
+        m.train(training)
+    try:
+        yield
+    finally:
+        for m, (mode, buffers) in zip(layers, saved):
+            m.train(mode)
+            for buffer, value in zip(m.buffers(recurse=False), buffers):
+                buffer.copy_(value)
 
 
 def has_stochastic_layers(module: nn.Module) -> bool:

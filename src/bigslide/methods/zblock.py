@@ -26,6 +26,7 @@ from sklearn.decomposition import PCA
 from torch import nn
 
 from bigslide.errors import ConfigError
+from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import normalised_in_place
 
 
@@ -105,15 +106,8 @@ def module_mode(module: nn.Module, training: bool | None) -> Iterator[None]:
 @contextlib.contextmanager
 def frozen_batchnorm(module: nn.Module, frozen: bool = True) -> Iterator[None]:
     """BatchNorm layers of `module` in eval mode (running statistics, not updated) inside the block."""
-    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] if frozen else []
-    saved = [m.training for m in norms]
-    for m in norms:
-        m.eval()
-    try:
+    with batchnorm_mode(module, False) if frozen else contextlib.nullcontext():
         yield
-    finally:
-        for m, mode in zip(norms, saved):
-            m.training = mode
 
 
 def encode_grid(
