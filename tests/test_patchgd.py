@@ -373,7 +373,7 @@ def test_a_few_steps_learn_a_tiny_task():
 
 
 def test_host_encoder_keeps_large_late_convolutions_in_the_standard_layout() -> None:
-    from bigslide.methods.patchgd import channels_last_encoder
+    from bigslide.methods.encoder_layout import channels_last_encoder
 
     torch.manual_seed(0)
     plain = create_encoder("resnet18", out_dim=16).eval()
@@ -407,18 +407,19 @@ def test_inputs_and_layout_copies_rebuilt_in_backward_give_the_same_gradients(
     gradients must equal plain autograd's, which keeps the tensors themselves."""
     import contextlib
 
+    import bigslide.methods.encoder_layout as layout
     import bigslide.methods.patchgd as patchgd
 
-    monkeypatch.setattr(patchgd, "HOST_CHANNELS_LAST_MAX_WEIGHT", 4096)  # a layout change inside test_resnet
+    monkeypatch.setattr(layout, "HOST_CHANNELS_LAST_MAX_WEIGHT", 4096)  # a layout change inside test_resnet
     used: list[torch.Size] = []
-    make = patchgd._Rebuild.__call__
+    make = layout._Rebuild.__call__
 
-    def counted(self: patchgd._Rebuild) -> torch.Tensor:
+    def counted(self: layout._Rebuild) -> torch.Tensor:
         out = make(self)
         used.append(out.shape)
         return out
 
-    monkeypatch.setattr(patchgd._Rebuild, "__call__", counted)
+    monkeypatch.setattr(layout._Rebuild, "__call__", counted)
 
     def grads(optimised: bool) -> dict[str, torch.Tensor]:
         torch.manual_seed(6)
@@ -428,7 +429,7 @@ def test_inputs_and_layout_copies_rebuilt_in_backward_give_the_same_gradients(
         with contextlib.ExitStack() as stack:
             if not optimised:
                 plain = stack.enter_context(pytest.MonkeyPatch.context())
-                plain.setattr(patchgd, "_rebuilt_in_backward", lambda *a: contextlib.nullcontext())
+                plain.setattr(patchgd, "rebuilt_in_backward", lambda *a: contextlib.nullcontext())
                 plain.setattr(patchgd, "normalised_in_place", lambda encoder, x: (encoder, x))
             method.train_step(
                 Batch(torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2]), []), stepper

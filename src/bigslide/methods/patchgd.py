@@ -31,13 +31,10 @@ Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) cov
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-import weakref
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +53,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.encoder_layout import channels_last_encoder, rebuilt_in_backward
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward
 from bigslide.methods.zblock import (
     PatchGrid,
@@ -336,7 +334,7 @@ class PatchGD(Method):
                         return normalised_in_place(encoder, again)[1]
 
                     module, sampled = normalised_in_place(encoder, sampled)
-                    with stepper.autocast(), _rebuilt_in_backward(encoder, sampled, rebuild, patches):
+                    with stepper.autocast(), rebuilt_in_backward(encoder, sampled, rebuild, patches):
                         scaled, (loss, logits, z) = head_loss(_encode(module, sampled))
                     del sampled, module
                     stepper.backward(scaled)
@@ -365,120 +363,6 @@ class PatchGD(Method):
             probs = torch.softmax(self.model.head(Z).float(), dim=1)[0]
         maps = zblock_maps(self.model.head, Z[0], target=int(probs.argmax()))
         return Prediction(probs=probs.cpu().numpy(), maps=maps)
-
-
-# On the CPU, a channels-last convolution's weight gradient comes out of oneDNN in the other layout and
-# is copied once more: one extra weight-sized buffer during backward, 9.4 MB for a 512x512 3x3 conv.
-# Convolutions this large sit late in the network, where activations are too small for channels-last
-# to gain speed, so from the first of them on every convolution keeps the standard layout (measured on
-# resnet18, 4 patches of 128²: backward peak with accumulated gradients 54 MB all channels-last, 45.5 MB
-# mixed, same speed).
-HOST_CHANNELS_LAST_MAX_WEIGHT = 2**20  # bytes
-ModuleT = TypeVar("ModuleT", bound=nn.Module)
-
-
-def channels_last_encoder(encoder: ModuleT, *, host: bool) -> ModuleT:
-    """`encoder` in channels-last layout; on the host (`host`), the convolutions from the first one whose
-    weight exceeds HOST_CHANNELS_LAST_MAX_WEIGHT bytes on keep the standard layout and take a contiguous
-    input (one copy per activation, shared by the convolutions that read it)."""
-    encoder = encoder.to(memory_format=torch.channels_last)
-    if not host:
-        return encoder
-    late = False
-    hook = _ContiguousInput()
-    _LAYOUT_COPIES[encoder] = (
-        hook  # the training step's backward remakes these copies instead of keeping them
-    )
-    for module in encoder.modules():
-        if not isinstance(module, nn.Conv2d):
-            continue
-        late = late or module.weight.numel() * module.weight.element_size() > HOST_CHANNELS_LAST_MAX_WEIGHT
-        if late:
-            module.weight.data = module.weight.data.contiguous()
-            module.register_forward_pre_hook(hook)
-    return encoder
-
-
-class _ContiguousInput:
-    """Forward pre-hook: the input in the standard layout; the last copy is reused when the same activation
-    feeds several convolutions (a residual block's first conv and its downsampling shortcut)."""
-
-    def __init__(self) -> None:
-        self.source: weakref.ref[torch.Tensor] | None = None
-        self.copy: weakref.ref[torch.Tensor] | None = None
-
-    def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        x = args[0]
-        if x.is_contiguous():
-            return args
-        if self.source is not None and self.source() is x and self.copy is not None:
-            cached = self.copy()
-            if cached is not None:
-                return (cached, *args[1:])
-        out = x.contiguous()
-        self.source, self.copy = weakref.ref(x), weakref.ref(out)
-        return (out, *args[1:])
-
-    def source_of(self, t: torch.Tensor) -> torch.Tensor | None:
-        """The activation `t` is this hook's latest copy of, if it is."""
-        if self.copy is None or self.source is None or not _same(t, self.copy()):
-            return None
-        return self.source()
-
-
-class _Rebuild:
-    """What autograd keeps in place of a saved tensor the step can remake exactly: the recipe, and the
-    version of the tensor it reads (an in-place change to that tensor would make the remade one differ)."""
-
-    def __init__(self, make: Callable[[], torch.Tensor], reads: torch.Tensor) -> None:
-        self.make, self.reads, self.version = make, reads, reads._version
-
-    def __call__(self) -> torch.Tensor:
-        if self.reads._version != self.version:
-            raise RuntimeError("PatchGD: a tensor saved for backward was modified in place")
-        return self.make()
-
-
-def _unpack(saved: torch.Tensor | _Rebuild) -> torch.Tensor:
-    return saved() if isinstance(saved, _Rebuild) else saved
-
-
-def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
-    return (
-        b is not None
-        and a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-    )
-
-
-@contextlib.contextmanager
-def _rebuilt_in_backward(
-    encoder: nn.Module, sampled: torch.Tensor, rebuild: Callable[[], torch.Tensor], images: torch.Tensor
-) -> Iterator[None]:
-    """During one with-grad encoder forward, autograd saves two kinds of tensors as recipes instead:
-    - the sampled patches (what the first layer saves for its weight gradient): re-gathered from the images,
-      which the step holds anyway, so B·k patches are not held through the forward and backward;
-    - on the host, the standard-layout copies `channels_last_encoder` makes of a channels-last activation
-      (whose original the preceding layer saves anyway): copied again from that original.
-    Each is remade once per use in backward: a memory copy, no layer is recomputed. Gradients are exact."""
-    target = weakref.ref(sampled)
-    layout = _LAYOUT_COPIES.get(encoder)
-
-    def pack(t: torch.Tensor) -> torch.Tensor | _Rebuild:
-        if _same(t, target()):
-            return _Rebuild(rebuild, images)
-        source = layout.source_of(t) if layout is not None else None
-        if source is not None:
-            return _Rebuild(source.contiguous, source)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-        yield
-
-
-_LAYOUT_COPIES: weakref.WeakKeyDictionary[nn.Module, _ContiguousInput] = weakref.WeakKeyDictionary()
 
 
 def _encode(encoder: nn.Module, patches: torch.Tensor) -> torch.Tensor:
