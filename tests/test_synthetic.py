@@ -18,6 +18,7 @@ from bigslide.regions import load_regions
 from bigslide.synthetic import (
     SlideInfo,
     UltraMNIST,
+    he,
     lesion_fraction,
     lesion_tiles,
     load_lesions,
@@ -111,6 +112,16 @@ def test_tumour_is_dark_and_crowded_subtle_keeps_the_colour() -> None:
         before = plain.rgb[mask].astype(float).mean(0)
         assert (before - tumour.rgb[mask].astype(float).mean(0)).min() > 30
         assert np.abs(before - subtle.rgb[mask].astype(float).mean(0)).max() < 4
+
+
+def test_subtle_nuclei_are_their_twins_enlarged_and_paler() -> None:
+    """Subtle nuclei cover more pixels at a lower peak density: a cell-level change, not a colour one."""
+    normal, subtle = he.nucleus_bank("normal"), he.nucleus_bank("subtle")
+    np.testing.assert_allclose(subtle.radius, normal.radius * he.SUBTLE_ENLARGEMENT, rtol=1e-6)
+    area = [(bank.templates > 0.1).sum((1, 2)).mean() for bank in (normal, subtle)]
+    assert area[1] > 1.5 * area[0], area
+    mean_od = [np.median(bank.templates[bank.templates > 0.1]) for bank in (normal, subtle)]
+    assert mean_od[1] < 0.8 * mean_od[0], mean_od
 
 
 def test_generator_is_deterministic_per_seed() -> None:

@@ -4,7 +4,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 - tumour_mil: every MIL method on tumour slides: test slide AUC, balanced accuracy, attention cell AUC.
 - tumour_image: PatchGD and full-image GD on the same slides rendered whole; PatchGD's Z-block class
   evidence map scored like attention (full_image has no map).
-- subtle: ABMIL-ACC against the frozen (random) encoder on subtle lesions (chromatin change only).
+- subtle: ABMIL-ACC against the frozen (random) encoder on subtle lesions (enlarged, pale, vesicular
+  nuclei: same density, same mean colour), and, as a control that the change is in the pixels, the same
+  encoder trained on the same tiles with tile labels from the lesion masks (tile AUC on the test slides).
 - ultramnist: PatchGD at full size vs full-image GD at the size of equal training memory and at full size.
 
 Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there, so an
@@ -28,15 +30,19 @@ import numpy as np
 import torch
 
 from bigslide.bench.memory import peak_rss_delta
+from bigslide.data.arrays import ArrayImageDataset
+from bigslide.data.bags import BagDataset
 from bigslide.data.table import SlideTable
 from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.metrics import classification_metrics
+from bigslide.engine.setup import RunData
 from bigslide.explain.localisation import lesion_cell_auc
-from bigslide.synthetic.slides import LesionKind, load_lesions, make_slide_set
+from bigslide.synthetic.slides import LesionKind, lesion_fraction, load_lesions, make_slide_set
 
 MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
 IMAGE_METHODS = ("patchgd", "full_image")
 SUBTLE_METHODS = ("abmil_acc", "frozen_abmil")
+SUBTLE_MPP = 0.5
 PARTS = ("tumour_mil", "tumour_image", "subtle", "ultramnist")
 BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
 
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-epochs", type=int, default=10, help="epochs of the image methods")
     parser.add_argument("--subtle-epochs", type=int, default=12, help="epochs on subtle-lesion slides")
     parser.add_argument("--subtle-tile", type=int, default=64, help="subtle tiles' side at 0.5 µm/px")
+    parser.add_argument(
+        "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"
+    )
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
     parser.add_argument("--canvas", type=int, default=512, help="UltraMNIST canvas side")
@@ -81,7 +90,7 @@ def slide_config(
     config.data.csv = str(csv)
     # Tumour: 1 µm/px (10x) tiles of 32 px. Subtle: a chromatin change needs full resolution (0.5 µm/px),
     # and tiles holding several nuclei (a 32 px tile at 0.5 µm/px holds one or two).
-    config.data.mpp = 1.0 if kind == "tumour" else 0.5
+    config.data.mpp = 1.0 if kind == "tumour" else SUBTLE_MPP
     config.data.tile_size = 32 if kind == "tumour" else args.subtle_tile
     config.data.bag_size = 24 if kind == "tumour" else 32
     config.data.image_size = args.image_size
@@ -130,6 +139,34 @@ def slide_run(
     if aucs:
         metrics["cell_auc"] = float(np.nanmean(aucs))
     return metrics
+
+
+def tile_label_run(args: argparse.Namespace, csv: Path, seed: int) -> dict[str, float]:
+    """The subtle task's control: the encoder ABMIL-ACC trains (eval-mode BatchNorm, random weights)
+    trained on single tiles with labels from the lesion masks (tiles >= 50 % lesion against tiles with
+    none), scored by tile AUC on the test slides' tiles: is the change learnable from these pixels?"""
+    config = slide_config(args, csv, "subtle", "full_image", seed, "subtle-tile_labels")
+    config.data.image_size = config.data.tile_size
+    config.data.batch_size = 32
+    config.method.params = {"bn_mode": "eval"}
+    config.optim.epochs = args.tile_label_epochs
+    table, lesions = SlideTable.from_csv(csv), load_lesions(csv.parent / "lesions.json")
+
+    def tiles(split: str) -> ArrayImageDataset:
+        bags = BagDataset(table.subset(split), tile_size=config.data.tile_size, mpp=SUBTLE_MPP, bag_size=0)
+        images, labels = [], []
+        for i, entry in enumerate(bags.table.entries):
+            bag = bags[i]
+            assert bag.coords is not None
+            share = lesion_fraction(lesions[Path(entry.path).name], bag.coords, bag.tile_size_level0)
+            keep = (share >= 0.5) | (share == 0)
+            images.append(bag.x[keep].permute(0, 2, 3, 1).numpy())
+            labels.append((share[keep] >= 0.5).astype(np.int64))
+        return ArrayImageDataset(np.concatenate(images), np.concatenate(labels), name=f"{split} tiles")
+
+    data = RunData(classes=["normal", "lesion"], train=tiles("train"), val=tiles("test"))
+    val = run_to_end(train(config, data=data)).history[-1]["val"]
+    return {"tile_auc": val["auc"], "balanced_accuracy": val["balanced_accuracy"]}
 
 
 def ultramnist_run(
@@ -194,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         "image_epochs": args.image_epochs,
         "subtle_epochs": args.subtle_epochs,
         "subtle_tile": args.subtle_tile,
+        "tile_label_epochs": args.tile_label_epochs,
         "backbone": args.backbone,
         "image_size": args.image_size,
         "canvas": args.canvas,
@@ -220,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 ("subtle", m, partial(slide_run, args, csvs["subtle"], "subtle", m, seed))
                 for m in SUBTLE_METHODS
             ]
+            jobs.append(("subtle", "tile_labels", partial(tile_label_run, args, csvs["subtle"], seed)))
         if "ultramnist" in parts:
             sizes = {
                 f"patchgd@{args.canvas}": ("patchgd", args.canvas),
@@ -309,10 +348,12 @@ def render_tables(state: dict[str, Any]) -> str:
         f"### Tumour lesions, whole-slide image methods ({meta.get('image_size')}² per slide at 1 µm/px)",
         "",
         *_table(runs, "tumour_image", slide_cols),
-        f"### Subtle lesions (chromatin change only; tiles of {meta.get('subtle_tile')} px at 0.5 µm/px, "
-        "bag 32)",
+        f"### Subtle lesions (enlarged, pale, vesicular nuclei; same density and mean colour; tiles of "
+        f"{meta.get('subtle_tile')} px at 0.5 µm/px, bag 32; *tile_labels*: a control, ABMIL-ACC's encoder "
+        f"trained on single tiles with labels from the lesion masks for {meta.get('tile_label_epochs')} "
+        "epochs, tile AUC on the test slides' tiles)",
         "",
-        *_table(runs, "subtle", slide_cols),
+        *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
         f"### UltraMNIST: PatchGD vs GD at equal memory ({meta.get('canvases')} canvases, "
         "validation accuracy)",
         "",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import shapely
 from sklearn.metrics import roc_auc_score
 
 from bigslide.explain.heatmap import ScoreGrid
+from bigslide.synthetic.slides import lesion_fraction
 
 LESION_CELL_FRACTION = 0.1  # a cell counts as lesion when more than this share of it is lesion
 
@@ -18,13 +18,8 @@ def cell_lesion_fraction(grid: ScoreGrid, lesions: Sequence[np.ndarray]) -> np.n
     rows, cols = grid.scores.shape[:2]
     p = grid.cell_size_level0
     yy, xx = np.mgrid[0:rows, 0:cols]
-    x0 = grid.origin[0] + xx.ravel() * p
-    y0 = grid.origin[1] + yy.ravel() * p
-    union = shapely.union_all([shapely.Polygon(np.asarray(poly, float)) for poly in lesions])
-    if union.is_empty:
-        return np.zeros((rows, cols))
-    boxes = shapely.box(x0, y0, x0 + p, y0 + p)
-    return np.asarray(shapely.area(shapely.intersection(boxes, union)) / (p * p)).reshape(rows, cols)
+    corners = np.stack([grid.origin[0] + xx.ravel() * p, grid.origin[1] + yy.ravel() * p], axis=1)
+    return lesion_fraction(lesions, corners, p).reshape(rows, cols)
 
 
 def lesion_cell_auc(grid: ScoreGrid, lesions: Sequence[np.ndarray]) -> float:

@@ -6,8 +6,10 @@ acts on both dyes the way it does between labs. Nuclei are stamped from small ba
 hundred shapes per kind, cached), which keeps a 2048² slide at well under a second.
 
 Nucleus kinds: "normal" (small, fine chromatin), "tumour" (enlarged, hyperchromatic, pleomorphic, coarse
-chromatin) and "subtle" (the normal shapes with vesicular chromatin: dark rim, clumps and a nucleolus,
-scaled so every nucleus holds exactly as much hematoxylin as its normal twin: same colour, same size).
+chromatin) and "subtle" (the normal shapes enlarged by SUBTLE_ENLARGEMENT, with vesicular chromatin: dark rim,
+clumps and a nucleolus, scaled so every nucleus absorbs as much light as its normal twin: the same
+number of nuclei in the same places and the same mean colour, only larger, paler nuclei with another
+texture).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from skimage import color, draw
 
 NucleusKind = Literal["normal", "tumour", "subtle"]
 BANK_SIZE = 256
+SUBTLE_ENLARGEMENT = 1.35  # nuclear radius of the subtle kind over its normal twin's
+OPTICS_BLUR = 0.8  # sigma (pixels at 0.5 µm/px) of the slightly soft focus every slide gets
 GLASS_OD = 0.035  # background glass transmits ~92 %: RGB ≈ 235-245 after the stain mix
 
 
@@ -72,13 +76,18 @@ class NucleusBank:
 def nucleus_bank(kind: NucleusKind) -> NucleusBank:
     """A fixed bank of nuclei of one kind (the same for every slide; slides differ in placement)."""
     tumour = kind == "tumour"
-    rng = np.random.default_rng(1234 if tumour else 4321)  # normal and subtle share their shapes
+    rng = np.random.default_rng(1234 if tumour else 4321)  # normal and subtle share these draws
+    extra = np.random.default_rng(8765)  # the subtle kind's own draws, so the twins stay twins
     rmax = 11 if tumour else 7
     size = 2 * rmax + 3
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) - size // 2
-    theta = np.arctan2(yy, xx)
-    dist = np.hypot(yy, xx)
-    templates = np.zeros((BANK_SIZE, size, size), np.float32)
+    # Subtle nuclei are their normal twins enlarged: a canvas wide enough for the largest, the same
+    # random draws (drawn at the normal canvas size, padded) and the twin's outline scaled.
+    out_rmax = int(np.ceil(rmax * SUBTLE_ENLARGEMENT)) if kind == "subtle" else rmax
+    out_size = 2 * out_rmax + 3
+    pad = (out_size - size) // 2
+    grid = _polar_grid(size)
+    out_grid = _polar_grid(out_size)
+    templates = np.zeros((BANK_SIZE, out_size, out_size), np.float32)
     radii = np.zeros(BANK_SIZE, np.float32)
     for i in range(BANK_SIZE):
         if tumour:
@@ -96,28 +105,63 @@ def nucleus_bank(kind: NucleusKind) -> NucleusBank:
                 rng.uniform(0.9, 1.2),
             )
         angle = rng.uniform(0, np.pi)
-        # Elliptical radius in polar form times a low-order wobble: irregular (pleomorphic) outlines.
-        c, s = np.cos(theta - angle), np.sin(theta - angle)
-        ellipse = r0 / np.sqrt((c / np.sqrt(aspect)) ** 2 + (s * np.sqrt(aspect)) ** 2)
-        ripple = sum(
-            rng.uniform(0, wobble) * np.cos(k * theta + rng.uniform(0, 2 * np.pi)) for k in (2, 3, 5)
-        )
-        rad = np.minimum(ellipse * (1 + ripple), rmax)
-        inside = np.clip(rad - dist + 0.5, 0, 1)  # one-pixel anti-aliased edge
+        ripple = [(rng.uniform(0, wobble), k, rng.uniform(0, 2 * np.pi)) for k in (2, 3, 5)]
+        inside, _ = _outline(grid, r0, aspect, angle, ripple, rmax)
         chromatin = ndimage.gaussian_filter(rng.normal(size=(size, size)), 0.7 if not tumour else 1.2)
         chromatin /= chromatin.std() + 1e-6
         fine = np.clip(1 + (0.35 if tumour else 0.15) * chromatin, 0.3, None)
         nucleus = inside * fine
         if kind == "subtle":
-            nucleus = inside * _vesicular(dist / np.maximum(rad, 1), chromatin, rng, size)
-            nucleus *= float((inside * fine).sum() / max(nucleus.sum(), 1e-6))  # same hematoxylin per nucleus
+            big, rad = _outline(out_grid, r0 * SUBTLE_ENLARGEMENT, aspect, angle, ripple, out_rmax)
+            texture = _vesicular(out_grid[1] / np.maximum(rad, 1), np.pad(chromatin, pad, "reflect"), extra)
+            nucleus = _same_absorbance(big * texture, nucleus, peak)
+            r0 *= SUBTLE_ENLARGEMENT
         templates[i] = peak * nucleus
         radii[i] = r0
     return NucleusBank(templates, radii)
 
 
-def _vesicular(rel: np.ndarray, chromatin: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+def _polar_grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(angle, distance) of each pixel of a size x size canvas from its centre pixel."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) - size // 2
+    return np.arctan2(yy, xx), np.hypot(yy, xx)
+
+
+def _outline(
+    grid: tuple[np.ndarray, np.ndarray],
+    r0: float,
+    aspect: float,
+    angle: float,
+    ripple: list[tuple[float, int, float]],
+    rmax: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(coverage in [0, 1], radius per pixel's direction) of an elliptical nucleus with a low-order
+    wobble (irregular, pleomorphic outlines) and a one-pixel anti-aliased edge."""
+    theta, dist = grid
+    c, s = np.cos(theta - angle), np.sin(theta - angle)
+    ellipse = r0 / np.sqrt((c / np.sqrt(aspect)) ** 2 + (s * np.sqrt(aspect)) ** 2)
+    wobble = sum(amplitude * np.cos(k * theta + phase) for amplitude, k, phase in ripple)
+    rad = np.minimum(ellipse * (1 + wobble), rmax)
+    return np.clip(rad - dist + 0.5, 0, 1), rad
+
+
+def _same_absorbance(nucleus: np.ndarray, twin: np.ndarray, peak: float) -> np.ndarray:
+    """`nucleus` scaled to absorb as much light as `twin` once both are blurred by the optics
+    (Beer-Lambert, a typical hematoxylin OD per unit): the tile's mean colour stays where the twin left it."""
+
+    def absorbed(x: np.ndarray) -> float:
+        return float((1 - np.exp(-0.7 * peak * ndimage.gaussian_filter(x, OPTICS_BLUR))).sum())
+
+    target, low, high = absorbed(twin), 0.0, 4.0
+    for _ in range(30):  # bisection: absorbance grows with the scale
+        mid = (low + high) / 2
+        low, high = (mid, high) if absorbed(mid * nucleus) < target else (low, mid)
+    return (low + high) / 2 * nucleus
+
+
+def _vesicular(rel: np.ndarray, chromatin: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Pale centre, dark rim, coarse clumps and one nucleolus: the chromatin of an activated nucleus."""
+    size = rel.shape[0]
     rim = np.clip((rel - 0.55) / 0.35, 0, 1) ** 2
     clumps = (chromatin > 0.8).astype(np.float32)
     centre = size // 2 + rng.uniform(-1.0, 1.0, size=2)

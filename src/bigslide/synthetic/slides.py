@@ -2,8 +2,8 @@
 
 Glass, a tissue outline, collagen stroma, glands, vessels and fat, and nuclei, rendered by
 `bigslide.synthetic.he`. Lesion kinds: "tumour" (crowded, enlarged, dark, pleomorphic nuclei: plain to
-see at 10-20x) and "subtle" (the same nuclei in the same places with a changed chromatin pattern: same
-density, same colour). Masks and polygons are exact. A slide is positive ("tumor") when it holds a lesion.
+see at 10-20x) and "subtle" (the same nuclei in the same places, enlarged, paler and vesicular: same
+density, same mean colour; a change seen at 40x). Masks and polygons are exact. A slide is positive ("tumor") when it holds a lesion.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ LesionKind = Literal["tumour", "subtle"]
 LESION_KINDS: tuple[str, ...] = ("tumour", "subtle")
 NORMAL_DENSITY = 1 / 900  # stromal nuclei per pixel (before the cellularity field) at 0.5 µm/px
 TUMOUR_DENSITY = 1 / 150  # crowded: nuclei overlap and touch
-BLUR_SIGMA = 0.8  # optics: a slightly soft focus
 _SUFFIX = {"svs": ".svs", "tiff": ".tiff", "ome": ".ome.tif"}
 _MANIFEST = "synthetic_set.json"
-_SET_VERSION = 2
+_SET_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -141,8 +140,8 @@ def synthesize_slide(
     lesion_mask = np.zeros((height, width), bool)
     # Lesions go where tissue is fully opaque, so no lesion pixel is blended with background.
     polygons = _place_lesions(lesions, fld > threshold, alpha >= 1, step, lesion_diameter, r_lesion)
-    hema_out = ndimage.gaussian_filter(hema, BLUR_SIGMA)
-    eosin_out = ndimage.gaussian_filter(eosin, BLUR_SIGMA)
+    hema_out = ndimage.gaussian_filter(hema, he.OPTICS_BLUR)
+    eosin_out = ndimage.gaussian_filter(eosin, he.OPTICS_BLUR)
     margin = he.nucleus_bank("tumour").half + 6
     for poly in polygons:
         rr, cc = _raster(poly, (height, width))
@@ -151,11 +150,11 @@ def synthesize_slide(
         y1, x1 = min(height, int(rr.max()) + margin + 1), min(width, int(cc.max()) + margin + 1)
         if lesion_kind == "tumour":
             h_local, e_local = _tumour_layer(stroma[y0:y1, x0:x1], r_lesion)
-        else:  # the same nuclei in the same places, only their chromatin changes
+        else:  # the same nuclei in the same places, enlarged and vesicular
             h_local, e_local = h_base[y0:y1, x0:x1].copy(), eosin[y0:y1, x0:x1]
             he.stamp_nuclei(h_local, xs - x0, ys - y0, which, he.nucleus_bank("subtle"))
-        hema_out[rr, cc] = ndimage.gaussian_filter(h_local, BLUR_SIGMA)[rr - y0, cc - x0]
-        eosin_out[rr, cc] = ndimage.gaussian_filter(e_local, BLUR_SIGMA)[rr - y0, cc - x0]
+        hema_out[rr, cc] = ndimage.gaussian_filter(h_local, he.OPTICS_BLUR)[rr - y0, cc - x0]
+        eosin_out[rr, cc] = ndimage.gaussian_filter(e_local, he.OPTICS_BLUR)[rr - y0, cc - x0]
 
     alpha32 = alpha.astype(np.float32)
     hema_out *= alpha32 * np.float32(stain.h_strength)
