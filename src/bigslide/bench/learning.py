@@ -43,6 +43,13 @@ MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
 IMAGE_METHODS = ("patchgd", "full_image")
 SUBTLE_METHODS = ("abmil_acc", "frozen_abmil")
 SUBTLE_MPP = 0.5
+# The settings each part's runs depend on (besides torch, Python and the backbone).
+PART_SETTINGS = {
+    "tumour_mil": ("slides", "epochs"),
+    "tumour_image": ("slides", "image_epochs", "image_size"),
+    "subtle": ("slides", "subtle_epochs", "subtle_tile", "tile_label_epochs"),
+    "ultramnist": ("image_epochs", "canvas", "matched_canvas", "canvases"),
+}
 PARTS = ("tumour_mil", "tumour_image", "subtle", "ultramnist")
 BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
 
@@ -226,17 +233,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "slides": args.slides,
-        "epochs": args.epochs,
-        "image_epochs": args.image_epochs,
-        "subtle_epochs": args.subtle_epochs,
-        "subtle_tile": args.subtle_tile,
-        "tile_label_epochs": args.tile_label_epochs,
         "backbone": args.backbone,
-        "image_size": args.image_size,
-        "canvas": args.canvas,
-        "matched_canvas": args.matched_canvas,
-        "canvases": args.canvases,
+        **{key: getattr(args, key) for part in parts for key in PART_SETTINGS[part]},
     }
     state = _update(path, meta=meta, command=command.strip())
     runs = state["runs"]
@@ -288,9 +286,13 @@ def _update(path: Path, **change: Any) -> dict[str, Any]:
         state.setdefault("runs", {})
         state.setdefault("commands", [])
         if "meta" in change:
-            if state.get("meta", change["meta"]) != change["meta"]:
-                raise SystemExit(f"{path}: made with other settings; pass another --out")
-            state["meta"] = change["meta"]
+            # Parts may be run apart, each with its own settings; a setting must not change under a part
+            # that already has runs.
+            old = state.setdefault("meta", {})
+            clash = sorted(k for k, v in change["meta"].items() if old.get(k, v) != v)
+            if clash:
+                raise SystemExit(f"{path}: made with other settings ({', '.join(clash)}); pass another --out")
+            old.update(change["meta"])
             if change["command"] not in state["commands"]:
                 state["commands"].append(change["command"])
         if "key" in change:

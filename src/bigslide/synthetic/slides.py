@@ -3,7 +3,8 @@
 Glass, a tissue outline, collagen stroma, glands, vessels and fat, and nuclei, rendered by
 `bigslide.synthetic.he`. Lesion kinds: "tumour" (crowded, enlarged, dark, pleomorphic nuclei: plain to
 see at 10-20x) and "subtle" (the same nuclei in the same places, enlarged, paler and vesicular: same
-density, same mean colour; a change seen at 40x). Masks and polygons are exact. A slide is positive ("tumor") when it holds a lesion.
+density, same mean colour; a change seen at 40x). Masks and polygons are exact. A slide is positive
+("tumor") when it holds a lesion.
 """
 
 from __future__ import annotations
