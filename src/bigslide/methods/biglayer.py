@@ -125,7 +125,7 @@ class BigLayerMIL(Method):
     kind = "bag"
     takes_uint8 = True
     Params = BigLayerMILParams
-    summary = "Whole bag through a Big-Layer encoder (exact whole-bag BatchNorm) into a MIL aggregator"
+    summary = "Whole bag as one batch through a Big-Layer encoder into a MIL aggregator"
     memory_params = ("budget_mb",)
     map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
     plan_preference = 5
