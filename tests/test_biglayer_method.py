@@ -31,7 +31,7 @@ def snapshot(method: BigLayerMIL | BigLayerImage) -> dict[str, torch.Tensor]:
 
 def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it() -> None:
     torch.manual_seed(0)
-    params = BigLayerMILParams(stages=1, budget_mb=2.0, aggregator="abmil")
+    params = BigLayerMILParams(stages=1, budget_mb=2.0, aggregator="abmil", bn_mode="batch")
     method = BigLayerMIL(params, ModelSpec(backbone="resnet18", num_classes=3), CPU)
     assert isinstance(method.model.encoder.backbone.layer1[0].conv1, BigConv2d)
     # The same weights as a plain encoder: BatchNorm over the whole bag makes the losses equal.
@@ -71,11 +71,13 @@ def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it() 
     assert prediction.instance_scores.shape == (5,)
 
 
-def test_biglayer_mil_predicts_with_the_function_it_trains() -> None:
-    """A bag is one slide: prediction normalises it with its own statistics, as every training step does,
-    whatever the running statistics hold (with them, the learning bench's test slides ranked inversely)."""
+@pytest.mark.parametrize("bn_mode", ["batch", "eval"])
+def test_biglayer_mil_predicts_with_the_function_it_trains(bn_mode: str) -> None:
+    """Prediction normalises a bag with the statistics a training step uses: the bag's own ("batch"; a
+    bag is one slide, with running statistics the learning bench's test slides ranked inversely) or the
+    running ones ("eval"), and leaves the running statistics and the modes as they were."""
     torch.manual_seed(2)
-    params = BigLayerMILParams(stages=1, budget_mb=4.0, aggregator="abmil")
+    params = BigLayerMILParams(stages=1, budget_mb=4.0, aggregator="abmil", bn_mode=bn_mode)  # type: ignore[arg-type]
     method = BigLayerMIL(params, ModelSpec(backbone="test_resnet", num_classes=2), CPU)
     stepper = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.05))
     for label in (0, 1, 0):
@@ -88,11 +90,44 @@ def test_biglayer_mil_predicts_with_the_function_it_trains() -> None:
     assert all(torch.equal(running[k], after[k]) for k in running)  # prediction left them alone
     assert not any(m.training for m in method.model.modules())  # and the eval mode too
 
+    # A training step on that bag (learning rate 0) computes the loss of the predicted probabilities.
     method.model.train()
-    with torch.no_grad():
-        logits, _ = method.model(bag)
-    trained = torch.softmax(logits, dim=-1)[0].numpy()
-    np.testing.assert_allclose(probs, trained, rtol=1e-4, atol=1e-6)
+    frozen = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.0))
+    loss = method.train_step(Batch(x=bag, y=torch.tensor([1]), samples=[]), frozen).loss
+    assert loss == pytest.approx(-float(np.log(probs[1])), rel=1e-4)
+
+
+@pytest.mark.parametrize("bn_mode", ["eval", "frozen"])
+def test_biglayer_mil_attention_ranks_the_one_differing_tile_first(bn_mode: str) -> None:
+    """Trained on bags of 8 noise tiles where positives hold one tile with a dark blob, the model finds
+    the blob tile in a bag of 32 and ranks it first. With whole-bag statistics ("batch") it ranked that
+    tile last on every seed tried: it read the bag's composition through the normalisation instead."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+
+    def bag(n: int, lesion: int | None) -> torch.Tensor:
+        x = 0.5 + 0.15 * torch.rand(n, 3, 16, 16, generator=gen)
+        if lesion is not None:
+            x[lesion, :, 4:12, 4:12] = 0.1
+        return x
+
+    params = BigLayerMILParams(stages=1, budget_mb=4.0, bn_mode=bn_mode)  # type: ignore[arg-type]
+    method = BigLayerMIL(params, ModelSpec(backbone="test_resnet", num_classes=2), CPU)
+    method.model.train()
+    stepper = OptimStepper(torch.optim.Adam(method.trainable_parameters(), lr=2e-3))
+    for step in range(30):
+        label = step % 2
+        lesion = int(torch.randint(8, (1,), generator=gen)) if label else None
+        method.train_step(Batch(x=bag(8, lesion), y=torch.tensor([label]), samples=[]), stepper)
+    method.model.eval()
+    for lesion in (3, 17, 30):
+        sample = Sample(x=bag(32, lesion), y=1, slide="s", coords=np.zeros((32, 2)), tile_size_level0=16)
+        positive = method.predict(sample)
+        negative = method.predict(Sample(x=bag(32, None), y=0, slide="s"))
+        assert positive.instance_scores is not None
+        assert int(np.argmax(positive.instance_scores)) == lesion
+        assert positive.probs[1] > 0.9 > negative.probs[1]
 
 
 @pytest.mark.parametrize("aggregator", ["abmil_gated", "transmil", "dtfd"])
@@ -131,3 +166,29 @@ def test_biglayer_image_trains_on_whole_images() -> None:
     prediction = method.predict(samples[0])
     assert prediction.probs.shape == (2,)
     assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_biglayer_image_eval_batchnorm_trains_the_function_it_predicts_with() -> None:
+    """bn_mode="eval" (full_image's): a training step on one image computes the loss of the function
+    `predict` evaluates and leaves the running statistics alone; "batch" normalises that image by its
+    own statistics, another function."""
+    torch.manual_seed(3)
+    params = BigLayerImageParams(stages=1, budget_mb=4.0, bn_mode="eval")
+    method = BigLayerImage(params, ModelSpec(backbone="test_resnet", num_classes=2), CPU)
+    for name, value in method.model.state_dict().items():
+        if "running_mean" in name:  # away from their initial zeros, as after training
+            value.uniform_(-0.2, 0.2)
+    running = {k: v.clone() for k, v in method.model.state_dict().items() if "running" in k}
+    x, y = torch.rand(1, 3, 48, 48), torch.tensor([1])
+    stepper = OptimStepper(torch.optim.SGD(method.trainable_parameters(), lr=0.0))
+    method.model.train()
+    loss = method.train_step(Batch(x=x, y=y, samples=[]), stepper).loss
+    assert method.model.training  # the mode is restored after the step
+    assert all(torch.equal(v, method.model.state_dict()[k]) for k, v in running.items())
+    method.model.eval()
+    predicted = -float(np.log(method.predict(Sample(x=x[0], y=1, slide="s")).probs[1]))
+    assert loss == pytest.approx(predicted, rel=1e-5)
+
+    method.params.bn_mode = "batch"
+    method.model.train()
+    assert method.train_step(Batch(x=x, y=y, samples=[]), stepper).loss != pytest.approx(predicted, rel=1e-3)

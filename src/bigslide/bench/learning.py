@@ -2,8 +2,8 @@
 
 Parts (run seed by seed, so a time box still leaves every part with its first seeds):
 - tumour_mil: every MIL method on tumour slides: test slide AUC, balanced accuracy, attention cell AUC.
-- tumour_image: PatchGD and full-image GD on the same slides rendered whole; PatchGD's Z-block class
-  evidence map scored like attention (full_image has no map).
+- tumour_image: PatchGD, full-image GD and Big-Layer image on the same slides rendered whole; PatchGD's
+  Z-block class evidence map scored like attention (the other two have no map).
 - subtle: ABMIL-ACC against the frozen (random) encoder on subtle lesions (enlarged, pale, vesicular
   nuclei: same density, same mean colour), and, as a control that the change is in the pixels, the same
   encoder trained on the same tiles with tile labels from the lesion masks (tile AUC on the test slides).
@@ -40,7 +40,7 @@ from bigslide.explain.localisation import lesion_cell_auc
 from bigslide.synthetic.slides import LesionKind, lesion_fraction, load_lesions, make_slide_set
 
 MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
-IMAGE_METHODS = ("patchgd", "full_image")
+IMAGE_METHODS = ("patchgd", "full_image", "biglayer_image")
 SUBTLE_METHODS = ("abmil_acc", "frozen_abmil")
 SUBTLE_MPP = 0.5
 # The settings each part's runs depend on (besides torch, Python and the backbone).
@@ -105,12 +105,12 @@ def slide_config(
     config.optim.epochs = args.subtle_epochs if kind == "subtle" else args.epochs
     # Image methods see one rendering per slide, a step per image (or batch): they get more epochs.
     # BatchNorm with batches from one or few slides normalises each slide by itself, which running
-    # statistics do not reproduce at inference: full_image trains one slide per step with eval-mode
-    # BatchNorm; PatchGD trains batches of 4 slides, fills Z with the same batch statistics as its inner
-    # iterations, and its head uses GroupNorm (no running statistics).
+    # statistics do not reproduce at inference: full_image and biglayer_image train one slide per step
+    # with eval-mode BatchNorm (biglayer_mil's default); PatchGD trains batches of 4 slides, fills Z
+    # with the same batch statistics as its inner iterations, and its head uses GroupNorm.
     if method in IMAGE_METHODS:
         config.optim.epochs = args.image_epochs
-    if method == "full_image":
+    if method in ("full_image", "biglayer_image"):
         config.method.params = {"bn_mode": "eval"}
     if method == "patchgd":
         config.data.batch_size = 4

@@ -1,13 +1,20 @@
 """Big-Layer methods: end-to-end training on whole bags and whole images with host-held early layers.
 
-"biglayer_mil" encodes a whole bag of tiles as one batch (BatchNorm statistics over the whole bag,
-exactly) and pools it with a MIL aggregator. It predicts with the same function it trains: BatchNorm
-normalises each bag with that bag's statistics at inference too. A bag is one slide's tiles, so running
-statistics (averages over other slides' bags) would give another model, one that ranked the test slides
-of the learning bench inversely. "biglayer_image" runs one large image through a big
-ResNet and a linear classifier, without patching. In both, the stem and the first `stages` ResNet
-stages keep their activations in host RAM and compute in partitions of at most `budget_mb` on the
-device; the rest of the network runs on the device as usual.
+"biglayer_mil" encodes a whole bag of tiles as one batch and pools it with a MIL aggregator.
+Its encoder BatchNorm (`bn_mode`) uses the running statistics by default ("eval"), as ABMIL-ACC's and
+the full-bag step's do: each tile's features depend on that tile alone, so the attention reads tiles
+and a slide with one small lesion is called positive. "batch" normalises with the statistics of the
+whole bag, exactly (the big layers see the whole bag at once), in training and at prediction alike; a
+bag is one slide's tiles, so every tile's features are then relative to its own slide. On the learning
+bench's tumour slides that model ranked the slides by the share of tumour in the bag: it put its
+attention on the normal tiles (their features shift when tumour raises the bag mean), ranked tumour
+tiles last, and called a slide with one tumour tile among normal ones negative. Read its attention
+as a lesion map only with "eval" or "frozen".
+
+"biglayer_image" runs one large image through a big ResNet and a linear classifier, without patching;
+its `bn_mode` is full_image's (see `bigslide.methods.batchnorm`: "eval" for batches of one slide).
+In both, the stem and the first `stages` ResNet stages keep their activations in host RAM and compute
+in partitions of at most `budget_mb` on the device; the rest of the network runs on the device as usual.
 
 Mixed precision: under the stepper's autocast (bf16/fp16 on CUDA) the big layers compute in the
 autocast dtype on the device and keep their activations in that dtype on the host; BatchNorm
@@ -17,7 +24,7 @@ statistics are always accumulated in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -26,7 +33,7 @@ from torch import nn
 
 from bigslide.data.sample import as_float
 from bigslide.errors import ConfigError
-from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs
+from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.base import (
     Batch,
     Method,
@@ -37,7 +44,8 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.replay import batchnorm_mode
+from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, training_batchnorm
+from bigslide.methods.replay import batchnorm_layers, batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
@@ -48,6 +56,11 @@ if TYPE_CHECKING:
 
 _STAGES_HELP = "ResNet stages after the stem that run as Big-Layers (activations in host RAM); 0 = stem only"
 _BUDGET_HELP = "Device memory one partition of a Big-Layer may use, in MiB (input rows, output rows, weights)"
+_MIL_BN_HELP = (
+    "encoder BatchNorm: eval = running statistics, each tile on its own (attention reads tiles); "
+    "frozen = eval, no BN updates; batch = statistics of the whole bag in training and prediction "
+    "(every tile relative to its slide; attention is no lesion map)"
+)
 
 
 def _big_encoder(
@@ -91,12 +104,14 @@ class BigLayerMILParams(MILParams):
 
     stages: int = field(default=2, metadata={"help": _STAGES_HELP})
     budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+    bn_mode: Literal["eval", "frozen", "batch"] = field(default="eval", metadata={"help": _MIL_BN_HELP})
 
 
 @dataclass
 class BigLayerImageParams(MethodParams):
     stages: int = field(default=2, metadata={"help": _STAGES_HELP})
     budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+    bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
 
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +125,7 @@ class BigLayerMIL(Method):
     kind = "bag"
     takes_uint8 = True
     Params = BigLayerMILParams
-    summary = "Whole bag through a Big-Layer encoder (exact whole-bag BatchNorm) into a MIL aggregator"
+    summary = "Whole bag as one batch through a Big-Layer encoder into a MIL aggregator"
     memory_params = ("budget_mb",)
     map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
     plan_preference = 5
@@ -126,11 +141,15 @@ class BigLayerMIL(Method):
         p, spec = self.params, self.spec
         encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
         aggregator = make_aggregator(p.aggregator, encoder.dim, spec.num_classes, **aggregator_kwargs(p))
+        if p.bn_mode == "frozen":
+            for layer in batchnorm_layers(encoder):
+                layer.requires_grad_(False)
         return BigMILModel(encoder, aggregator)
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
-        with stepper.autocast():
+        # The whole bag is one batch, so "batch" statistics are exact: no chunking to warn about.
+        with stepper.autocast(), bn_policy(self.model.encoder, self.params.bn_mode, chunked=False):
             logits, _ = self.model(_to_host(batch.x))
             loss = bag_loss(self.model.aggregator, logits.float(), target)
         stepper.backward(loss)
@@ -138,8 +157,10 @@ class BigLayerMIL(Method):
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
-        # whole-bag statistics, as in training; the running ones are left as they were
-        with torch.no_grad(), batchnorm_mode(self.model.encoder, True, keep_statistics=True):
+        # The statistics the training steps used: the bag's own ("batch"; the running ones are left as
+        # they were) or the running ones.
+        whole_bag = self.params.bn_mode == "batch"
+        with torch.no_grad(), batchnorm_mode(self.model.encoder, whole_bag, keep_statistics=True):
             logits, attention = self.model(_to_host(sample.x))
         probs = torch.softmax(logits.float(), dim=-1)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
@@ -169,7 +190,7 @@ class BigLayerImage(Method):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
-        with stepper.autocast():
+        with stepper.autocast(), training_batchnorm(self.model, self.params.bn_mode):
             logits = self.model(_to_host(batch.x))
             loss = F.cross_entropy(logits.float(), target)
         stepper.backward(loss)

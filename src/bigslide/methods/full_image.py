@@ -4,17 +4,13 @@ A timm encoder reads the whole image and its linear classifier gives the logits;
 optimizer step per batch. Memory grows with the image area, which is what PatchGD avoids.
 Forward passes run under `stepper.autocast()` (bf16/fp16 on CUDA).
 
-BatchNorm: "batch" (the default) trains with batch statistics and predicts with the running ones, the
-usual way, sound when a batch mixes several slides. A batch of one image normalises every slide by its
-own statistics, a function the running statistics do not reproduce at inference (the learning bench's
-held-out slides ranked exactly inversely); "eval" trains and predicts with the running statistics
-(not updated), so the trained function is the one evaluated.
+BatchNorm: `bn_mode` (see `bigslide.methods.batchnorm`); "eval" for batches of one slide.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +27,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.zblock import frozen_batchnorm
+from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, training_batchnorm
 from bigslide.nn.backbones import create_encoder
 
 if TYPE_CHECKING:
@@ -50,13 +46,7 @@ class FullImageParams(MethodParams):
     channels_last: bool = field(
         default=True, metadata={"help": "Feed images in channels-last memory format."}
     )
-    bn_mode: Literal["batch", "eval"] = field(
-        default="batch",
-        metadata={
-            "help": "BatchNorm in training: batch statistics (needs batches of several slides) or "
-            "eval = running statistics, not updated (batches of one or two images)"
-        },
-    )
+    bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
 
 
 @register
@@ -100,7 +90,7 @@ class FullImage(Method):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         y = batch.y.to(self.device, non_blocking=True).long()
-        with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
+        with stepper.autocast(), training_batchnorm(self.model, self.params.bn_mode):
             logits = self.model(self._inputs(batch.x))
             loss = F.cross_entropy(logits, y)  # autocast computes it in float32
         stepper.backward(loss)

@@ -1,0 +1,32 @@
+"""The `bn_mode` choice of the image methods, whose training batches hold one or a few slides.
+
+"batch" (the default) trains with batch statistics and predicts with the running ones, the usual way,
+sound when a batch mixes several slides. A batch of one image normalises every slide by its own
+statistics, a function the running statistics do not reproduce at inference (the learning bench's
+held-out slides ranked exactly inversely); "eval" trains and predicts with the running statistics
+(not updated), so the trained function is the one evaluated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+from torch import nn
+
+from bigslide.methods.replay import batchnorm_mode
+
+ImageBnMode = Literal["batch", "eval"]
+
+IMAGE_BN_MODE_HELP = (
+    "BatchNorm in training: batch statistics (needs batches of several slides) or "
+    "eval = running statistics, not updated (batches of one or two images)"
+)
+
+
+@contextlib.contextmanager
+def training_batchnorm(model: nn.Module, mode: ImageBnMode) -> Iterator[None]:
+    """A training step's BatchNorm: as the model's mode has it ("batch"), or running statistics ("eval")."""
+    with batchnorm_mode(model, False) if mode == "eval" else contextlib.nullcontext():
+        yield
