@@ -333,13 +333,22 @@ def render_tables(state: dict[str, Any]) -> str:
     runs, meta = state.get("runs", {}), state.get("meta", {})
     slide_cols = {"auc": "test AUC", "balanced_accuracy": "balanced accuracy", "cell_auc": "map cell AUC"}
     lines = [
-        f"Machine: 2-core CPU VM, shared (other jobs running); torch {meta.get('torch')}, Python "
+        f"Machine: 2-core CPU VM, shared; torch {meta.get('torch')}, Python "
         f"{meta.get('python')}. Commands: "
         + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
         + f". {meta.get('slides')} slides of 1024² per set "
         f"(half train, a quarter validation, a quarter test), backbone "
-        f"`{meta.get('backbone')}` from random weights; epochs: {meta.get('epochs')} (tumour MIL), "
-        f"{meta.get('image_epochs')} (image methods, UltraMNIST), {meta.get('subtle_epochs')} (subtle). "
+        f"`{meta.get('backbone')}` from random weights; epochs: "
+        + ", ".join(
+            f"{meta[key]} ({what})"
+            for key, what in (
+                ("epochs", "tumour MIL"),
+                ("image_epochs", "image methods, UltraMNIST"),
+                ("subtle_epochs", "subtle"),
+            )
+            if key in meta
+        )
+        + ". "
         "Mean ± sd over the seeds measured; *map cell AUC* is "
         "the AUC of the attention (MIL) or Z-block class-evidence (PatchGD) cells, lesion (> 10 % lesion) "
         "against other tissue cells, averaged over the tumour test slides.",
@@ -356,8 +365,8 @@ def render_tables(state: dict[str, Any]) -> str:
         "epochs, tile AUC on the test slides' tiles)",
         "",
         *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
-        f"### UltraMNIST: PatchGD vs GD at equal memory ({meta.get('canvases')} canvases, "
-        "validation accuracy)",
+        "### UltraMNIST: PatchGD vs GD at equal memory"
+        + (f" ({meta['canvases']} canvases, validation accuracy)" if "canvases" in meta else ""),
         "",
         *_table(runs, "ultramnist", {"accuracy": "accuracy", "qwk": "QWK", "peak_mb": "peak MB"}),
     ]
