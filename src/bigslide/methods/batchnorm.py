@@ -1,4 +1,5 @@
-"""The `bn_mode` choice of the image methods, whose training batches hold one or a few slides.
+"""Frozen BatchNorm, and the `bn_mode` choice of the image methods (training batches of one or a few
+slides).
 
 "batch" (the default) trains with batch statistics and predicts with the running ones, the usual way,
 sound when a batch mixes several slides. A batch of one image normalises every slide by its own
@@ -26,7 +27,7 @@ IMAGE_BN_MODE_HELP = (
 
 
 @contextlib.contextmanager
-def training_batchnorm(model: nn.Module, mode: ImageBnMode) -> Iterator[None]:
-    """A training step's BatchNorm: as the model's mode has it ("batch"), or running statistics ("eval")."""
-    with batchnorm_mode(model, False) if mode == "eval" else contextlib.nullcontext():
+def frozen_batchnorm(module: nn.Module, frozen: bool = True) -> Iterator[None]:
+    """BatchNorm layers of `module` in eval mode (running statistics, not updated) inside the block."""
+    with batchnorm_mode(module, False) if frozen else contextlib.nullcontext():
         yield

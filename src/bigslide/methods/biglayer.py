@@ -44,7 +44,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, training_batchnorm
+from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, frozen_batchnorm
 from bigslide.methods.replay import batchnorm_layers, batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
@@ -190,7 +190,7 @@ class BigLayerImage(Method):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
-        with stepper.autocast(), training_batchnorm(self.model, self.params.bn_mode):
+        with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
             logits = self.model(_to_host(batch.x))
             loss = F.cross_entropy(logits.float(), target)
         stepper.backward(loss)

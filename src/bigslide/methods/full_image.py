@@ -27,7 +27,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, training_batchnorm
+from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, frozen_batchnorm
 from bigslide.nn.backbones import create_encoder
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class FullImage(Method):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         y = batch.y.to(self.device, non_blocking=True).long()
-        with stepper.autocast(), training_batchnorm(self.model, self.params.bn_mode):
+        with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
             logits = self.model(self._inputs(batch.x))
             loss = F.cross_entropy(logits, y)  # autocast computes it in float32
         stepper.backward(loss)

@@ -53,13 +53,13 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.batchnorm import frozen_batchnorm
 from bigslide.methods.encoder_layout import channels_last_encoder, rebuilt_in_backward
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward
 from bigslide.methods.zblock import (
     PatchGrid,
     encode_grid,
     fill_z,
-    frozen_batchnorm,
     gather_patches,
     module_mode,
     pad_to_grid,

@@ -26,7 +26,6 @@ from sklearn.decomposition import PCA
 from torch import nn
 
 from bigslide.errors import ConfigError
-from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import normalised_in_place
 
 
@@ -101,13 +100,6 @@ def module_mode(module: nn.Module, training: bool | None) -> Iterator[None]:
     finally:
         for m, mode in saved:
             m.training = mode
-
-
-@contextlib.contextmanager
-def frozen_batchnorm(module: nn.Module, frozen: bool = True) -> Iterator[None]:
-    """BatchNorm layers of `module` in eval mode (running statistics, not updated) inside the block."""
-    with batchnorm_mode(module, False) if frozen else contextlib.nullcontext():
-        yield
 
 
 def encode_grid(
