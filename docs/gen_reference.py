@@ -42,6 +42,7 @@ BLOCK = re.compile(
     re.S,
 )
 
+
 class StaleDocsError(Exception):
     """A reference block cannot be made (unknown method, section or command; undocumented field)."""
 

@@ -55,7 +55,7 @@ def main() -> None:
     from bigslide.grid import TileGrid
     from bigslide.regions import load_regions
     from bigslide.slide import open_slide
-    from bigslide.synthetic.slides import make_slide_set
+    from bigslide.synthetic.slide_set import make_slide_set
 
     IMAGES.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bigslide-shots-"))

@@ -27,7 +27,7 @@ from bigslide.grid import TileGrid
 from bigslide.methods.base import StepResult
 from bigslide.slide import WHOLE_READ_PIXELS, open_slide
 from bigslide.synthetic.pyramid import LazyLevel, downsample_pyramid, write_pyramid
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 from bigslide.tissue import tissue_mask
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bigslide.cli.main import main
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.checkpoint import seed_everything
 from bigslide.engine.setup import build_method
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 
 RANK_SCRIPT = """
 import os, sys, torch

@@ -22,7 +22,7 @@ from bigslide.engine import (
 )
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.errors import TrainingError
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 from bigslide.data.table import SlideTable
 from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
 from bigslide.explain.localisation import lesion_cell_auc
-from bigslide.synthetic.slides import load_lesions, make_slide_set
+from bigslide.synthetic.slide_set import load_lesions, make_slide_set
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import Loss, TrainConfig, run_to_end, train
 from bigslide.errors import SlideError
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 
 
 @pytest.fixture(scope="module")

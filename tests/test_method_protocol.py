@@ -18,7 +18,7 @@ from bigslide.engine.config import TrainConfig
 from bigslide.engine.loop import out_of_memory
 from bigslide.errors import ConfigError
 from bigslide.methods.base import make_params
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 from tests.toy_method import ToyTileMean, toy_method
 
 __all__ = ["toy_method"]  # the fixture

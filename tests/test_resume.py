@@ -18,7 +18,7 @@ import pytest
 from bigslide.engine import TrainConfig
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.logfile import LossLog, read_losses
-from bigslide.synthetic.slides import make_slide_set
+from bigslide.synthetic.slide_set import make_slide_set
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 240

@@ -30,7 +30,7 @@ def _sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four 512 x 512 slides (two with lesions), `slides.csv` with labels and splits."""
-    from bigslide.synthetic.slides import make_slide_set
+    from bigslide.synthetic.slide_set import make_slide_set
 
     return make_slide_set(tmp_path_factory.mktemp("tiny-set"), n_slides=4, size=(512, 512), seed=1)
 

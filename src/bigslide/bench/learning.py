@@ -37,7 +37,8 @@ from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.setup import RunData
 from bigslide.explain.localisation import lesion_cell_auc
-from bigslide.synthetic.slides import LesionKind, lesion_fraction, load_lesions, make_slide_set
+from bigslide.synthetic.slide_set import load_lesions, make_slide_set
+from bigslide.synthetic.slides import LesionKind, lesion_fraction
 
 MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
 IMAGE_METHODS = ("patchgd", "full_image", "biglayer_image")

@@ -21,7 +21,7 @@ from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.setup import demo_dir
 from bigslide.explain.localisation import lesion_cell_auc
 from bigslide.methods import get_method
-from bigslide.synthetic.slides import load_lesions, make_slide_set
+from bigslide.synthetic.slide_set import load_lesions, make_slide_set
 
 DEMO_BACKBONE = "test_resnet"
 

@@ -34,7 +34,7 @@ def demo_dir() -> Path:
 
 def load_table(config: TrainConfig) -> SlideTable:
     if config.data.source == "demo":
-        from bigslide.synthetic.slides import make_slide_set
+        from bigslide.synthetic.slide_set import make_slide_set
 
         return SlideTable.from_csv(make_slide_set(demo_dir()))
     if not config.data.csv:

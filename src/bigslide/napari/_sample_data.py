@@ -69,7 +69,7 @@ def load_training_set() -> list[LayerData]:
     ready to train.
     """
     from bigslide.slide import open_slide
-    from bigslide.synthetic.slides import make_slide_set
+    from bigslide.synthetic.slide_set import make_slide_set
 
     csv_path = make_slide_set(cache_dir() / "training_set", n_slides=SET_SLIDES, size=SET_SIZE, seed=3)
     layers: list[LayerData] = []

@@ -9,13 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bigslide.synthetic.slide_set import load_lesions, make_slide_set
     from bigslide.synthetic.slides import (
         SlideImage,
         SlideInfo,
         lesion_fraction,
         lesion_tiles,
-        load_lesions,
-        make_slide_set,
         make_synthetic_slide,
         synthesize_slide,
     )
@@ -33,11 +32,10 @@ _SOURCES = {
         "SlideInfo",
         "lesion_fraction",
         "lesion_tiles",
-        "load_lesions",
-        "make_slide_set",
         "make_synthetic_slide",
         "synthesize_slide",
     ),
+    "slide_set": ("load_lesions", "make_slide_set"),
     "ultramnist": ("UltraMNIST", "UltraMNISTCanvas", "make_ultramnist", "render_canvas", "ultramnist_label"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
