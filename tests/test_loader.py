@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -12,9 +15,10 @@ import torch
 
 from bigslide.data.bags import BagDataset
 from bigslide.data.loader import BatchLoader
+from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import Loss, TrainConfig, run_to_end, train
-from bigslide.errors import SlideError
+from bigslide.errors import DataError, SlideError
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slide_set import make_slide_set
 
@@ -79,6 +83,7 @@ def test_stop_and_ctrl_c_shut_the_loader_down(slide_csv: Path, tmp_path: Path) -
             with pytest.raises(KeyboardInterrupt):
                 run.throw(KeyboardInterrupt)
         assert not loader_threads(), stop
+        assert not multiprocessing.active_children(), stop
     assert (tmp_path / "close" / "checkpoints" / "last.pt").is_file()  # Stop saved where it stopped
 
 
@@ -103,7 +108,8 @@ def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path, workers: int) ->
     assert not loader_threads()
 
 
-def test_reading_ahead_is_bounded_by_the_prefetch_depth() -> None:
+@pytest.mark.parametrize(("workers", "prefetch", "depth"), [(2, 4, 4), (2, 1, 3)])
+def test_reading_ahead_is_bounded_by_the_prefetch_depth(workers: int, prefetch: int, depth: int) -> None:
     class Counting:
         def __init__(self) -> None:
             self.loaded: list[int] = []
@@ -113,14 +119,41 @@ def test_reading_ahead_is_bounded_by_the_prefetch_depth() -> None:
             return i
 
     data = Counting()
-    with BatchLoader(data, workers=2, prefetch=3) as loader:  # type: ignore[arg-type]
+    with BatchLoader(data, workers=workers, prefetch=prefetch) as loader:  # type: ignore[arg-type]
+        assert loader.depth == depth  # at least one batch more than workers
         loader.plan([[i] for i in range(50)])
-        for _ in range(100):
-            if len(data.loaded) >= 4:
-                break
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.2)
-        assert len(data.loaded) == 4  # 3 queued + 1 waiting to be queued
+        threading.Event().wait(0.3)
+        assert sorted(data.loaded) == list(range(depth))
         assert loader.take([0]) == [0]
-        threading.Event().wait(0.2)
-        assert len(data.loaded) == 5
+        threading.Event().wait(0.3)
+        assert sorted(data.loaded) == list(range(depth + 1))
+
+
+def test_tiles_are_decoded_in_worker_processes_that_close_with_the_loader(slide_csv: Path) -> None:
+    bags = BagDataset(SlideTable.from_csv(slide_csv), tile_size=32, bag_size=5)
+    with BatchLoader(bags, workers=2) as loader:
+        loader.plan([[0], [1], [2]])
+        loader.take([0])
+        assert len(multiprocessing.active_children()) == 2
+    assert not multiprocessing.active_children()
+    assert not loader_threads()
+    bags.slides.close()
+
+
+def test_a_decode_process_that_dies_is_an_error_naming_the_slide(slide_csv: Path) -> None:
+    table = SlideTable.from_csv(slide_csv)
+    bags = BagDataset(table, tile_size=32, bag_size=5)
+    processes = DecodeProcesses(1)
+    try:
+        path, plan, coords = table.entries[0].path, bags.grids[0].plan, bags.grids[0].coords[:5]
+        got = processes.read(path, None, plan, coords)
+        np.testing.assert_array_equal(got, bags.read_bag(0, np.arange(5)).x.numpy())
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)  # e.g. the kernel's out-of-memory killer
+            child.join()
+        with pytest.raises(DataError, match=f"{path.name}: a decode worker process died"):
+            processes.read(path, None, plan, coords)
+    finally:
+        processes.close()
+        bags.slides.close()
+    assert not multiprocessing.active_children()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bigslide.data.decode import read_squares
+from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
@@ -84,11 +83,11 @@ class BagDataset(Dataset[Sample]):
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
         return np.sort(rng.choice(n, self.bag_size, replace=False))
 
-    def read_bag(self, i: int, indices: np.ndarray, pool: Executor | None = None) -> Sample:
+    def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
         """The bag of tiles `indices` of slide i; file tiles are decoded once, on `pool` when given."""
         entry, grid = self.table.entries[i], self.grids[i]
-        slide = self.slides.open(entry.path)
-        x = torch.from_numpy(read_squares(slide, grid.plan, grid.coords[indices], pool))
+        squares = read_slide_squares(self.slides, entry.path, grid.plan, grid.coords[indices], pool)
+        x = torch.from_numpy(squares)
         if self.augment:
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
         return Sample(
@@ -102,8 +101,8 @@ class BagDataset(Dataset[Sample]):
     def __getitem__(self, i: int) -> Sample:
         return self.read_bag(i, self.tile_indices(i))
 
-    def load(self, i: int, pool: Executor | None) -> Sample:
-        """Item i, decoding on `pool` (the loader's threads)."""
+    def load(self, i: int, pool: Pool) -> Sample:
+        """Item i, decoding on `pool` (the loader's processes)."""
         return self.read_bag(i, self.tile_indices(i), pool)
 
 

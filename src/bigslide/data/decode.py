@@ -33,15 +33,19 @@ def read_squares(
     plan: ReadPlan,
     coords: np.ndarray,
     pool: Executor | None = None,
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """(N, 3, size, size) uint8: the square at each level-0 top-left (x, y) of `coords`, read by `plan`.
+    """(N, 3, size, size) uint8: the square at each level-0 top-left (x, y) of `coords`, read by `plan`
+    (into `into` when given, e.g. shared memory).
 
     Equal to `resize_square(slide.read_region(xy, plan.level, (read_size,) * 2), size)` per square,
     channels first.
     """
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
     n, s = len(coords), plan.size
-    out = np.empty((n, 3, s, s), np.uint8)
+    out = np.empty((n, 3, s, s), np.uint8) if into is None else into
+    if out.shape != (n, 3, s, s) or out.dtype != np.uint8:
+        raise ValueError(f"into must be ({n}, 3, {s}, {s}) uint8, got {out.shape} {out.dtype}")
     if len(coords) == 0:
         return out
     level, rs = plan.level, plan.read_size

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
-
 import numpy as np
 import torch
 from shapely import union_all
 from torch.utils.data import Dataset
 
-from bigslide.data.decode import read_squares
+from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.regions import load_regions
-from bigslide.resolution import DEFAULT_MPP, ReadPlan, plan_read
+from bigslide.resolution import DEFAULT_MPP, plan_read
 from bigslide.slide import Slide
 from bigslide.tissue import tissue_mask
 
@@ -49,13 +47,6 @@ def square_box(slide: Slide, bounds: tuple[float, float, float, float], side: in
     return x, y, side
 
 
-def render_region(
-    slide: Slide, plan: ReadPlan, origin: tuple[int, int], pool: Executor | None = None
-) -> np.ndarray:
-    """The (3, size, size) uint8 image of `plan` whose level-0 top-left corner is `origin`."""
-    return read_squares(slide, plan, np.array([origin]), pool)[0]
-
-
 class SlideImageDataset(Dataset[Sample]):
     """Item i = slide i (restricted to its regions' bounding square, else its tissue) as a size² image."""
 
@@ -84,7 +75,7 @@ class SlideImageDataset(Dataset[Sample]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _render(self, i: int, pool: Executor | None = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def _render(self, i: int, pool: Pool = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
         if i not in self._cache:
             entry = self.table.entries[i]
             slide = self.slides.open(entry.path)
@@ -94,15 +85,15 @@ class SlideImageDataset(Dataset[Sample]):
                 bounds = tuple(float(v) for v in geometry.bounds)
             plan = plan_read(slide, self.image_size, self.mpp)
             box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
-            image = render_region(slide, plan, box[:2], pool)
+            image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0]
             self._cache[i] = (torch.from_numpy(image), box)
         return self._cache[i]
 
     def __getitem__(self, i: int) -> Sample:
         return self.load(i, None)
 
-    def load(self, i: int, pool: Executor | None) -> Sample:
-        """Item i, decoding on `pool` (the loader's threads)."""
+    def load(self, i: int, pool: Pool) -> Sample:
+        """Item i, decoding on `pool` (the loader's processes)."""
         t, (x, y, side) = self._render(i, pool)  # uint8: methods scale it on their device
         if self.augment:
             rng = np.random.default_rng([self.seed, self.epoch, i])

@@ -40,9 +40,12 @@ class DataConfig:
     )
     workers: int | None = field(
         default=None,
-        metadata={"help": "threads decoding tiles ahead of the step (null = min(cores, 8); 0 = none)"},
+        metadata={"help": "processes decoding tiles ahead of the step (null = min(cores, 8); 0 = none)"},
     )
-    prefetch: int = field(default=2, metadata={"help": "bags or image batches decoded ahead of the step"})
+    prefetch: int = field(
+        default=2,
+        metadata={"help": "bags or image batches decoded ahead of the step (raised to data.workers + 1)"},
+    )
     bag_size: int = field(default=32, metadata={"help": "tiles sampled per slide for training (0 = all)"})
     min_tissue: float = field(default=0.6, metadata={"help": "minimum tissue fraction of a tile"})
     image_size: int = field(
