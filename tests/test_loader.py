@@ -5,7 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import tifffile
 import torch
 
 from bigslide.data.bags import BagDataset
+from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import BatchLoader
 from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideEntry, SlideTable
@@ -47,7 +51,7 @@ def test_the_same_bags_with_0_1_and_2_workers(slide_csv: Path) -> None:
     table = SlideTable.from_csv(slide_csv)
     batches = [[2], [0], [3], [1], [2]]
     got = {}
-    for workers in (0, 1, 2):  # one worker reads in the producer thread, two on a pool
+    for workers in (0, 1, 2):  # 0: in this thread; else in worker processes
         bags = BagDataset(table, tile_size=32, bag_size=7, augment=True, seed=3)
         bags.set_epoch(1)
         with BatchLoader(bags, workers=workers, prefetch=2) as loader:
@@ -61,6 +65,21 @@ def test_the_same_bags_with_0_1_and_2_workers(slide_csv: Path) -> None:
             np.testing.assert_array_equal(a.coords, b.coords)
             assert torch.equal(a.x, b.x)
     assert not loader_threads()
+
+
+def test_the_same_slide_images_with_0_and_2_workers(slide_csv: Path) -> None:
+    table = SlideTable.from_csv(slide_csv)
+    got = {}
+    for workers in (0, 2):
+        images = SlideImageDataset(table, image_size=96, mpp=4.0, augment=True, seed=1)
+        with BatchLoader(images, workers=workers) as loader:
+            loader.plan([[1, 3], [0, 2]])
+            got[workers] = loader.take([1, 3]) + loader.take([0, 2])
+        images.slides.close()
+    for a, b in zip(got[0], got[2], strict=True):
+        assert (a.slide, a.origin) == (b.slide, b.origin)
+        assert torch.equal(a.x, b.x)
+    assert len({s.x.float().mean().item() for s in got[0]}) == 4  # four different slides
 
 
 def test_training_is_identical_with_0_and_2_workers(slide_csv: Path, tmp_path: Path) -> None:
@@ -157,3 +176,27 @@ def test_a_decode_process_that_dies_is_an_error_naming_the_slide(slide_csv: Path
         processes.close()
         bags.slides.close()
     assert not multiprocessing.active_children()
+
+
+def test_worker_processes_exit_when_the_training_process_is_killed(slide_csv: Path) -> None:
+    script = (
+        "import multiprocessing, sys, time\n"
+        "from bigslide.data.bags import BagDataset\n"
+        "from bigslide.data.loader import BatchLoader\n"
+        "from bigslide.data.table import SlideTable\n"
+        f"bags = BagDataset(SlideTable.from_csv({str(slide_csv)!r}), tile_size=32, bag_size=5)\n"
+        "loader = BatchLoader(bags, workers=2)\n"
+        "loader.plan([[0], [1]]); loader.take([0])\n"
+        "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    proc.kill()  # SIGKILL: no cleanup runs in the parent
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]

@@ -7,15 +7,19 @@ parent's open files share their offsets and locks with a forked child), decodes 
 item touches once (`read_squares`), and writes the squares into a shared buffer that the parent copies
 them out of. The buffers are kept and reused (one per item in flight, grown to the largest item): fresh shared
 memory costs a page fault per 4 KiB on every item, a tenth of the decode time, where a warm buffer and
-one copy cost little. Worker processes ignore Ctrl-C: the parent catches it and shuts the pool down.
+one copy cost little. Worker processes ignore Ctrl-C (the parent catches it and shuts the pool down),
+drop the signal handlers they inherit, and exit on their own when the parent dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import queue
 import signal
+import threading
+import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -47,7 +51,9 @@ class DecodeProcesses:
         # fork: workers start in milliseconds and need no importable __main__ (scripts, notebooks)
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self.workers = workers
-        self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker)
+        self._pool = ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
+        )
         self._buffers: queue.SimpleQueue[tuple[int, torch.Tensor]] = queue.SimpleQueue()
         for number in range(buffers or workers + 1):
             self._buffers.put((number, torch.empty(0, dtype=torch.uint8)))
@@ -86,11 +92,21 @@ def read_slide_squares(
     return read_squares(slides.open(path), plan, coords, pool)
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's graceful-stop handler is not ours
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     torch.set_num_threads(1)  # the worker decodes; a forked copy of the parent's thread pool would compete
     _OPEN.clear()
     _BUFFERS.clear()
+
+
+def _exit_with(parent: int) -> None:
+    # A worker waits on a pipe that its own forked copy keeps open, so it would outlive a killed parent
+    # (and hold the parent's stdout open); a child whose parent died is re-parented.
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def _read(
