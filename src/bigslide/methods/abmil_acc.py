@@ -37,6 +37,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.batchnorm import freeze_batchnorm_affine
 from bigslide.methods.replay import (
     AutocastFactory,
     BackwardFn,
@@ -282,8 +283,7 @@ class MILMethod(Method):
         )
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.num_classes, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
-            for layer in batchnorm_layers(encoder):
-                layer.requires_grad_(False)
+            freeze_batchnorm_affine(encoder)
         return MILModel(encoder, aggregator)
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:

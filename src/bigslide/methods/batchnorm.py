@@ -16,7 +16,7 @@ from typing import Literal
 
 from torch import nn
 
-from bigslide.methods.replay import batchnorm_mode
+from bigslide.methods.replay import batchnorm_layers, batchnorm_mode
 
 ImageBnMode = Literal["batch", "eval"]
 
@@ -31,3 +31,9 @@ def frozen_batchnorm(module: nn.Module, frozen: bool = True) -> Iterator[None]:
     """BatchNorm layers of `module` in eval mode (running statistics, not updated) inside the block."""
     with batchnorm_mode(module, False) if frozen else contextlib.nullcontext():
         yield
+
+
+def freeze_batchnorm_affine(module: nn.Module) -> None:
+    """Stop training the BatchNorm scales and shifts of `module` (bn_mode "frozen" of the MIL methods)."""
+    for layer in batchnorm_layers(module):
+        layer.requires_grad_(False)

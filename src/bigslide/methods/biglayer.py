@@ -44,8 +44,13 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, frozen_batchnorm
-from bigslide.methods.replay import batchnorm_layers, batchnorm_mode
+from bigslide.methods.batchnorm import (
+    IMAGE_BN_MODE_HELP,
+    ImageBnMode,
+    freeze_batchnorm_affine,
+    frozen_batchnorm,
+)
+from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
@@ -142,8 +147,7 @@ class BigLayerMIL(Method):
         encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
         aggregator = make_aggregator(p.aggregator, encoder.dim, spec.num_classes, **aggregator_kwargs(p))
         if p.bn_mode == "frozen":
-            for layer in batchnorm_layers(encoder):
-                layer.requires_grad_(False)
+            freeze_batchnorm_affine(encoder)
         return BigMILModel(encoder, aggregator)
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
