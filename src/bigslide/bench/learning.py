@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slides", type=int, default=24, help="slides per set (1/2 train, 1/4 val, 1/4 test)"
     )
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the MIL methods on tumour slides")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs of the MIL methods on tumour slides")
     parser.add_argument("--image-epochs", type=int, default=10, help="epochs of the image methods")
     parser.add_argument("--subtle-epochs", type=int, default=12, help="epochs on subtle-lesion slides")
     parser.add_argument("--subtle-tile", type=int, default=64, help="subtle tiles' side at 0.5 µm/px")
