@@ -230,7 +230,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"bigslide: error: --parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    command = "bigslide bench learning " + " ".join(sys.argv[sys.argv.index("learning") + 1 :])
+    given = sys.argv[sys.argv.index("learning") + 1 :] if "learning" in sys.argv else None
+    if given is None:  # called from Python: every setting, as parsed
+        given = [
+            f"--{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items()) if v not in (None, False)
+        ]
+    command = "bigslide bench learning " + " ".join(given)
     meta = {
         "torch": torch.__version__,
         "python": platform.python_version(),
