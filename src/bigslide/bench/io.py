@@ -40,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--height", type=int, default=16_384, help="level-0 height (default 16384)")
     parser.add_argument("--tile-size", type=int, default=224, help="bag tile side at 0.5 µm/px")
     parser.add_argument("--bag-size", type=int, default=512, help="tiles per bag (default 512)")
-    parser.add_argument("--bags", type=int, default=4, help="bags per timing (default 4)")
+    parser.add_argument(
+        "--bags",
+        type=int,
+        default=8,
+        help="bags per timing (default 8: the loader fills and drains once per timing)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     parser.add_argument("--workers", default="", help="loader worker counts, e.g. 1,2 (default 1, 2, all)")
     parser.add_argument("--backbone", default="test_resnet", help="encoder of the step (timm)")
