@@ -274,3 +274,33 @@ def test_ultramnist_is_deterministic_and_dataset_matches() -> None:
     np.testing.assert_array_equal(images[7, ..., 1], np.round(first.image * 255).astype(np.uint8))
     with pytest.raises(DataError, match="split"):
         UltraMNIST(2, size=256, split="test")  # type: ignore[arg-type]
+
+
+def test_ultramnist_digit_task_repeats_one_digit_at_the_requested_scale() -> None:
+    scale = (1 / 32, 1 / 8)
+    for i in range(40):
+        canvas = render_canvas(i, size=256, seed=2, task="digit", scale=scale)
+        assert set(canvas.digits) == {canvas.label}
+        assert 3 <= len(canvas.digits) <= 5
+        assert ultramnist_label(i, seed=2, task="digit") == canvas.label
+        assert all(8 <= side <= 256 / 8 + 1 for *_, side in canvas.boxes)
+    counts = np.bincount([ultramnist_label(i, seed=2, task="digit") for i in range(1000)], minlength=10)
+    assert counts.min() > 70, counts
+    with pytest.raises(DataError, match="task"):
+        render_canvas(0, task="product")  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="scale"):
+        render_canvas(0, scale=(0.5, 0.25))
+
+
+def test_ultramnist_shrunk_canvas_is_the_full_canvas_downsampled() -> None:
+    full = UltraMNIST(4, size=256, seed=3, task="digit")
+    small = UltraMNIST(4, size=64, seed=3, task="digit", canvas=256)
+    np.testing.assert_array_equal(full.labels, small.labels)
+    big, shrunk = full[2].x[0].numpy(), small[2].x[0].numpy()
+    assert shrunk.shape == (64, 64)
+    # Each low-resolution pixel is close to the mean of the 4 x 4 block it covers (anti-aliased shrink).
+    blocks = big.reshape(64, 4, 64, 4).mean(axis=(1, 3))
+    assert np.abs(shrunk - blocks).mean() < 0.03
+    assert abs(shrunk.mean() - big.mean()) < 0.01
+    with pytest.raises(DataError, match="size"):
+        UltraMNIST(2, size=512, canvas=256)

@@ -23,6 +23,18 @@ class DataConfig:
         metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
     )
     ultramnist_count: int = field(default=200, metadata={"help": "training canvases (validation: a quarter)"})
+    ultramnist_task: Literal["sum", "digit"] = field(
+        default="sum", metadata={"help": "label: sum of the 3-5 digits (paper), or 'digit': 3-5 of one digit"}
+    )
+    ultramnist_smallest_digit: float = field(
+        default=1 / 16, metadata={"help": "smallest digit side, a fraction of the canvas side"}
+    )
+    ultramnist_largest_digit: float = field(
+        default=1 / 2, metadata={"help": "largest digit side, a fraction of the canvas side"}
+    )
+    ultramnist_canvas: int = field(
+        default=0, metadata={"help": "side digits are drawn at, shrunk to data.image_size (0 = that size)"}
+    )
     tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at data.mpp"})
     mpp: float | None = field(
         default=None,

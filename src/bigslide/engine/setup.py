@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -61,10 +62,16 @@ def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
         if kind != "image":
             raise ConfigError(f"data.source: ultramnist gives images; method {config.method.name} needs bags")
         n_val = max(1, d.ultramnist_count // 4)
-        train = UltraMNIST(d.ultramnist_count, size=d.image_size, seed=config.run.seed, split="train")
-        return RunData(
-            train.classes, train, UltraMNIST(n_val, size=d.image_size, seed=config.run.seed, split="val")
+        canvases = partial(
+            UltraMNIST,
+            size=d.image_size,
+            seed=config.run.seed,
+            task=d.ultramnist_task,
+            scale=(d.ultramnist_smallest_digit, d.ultramnist_largest_digit),
+            canvas=d.ultramnist_canvas,
         )
+        train = canvases(d.ultramnist_count, split="train")
+        return RunData(train.classes, train, canvases(n_val, split="val"))
     table = load_table(config).with_splits(seed=config.run.seed)
     train_table, val_table = table.subset("train"), table.subset("val")
     if len(train_table) == 0:

@@ -1,10 +1,13 @@
 """UltraMNIST-like canvases (PatchGD paper, appendix A.2): the label is the sum of 3-5 digits.
 
 Digits come from scikit-learn's bundled 8x8 digits, upsampled smoothly to sizes from 1/16 to 1/2 of
-the canvas side, so small digits need full resolution and large ones need a global view. The target sum
-is drawn first (uniform over 0..9) and the digits are a uniform composition of it, so classes are
-balanced. Every canvas is made from (seed, split, index) alone, so large sets cost no memory.
-Train and val draw digit images from disjoint halves of the digit pool.
+the canvas side (`scale`), so small digits need full resolution and large ones need a global view. The
+target sum is drawn first (uniform over 0..9) and the digits are a uniform composition of it, so classes
+are balanced. Task "digit" (not in the paper; learnable from a few hundred canvases on a CPU) draws 3-5
+glyphs of one digit, the label, so reading any one small digit suffices. Every canvas is made from
+(seed, split, index) alone, so large sets cost no memory. Train and val draw digit images from disjoint
+halves of the digit pool. `UltraMNIST(..., canvas=c)` draws at side c and shrinks to `size`, as the paper
+shrinks its canvases for low-resolution GD.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from bigslide.data.sample import Sample
 from bigslide.errors import DataError
 
 Split = Literal["train", "val"]
+Task = Literal["sum", "digit"]
+PAPER_SCALE = (1 / 16, 1 / 2)  # digit side as a fraction of the canvas side (smallest, largest)
 NUM_CLASSES = 10
 _SPLIT_CODE = {"train": 0, "val": 1}
 _MAX_OVERLAP = 0.1  # at most this fraction of the smaller digit's box may be covered by another
@@ -55,35 +60,54 @@ def _rng(seed: int, split: Split, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, _SPLIT_CODE[split], index])
 
 
-def _draw_digits(rng: np.random.Generator) -> tuple[int, ...]:
-    """A uniform random composition of a uniform target sum into 3-5 non-negative digits."""
+def _draw_digits(rng: np.random.Generator, task: Task = "sum") -> tuple[int, ...]:
+    """Task "sum": a uniform random composition of a uniform target sum into 3-5 non-negative digits.
+    Task "digit": 3-5 copies of one uniform digit."""
     total = int(rng.integers(NUM_CLASSES))
     count = int(rng.integers(3, 6))
+    if task == "digit":
+        return (total,) * count
     # Stars and bars: choose count-1 bar positions among total+count-1 slots.
     bars = np.sort(rng.choice(total + count - 1, size=count - 1, replace=False))
     edges = np.concatenate([[-1], bars, [total + count - 1]])
     return tuple(int(d) for d in np.diff(edges) - 1)
 
 
-def _check(split: str, size: int) -> None:
+def _check(split: str, size: int, task: str = "sum", scale: tuple[float, float] = PAPER_SCALE) -> None:
     if split not in _SPLIT_CODE:
         raise DataError(f"split={split!r}: must be 'train' or 'val'")
+    if task not in ("sum", "digit"):
+        raise DataError(f"task={task!r}: must be 'sum' or 'digit'")
+    if not 0 < scale[0] <= scale[1] <= 1:
+        raise DataError(f"scale={scale}: need 0 < smallest <= largest <= 1 (fractions of the canvas side)")
     if size < 64:
         raise DataError(f"size={size}: UltraMNIST canvases need at least 64 pixels")
 
 
-def ultramnist_label(index: int, *, seed: int = 0, split: Split = "train") -> int:
+def ultramnist_label(index: int, *, seed: int = 0, split: Split = "train", task: Task = "sum") -> int:
     """The label of canvas `index` without rendering it."""
-    return sum(_draw_digits(_rng(seed, split, index)))
+    return _label(_draw_digits(_rng(seed, split, index), task), task)
 
 
-def render_canvas(index: int, *, size: int = 512, seed: int = 0, split: Split = "train") -> UltraMNISTCanvas:
-    """Render canvas `index` deterministically: black background, white digits, label = digit sum."""
-    _check(split, size)
+def _label(digits: tuple[int, ...], task: Task) -> int:
+    return digits[0] if task == "digit" else sum(digits)
+
+
+def render_canvas(
+    index: int,
+    *,
+    size: int = 512,
+    seed: int = 0,
+    split: Split = "train",
+    task: Task = "sum",
+    scale: tuple[float, float] = PAPER_SCALE,
+) -> UltraMNISTCanvas:
+    """Render canvas `index` deterministically: black background, white digits, label by `task`."""
+    _check(split, size, task, scale)
     rng = _rng(seed, split, index)
-    digits = _draw_digits(rng)
+    digits = _draw_digits(rng, task)
     images, _ = _digit_pool()
-    smallest, largest = size / 16, size / 2
+    smallest, largest = size * scale[0], size * scale[1]
     # Log-uniform sides, placed largest first so the small ones fill the gaps.
     sides = sorted(
         (float(np.exp(rng.uniform(np.log(smallest), np.log(largest)))) for _ in digits), reverse=True
@@ -98,7 +122,7 @@ def render_canvas(index: int, *, size: int = 512, seed: int = 0, split: Split = 
         big = transform.resize(glyph, (s, s), order=1, mode="edge", anti_aliasing=False)
         np.maximum(canvas[y0 : y0 + s, x0 : x0 + s], big, out=canvas[y0 : y0 + s, x0 : x0 + s])
         boxes.append(box)
-    return UltraMNISTCanvas(image=canvas, label=sum(digits), digits=digits, boxes=tuple(boxes))
+    return UltraMNISTCanvas(image=canvas, label=_label(digits, task), digits=digits, boxes=tuple(boxes))
 
 
 def _place(
@@ -139,12 +163,27 @@ def make_ultramnist(
 class UltraMNIST(Dataset[Sample]):
     """`n` UltraMNIST canvases of `size`², rendered on access; items are image-kind `Sample`s."""
 
-    def __init__(self, n: int, size: int = 512, seed: int = 0, split: Split = "train") -> None:
-        _check(split, size)
+    def __init__(
+        self,
+        n: int,
+        size: int = 512,
+        seed: int = 0,
+        split: Split = "train",
+        *,
+        task: Task = "sum",
+        scale: tuple[float, float] = PAPER_SCALE,
+        canvas: int = 0,
+    ) -> None:
+        self.canvas_size = canvas or size
+        _check(split, self.canvas_size, task, scale)
         if n < 1:
             raise DataError(f"n={n}: must be >= 1")
-        self.n, self.size, self.seed, self.split = n, size, seed, split
-        self.labels = np.array([ultramnist_label(i, seed=seed, split=split) for i in range(n)], np.int64)
+        if not 8 <= size <= self.canvas_size:
+            raise DataError(f"size={size}: must be between 8 and the canvas side {self.canvas_size}")
+        self.n, self.size, self.seed, self.split, self.task, self.scale = n, size, seed, split, task, scale
+        self.labels = np.array(
+            [ultramnist_label(i, seed=seed, split=split, task=task) for i in range(n)], np.int64
+        )
         self.classes = [str(c) for c in range(NUM_CLASSES)]
 
     def __len__(self) -> int:
@@ -156,9 +195,14 @@ class UltraMNIST(Dataset[Sample]):
     def canvas(self, index: int) -> UltraMNISTCanvas:
         if not 0 <= index < self.n:
             raise IndexError(f"index {index} out of range for {self.n} canvases")
-        return render_canvas(index, size=self.size, seed=self.seed, split=self.split)
+        return render_canvas(
+            index, size=self.canvas_size, seed=self.seed, split=self.split, task=self.task, scale=self.scale
+        )
 
     def __getitem__(self, index: int) -> Sample:
         canvas = self.canvas(index)
-        x = torch.from_numpy(canvas.image)[None].expand(3, -1, -1).contiguous()
+        image = canvas.image
+        if self.size != self.canvas_size:  # shrunk with anti-aliasing, as a low-resolution scan would be
+            image = transform.resize(image, (self.size, self.size), anti_aliasing=True).astype(np.float32)
+        x = torch.from_numpy(image)[None].expand(3, -1, -1).contiguous()
         return Sample(x=x, y=canvas.label, slide=f"ultramnist:{index}")
