@@ -1,12 +1,18 @@
-"""The learning bench's results file: parts run apart share it, a changed setting under a part is refused."""
+"""The learning bench: parts run apart share the results file, a changed setting under a part is refused;
+UltraMNIST compares like with like (same canvases, measured memory)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bigslide.bench import learning
 from bigslide.bench.learning import _update, render_tables
+from bigslide.data.slides import SlideCache
+from bigslide.engine.setup import build_data
 
 
 def test_parts_share_the_results_file_and_a_changed_setting_is_refused(tmp_path: Path) -> None:
@@ -20,3 +26,32 @@ def test_parts_share_the_results_file_and_a_changed_setting_is_refused(tmp_path:
     assert "| abmil_acc | 1 | 1.000 (1 seed) | 0.750 (1 seed) | — |" in render_tables(state)
     with pytest.raises(SystemExit, match=r"other settings \(epochs\)"):
         _update(path, meta={"backbone": "test_resnet", "epochs": 5}, command="--epochs 5")
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    learning.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_ultramnist_run_sees_the_same_canvases_at_its_own_size() -> None:
+    args = _args("--canvas", "128", "--canvases", "6")
+    runs = {"patchgd": 128, "full_image": 64}
+    data = {
+        m: build_data(learning.ultramnist_config(args, m, size, 0, m), "image", SlideCache())
+        for m, size in runs.items()
+    }
+    big, small = data["patchgd"].train, data["full_image"].train
+    np.testing.assert_array_equal(big.labels, small.labels)  # type: ignore[union-attr]
+    image, shrunk = big[3].x[0].numpy(), small[3].x[0].numpy()
+    assert image.shape == (128, 128)
+    assert shrunk.shape == (64, 64)
+    # The low-resolution run sees the full canvas shrunk, not a canvas drawn anew at its size.
+    assert np.abs(shrunk - image.reshape(64, 2, 64, 2).mean(axis=(1, 3))).mean() < 0.03
+
+
+def test_step_memory_grows_with_the_image() -> None:
+    args = _args("--canvas", "96")
+    small = learning.step_memory(learning.ultramnist_config(args, "full_image", 16, 0, "m"))
+    large = learning.step_memory(learning.ultramnist_config(args, "full_image", 96, 0, "m"))
+    assert large > small
