@@ -356,6 +356,22 @@ def test_maps_shapes_and_evidence_is_gradient_times_input():
     assert all(p.grad is None for p in cnn.parameters())  # maps leave no parameter gradients behind
 
 
+def test_two_class_evidence_is_for_the_positive_class_whatever_the_prediction():
+    torch.manual_seed(7)
+    method = make_method(classes=2)
+    method.model.eval()
+    with torch.no_grad():  # bias the head so that the image is called class 0
+        last = [m for m in method.model.head.modules() if isinstance(m, nn.Linear)][-1]
+        last.bias.copy_(torch.tensor([5.0, -5.0]))
+    image = torch.rand(3, 64, 96)
+    pred = method.predict(Sample(image, 0, "s"))
+    assert pred.probs.argmax() == 0
+    Z = fill_z(method.model.encoder, image[None], 32)
+    expected = zblock_maps(method.model.head, Z[0], target=1)["evidence"]
+    np.testing.assert_allclose(pred.maps["evidence"], expected, rtol=1e-6)
+    assert not np.allclose(expected, zblock_maps(method.model.head, Z[0], target=0)["evidence"])
+
+
 def test_a_few_steps_learn_a_tiny_task():
     torch.manual_seed(6)
     images = torch.rand(8, 3, 64, 64) * 0.3

@@ -348,7 +348,9 @@ class PatchGD(Method):
         )
 
     def predict(self, sample: Sample) -> Prediction:
-        """Z filled with every patch, the head on it, and the Z-block maps for the predicted class."""
+        """Z filled with every patch, the head on it, and the Z-block maps: evidence for class 1 (the
+        positive class, as AUC counts it) when there are two classes, so a tumour map means the same on
+        every slide, also on one the model calls normal; else for the predicted class."""
         x = to_device(sample.x, self.device)[None]
         Z = fill_z(
             self.model.encoder,
@@ -361,7 +363,8 @@ class PatchGD(Method):
         )
         with torch.no_grad():
             probs = torch.softmax(self.model.head(Z).float(), dim=1)[0]
-        maps = zblock_maps(self.model.head, Z[0], target=int(probs.argmax()))
+        target = 1 if len(probs) == 2 else int(probs.argmax())
+        maps = zblock_maps(self.model.head, Z[0], target=target)
         return Prediction(probs=probs.cpu().numpy(), maps=maps)
 
 
