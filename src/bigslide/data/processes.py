@@ -67,7 +67,7 @@ class DecodeProcesses:
                 buffer = torch.empty(math.prod(shape), dtype=torch.uint8).share_memory_()
             task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
             self._pool.submit(_read, *task).result()
-            return buffer[: math.prod(shape)].numpy().reshape(shape).copy()
+            return _squares(buffer, shape).copy()
         except BrokenProcessPool:
             raise DataError(
                 f"{path}: a decode worker process died while reading {len(coords)} tiles "
@@ -97,8 +97,6 @@ def _start_worker(parent: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's graceful-stop handler is not ours
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     torch.set_num_threads(1)  # the worker decodes; a forked copy of the parent's thread pool would compete
-    _OPEN.clear()
-    _BUFFERS.clear()
 
 
 def _exit_with(parent: int) -> None:
@@ -116,5 +114,9 @@ def _read(
     key = (path, slide_mpp)
     if key not in _OPEN:
         _OPEN[key] = open_with_mpp(path, slide_mpp)
-    shape = (len(coords), 3, plan.size, plan.size)
-    read_squares(_OPEN[key], plan, coords, into=buffer[: math.prod(shape)].numpy().reshape(shape))
+    read_squares(_OPEN[key], plan, coords, into=_squares(buffer, (len(coords), 3, plan.size, plan.size)))
+
+
+def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
+    """The front of a shared byte buffer viewed as squares of `shape`."""
+    return buffer[: math.prod(shape)].numpy().reshape(shape)
