@@ -10,12 +10,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tifffile
 import torch
 
+from bigslide.data import processes as processes_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import BatchLoader
@@ -157,6 +159,49 @@ def test_tiles_are_decoded_in_worker_processes_that_close_with_the_loader(slide_
     assert not multiprocessing.active_children()
     assert not loader_threads()
     bags.slides.close()
+
+
+def test_workers_are_forked_before_item_threads_take_locks(
+    slide_csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process forked while another thread holds a lock starts with that lock held for ever. Item
+    threads take locks while loading (opening a slide takes a cached_property's on Python 3.11), so the
+    workers must exist before the first item thread runs; forked by the first read, this run hung."""
+    gate = threading.Lock()  # a lock item threads take in the parent and decode workers in the child
+    open_slide = processes_module.open_with_mpp
+
+    def gated_open(*args: Any) -> Any:
+        with gate:
+            return open_slide(*args)
+
+    monkeypatch.setattr(processes_module, "open_with_mpp", gated_open)
+
+    class Gated(BagDataset):
+        def load(self, i: int, pool: Any) -> Any:
+            with gate:
+                time.sleep(0.3)  # item 1 holds the gate while item 0 is read
+            return super().load(i, pool)
+
+    bags = Gated(SlideTable.from_csv(slide_csv), tile_size=32, bag_size=5)
+    loader = BatchLoader(bags, workers=1, prefetch=3)
+    done = threading.Event()
+
+    def read() -> None:
+        loader.plan([[0], [1], [2]])
+        for i in range(3):
+            loader.take([i])
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    if not done.is_set():
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)  # frees the reader with an error, so the test ends
+    reader.join(timeout=10)
+    loader.close()
+    bags.slides.close()
+    assert done.is_set(), "a decode worker waited on a lock held in the parent when it was forked"
 
 
 def test_a_decode_process_that_dies_is_an_error_naming_the_slide(slide_csv: Path) -> None:

@@ -54,6 +54,10 @@ class DecodeProcesses:
         self._pool = ProcessPoolExecutor(
             workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
         )
+        # Fork every worker now, on the thread making the loader: forked later from an item thread, a worker
+        # would copy the locks that other item threads hold at that instant held (e.g. a cached_property's
+        # on Python 3.11, taken while opening a slide) and wait on them for ever.
+        self._pool.submit(os.getpid).result()
         self._buffers: queue.SimpleQueue[tuple[int, torch.Tensor]] = queue.SimpleQueue()
         for number in range(buffers or workers + 1):
             self._buffers.put((number, torch.empty(0, dtype=torch.uint8)))
