@@ -335,7 +335,7 @@ def test_inference_uses_every_patch(head: str):
             assert norm_change.sum() == 1
 
 
-def test_maps_shapes_and_evidence_is_gradient_times_input():
+def test_maps_shapes_and_evidence_is_integrated_gradients_from_the_typical_cell():
     torch.manual_seed(5)
     head = TransformerHead(6, 3, width=8).eval()
     Z = torch.randn(6, 2, 3)
@@ -347,13 +347,37 @@ def test_maps_shapes_and_evidence_is_gradient_times_input():
     assert maps["pca"].min() >= 0.0
     assert maps["pca"].max() <= 1.0
     assert np.allclose(maps["pca"].reshape(6, 3).max(0), 1.0)
-    leaf = Z[None].clone().requires_grad_(True)
-    head(leaf)[0, 1].backward()
-    assert leaf.grad is not None
-    np.testing.assert_allclose(maps["evidence"], (leaf.grad[0] * Z).sum(0).numpy(), rtol=1e-5, atol=1e-7)
+    # the truth: the path integral by a fine midpoint rule, from every cell at the channel medians
+    baseline = Z.flatten(1).median(dim=1).values[:, None, None].expand_as(Z)
+    grads = []
+    for a in (torch.arange(2000, dtype=torch.float64) + 0.5) / 2000:
+        leaf = (baseline + a * (Z - baseline)).double()[None].requires_grad_(True)
+        head.double()(leaf)[0, 1].backward()
+        grads.append(leaf.grad[0])
+    head.float()
+    truth = ((Z - baseline).double() * torch.stack(grads).mean(0)).sum(0).numpy()
+    np.testing.assert_allclose(maps["evidence"], truth, atol=0.02 * np.abs(truth).max())
+    # completeness: the cells share out the logit's rise from the baseline
+    with torch.no_grad():
+        rise = float(head(Z[None])[0, 1] - head(baseline[None])[0, 1])
+    assert maps["evidence"].sum() == pytest.approx(rise, abs=0.02 * abs(rise) + 1e-4)
     cnn = CNNHead(6, 3, width=8).eval()
     zblock_maps(cnn, Z)
     assert all(p.grad is None for p in cnn.parameters())  # maps leave no parameter gradients behind
+
+
+def test_evidence_of_a_linear_head_is_each_cells_own_contribution():
+    """Mean-pooled linear head: a cell's evidence is exactly w . (z - typical cell) / cells, so a cell
+    equal to the typical one has none and an odd cell carries the class's rise alone."""
+    torch.manual_seed(3)
+    w = torch.randn(2, 4)
+    head = lambda Z: Z.mean(dim=(2, 3)) @ w.T  # noqa: E731
+    Z = torch.randn(4, 1, 1).expand(4, 3, 5).clone()  # uniform tissue...
+    Z[:, 1, 2] += torch.tensor([3.0, -1.0, 0.5, 2.0])  # ...and one odd cell
+    evidence = zblock_maps(head, Z, target=0)["evidence"]
+    expected = np.zeros((3, 5))
+    expected[1, 2] = float(w[0] @ torch.tensor([3.0, -1.0, 0.5, 2.0])) / 15
+    np.testing.assert_allclose(evidence, expected, atol=1e-6)
 
 
 def test_two_class_evidence_is_for_the_positive_class_whatever_the_prediction():
