@@ -204,6 +204,38 @@ def test_workers_are_forked_before_item_threads_take_locks(
     assert done.is_set(), "a decode worker waited on a lock held in the parent when it was forked"
 
 
+def test_squares_are_handed_out_uncopied_and_a_buffer_is_reused_only_when_let_go(slide_csv: Path) -> None:
+    table = SlideTable.from_csv(slide_csv)
+    bags = BagDataset(table, tile_size=32, bag_size=0)
+    path, plan, coords = table.entries[0].path, bags.grids[0].plan, bags.grids[0].coords
+    parts = [coords[:8], coords[8:16], coords[16:40]]
+    truth = [
+        bags.read_bag(0, np.arange(len(coords))).x.numpy()[s]
+        for s in (slice(0, 8), slice(8, 16), slice(16, 40))
+    ]
+    processes = DecodeProcesses(1, buffers=1)
+    try:
+        held = processes.read(path, None, plan, parts[0])
+        kept = torch.from_numpy(held)[2:5]  # a view of a view still holds the buffer
+        address = held.ctypes.data
+        del held
+        second = processes.read(path, None, plan, parts[1])
+        assert second.ctypes.data != address  # the first buffer is still referred to: not reused
+        np.testing.assert_array_equal(kept.numpy(), truth[0][2:5])  # and not overwritten
+        np.testing.assert_array_equal(second, truth[1])
+        del kept
+        third = processes.read(path, None, plan, parts[2])  # larger: the idle buffer is grown
+        np.testing.assert_array_equal(third, truth[2])
+        np.testing.assert_array_equal(second, truth[1])
+        del third
+        fourth = processes.read(path, None, plan, parts[0])
+        np.testing.assert_array_equal(fourth, truth[0])
+        assert len(processes._buffers) == 2  # one per view still held, plus none idle to spare
+    finally:
+        processes.close()
+        bags.slides.close()
+
+
 def test_a_decode_process_that_dies_is_an_error_naming_the_slide(slide_csv: Path) -> None:
     table = SlideTable.from_csv(slide_csv)
     bags = BagDataset(table, tile_size=32, bag_size=5)

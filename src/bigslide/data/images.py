@@ -85,7 +85,8 @@ class SlideImageDataset(Dataset[Sample]):
                 bounds = tuple(float(v) for v in geometry.bounds)
             plan = plan_read(slide, self.image_size, self.mpp)
             box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
-            image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0]
+            # a copy: the cache keeps it for the run, and a worker's buffer is reused once let go
+            image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0].copy()
             self._cache[i] = (torch.from_numpy(image), box)
         return self._cache[i]
 

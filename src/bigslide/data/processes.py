@@ -4,11 +4,13 @@ Threads decoding JPEG tiles share one interpreter, and on this project's own mea
 gave 1.2x one thread's rate where two processes gave 1.8x (`bigslide bench io`). So the loader hands
 each item's squares to a pool of forked processes: a process opens its own copy of the slide (the
 parent's open files share their offsets and locks with a forked child), decodes every file tile the
-item touches once (`read_squares`), and writes the squares into a shared buffer that the parent copies
-them out of. The buffers are kept and reused (one per item in flight, grown to the largest item): fresh shared
-memory costs a page fault per 4 KiB on every item, a tenth of the decode time, where a warm buffer and
-one copy cost little. Worker processes ignore Ctrl-C (the parent catches it and shuts the pool down),
-drop the signal handlers they inherit, and exit on their own when the parent dies, even by SIGKILL.
+item touches once (`read_squares`), and writes the squares into a shared buffer. The parent hands out
+a view of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (its
+storage's use count says so): a copy into fresh memory cost the parent a page fault per 4 KiB and a
+pass over the bag, which on two cores took the time of a third of a worker. Buffers are kept (one per
+item in flight or still held, grown to the largest item): fresh shared memory would cost the workers
+the same faults. Worker processes ignore Ctrl-C (the parent catches it and shuts the pool down), drop
+the signal handlers they inherit, and exit on their own when the parent dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import queue
 import signal
 import threading
 import time
@@ -43,7 +44,7 @@ class DecodeProcesses:
     """`workers` processes reading squares of slides; `read` blocks the calling thread only.
 
     `buffers` reads may be under way at once (more wait): one more than `workers` keeps every worker
-    busy while the parent copies an item out.
+    busy while the parent hands an item over.
     """
 
     def __init__(self, workers: int, buffers: int | None = None) -> None:
@@ -58,30 +59,61 @@ class DecodeProcesses:
         # would copy the locks that other item threads hold at that instant held (e.g. a cached_property's
         # on Python 3.11, taken while opening a slide) and wait on them for ever.
         self._pool.submit(os.getpid).result()
-        self._buffers: queue.SimpleQueue[tuple[int, torch.Tensor]] = queue.SimpleQueue()
-        for number in range(buffers or workers + 1):
-            self._buffers.put((number, torch.empty(0, dtype=torch.uint8)))
+        self._reads = threading.BoundedSemaphore(buffers or workers + 1)
+        self._lock = threading.Lock()
+        self._buffers: list[tuple[torch.Tensor, int]] = []  # by number: (buffer, its use count when idle)
+        self._reading: set[int] = set()
 
     def read(self, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray) -> np.ndarray:
-        """`read_squares` of the slide at `path`, done in a worker process."""
+        """`read_squares` of the slide at `path`, done in a worker process: a view of a shared buffer that
+        is reused once nothing refers to it (keep a copy to hold the squares for long, e.g. in a cache)."""
         shape = (len(coords), 3, plan.size, plan.size)
-        number, buffer = self._buffers.get()  # waits while every buffer is in use
-        try:
-            if buffer.numel() < math.prod(shape):
-                buffer = torch.empty(math.prod(shape), dtype=torch.uint8).share_memory_()
-            task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
-            self._pool.submit(_read, *task).result()
-            return _squares(buffer, shape).copy()
-        except BrokenProcessPool:
-            raise DataError(
-                f"{path}: a decode worker process died while reading {len(coords)} tiles "
-                "(out of memory, or a crash in the slide's decoder; data.workers: 0 reads in this process)"
-            ) from None
-        finally:
-            self._buffers.put((number, buffer))
+        with self._reads:  # waits while `buffers` reads are under way
+            number, buffer = self._lend(math.prod(shape))
+            try:
+                task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
+                self._pool.submit(_read, *task).result()
+                return _squares(buffer, shape)
+            except BrokenProcessPool:
+                raise DataError(
+                    f"{path}: a decode worker process died while reading {len(coords)} tiles "
+                    "(out of memory, or a crash in the slide's decoder; "
+                    "data.workers: 0 reads in this process)"
+                ) from None
+            finally:
+                with self._lock:
+                    self._reading.discard(number)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _lend(self, size: int) -> tuple[int, torch.Tensor]:
+        """A buffer of at least `size` bytes that no read and no handed-out view uses: an idle one that
+        fits, else an idle one grown, else a new one."""
+        with self._lock:
+            idle = [
+                n
+                for n, (buffer, uses) in enumerate(self._buffers)
+                if n not in self._reading and _uses(buffer) == uses
+            ]
+            fits = [n for n in idle if self._buffers[n][0].numel() >= size]
+            if fits:
+                number = fits[0]
+            else:
+                number = idle[0] if idle else len(self._buffers)
+                buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
+                entry = (buffer, _uses(buffer))
+                if number == len(self._buffers):
+                    self._buffers.append(entry)
+                else:
+                    self._buffers[number] = entry  # the worker drops the smaller one when this comes
+            self._reading.add(number)
+            return number, self._buffers[number][0]
+
+
+def _uses(buffer: torch.Tensor) -> int:
+    """How many references the buffer's memory has (views of it, arrays and tensors made from them)."""
+    return int(torch._C._storage_Use_Count(buffer.untyped_storage()._cdata))
 
 
 Pool = Executor | DecodeProcesses | None
