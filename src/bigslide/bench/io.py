@@ -11,7 +11,8 @@ sides). Every timing is repeated; min and median are reported. Each loader is st
 the same bags in every repeat, as in a training run; its start-up is printed apart.
 
 Targets (exit status 1 when one is missed; `--no-targets` only reports): loader at w workers >= 0.8 x
-w x the decode floor; the loader-fed step <= 1.1 x the in-memory step whenever the loader alone
+w x the decode floor, as the median over repeats of each loader timing against the 1-thread floor timed
+just before it; the loader-fed step <= 1.1 x the in-memory step whenever the loader alone
 delivers a bag faster than the in-memory step takes.
 """
 
@@ -115,9 +116,11 @@ def run(args: argparse.Namespace) -> int:
     # and its buffers warm once (timed apart, below), and each repeat reads the same bags again.
     loaders = {w: BatchLoader(bags, workers=w, prefetch=2) for w in counts}
     startup = {w: _timed(lambda w=w: load_bags(loaders[w], [0])) for w in counts}  # type: ignore[misc]
+    # Each loader timing follows a floor timing of its own, and the target compares each pair: this
+    # machine's speed drifts between timings a minute apart more than the loader differs from the floor.
+    paired: dict[int, list[float]] = {w: [] for w in counts}
     for _ in range(args.repeats):  # interleaved, so machine load hits every reader alike
         timings["sequential read_region"].append(_timed(sequential))
-        timings["decode floor (1 thread)"].append(_timed(lambda: floor.decode_bags(file_tiles)))
         for w in parallel:
             timings[f"decode floor ({w} threads)"].append(
                 _timed(lambda w=w: floor.decode_bags(file_tiles, threads=w))  # type: ignore[misc]
@@ -126,9 +129,11 @@ def run(args: argparse.Namespace) -> int:
                 _timed(lambda w=w: floor.decode_bags(file_tiles, processes=w))  # type: ignore[misc]
             )
         for w in counts:
-            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(
-                _timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
-            )
+            floor_time = _timed(lambda: floor.decode_bags(file_tiles))
+            loader_time = _timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
+            timings["decode floor (1 thread)"].append(floor_time)
+            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(loader_time)
+            paired[w].append(floor_time / (w * loader_time))
     for loader in loaders.values():
         loader.close()
     floor.close()
@@ -149,9 +154,12 @@ def run(args: argparse.Namespace) -> int:
     missed = []
     for w in counts:
         name = f"loader, {w} worker{'s' if w > 1 else ''}"
-        ratio = statistics.median(rates[name]) / (floor_rate * w)
+        ratio = statistics.median(paired[w])
         ok = ratio >= 0.8
-        print(f"target {name} >= 0.8 x {w} x decode floor: {ratio:.2f} -> {'met' if ok else 'MISSED'}")
+        print(
+            f"target {name} >= 0.8 x {w} x decode floor (each timing against the floor timed just before "
+            f"it; min {min(paired[w]):.2f}, median): {ratio:.2f} -> {'met' if ok else 'MISSED'}"
+        )
         if w > 1:
             spread = statistics.median(rates[f"decode floor ({w} processes)"]) / floor_rate
             print(f"  decode floor on {w} processes: {spread:.2f}x the 1-thread floor (for context)")
