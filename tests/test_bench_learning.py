@@ -13,6 +13,7 @@ from bigslide.bench import learning
 from bigslide.bench.learning import _update, render_tables
 from bigslide.data.slides import SlideCache
 from bigslide.engine.setup import build_data
+from bigslide.synthetic.slide_set import make_slide_set
 
 
 def test_parts_share_the_results_file_and_a_changed_setting_is_refused(tmp_path: Path) -> None:
@@ -55,3 +56,15 @@ def test_step_memory_grows_with_the_image() -> None:
     small = learning.step_memory(learning.ultramnist_config(args, "full_image", 16, 0, "m"))
     large = learning.step_memory(learning.ultramnist_config(args, "full_image", 96, 0, "m"))
     assert large > small
+
+
+def test_frozen_probe_reads_lesion_tiles_from_random_features(tmp_path: Path) -> None:
+    # Tumour lesions change a tile's colour and texture, so a probe on random features must find them;
+    # a probe that mixed up tiles and labels (or train and test) would sit near 0.5.
+    csv = make_slide_set(tmp_path, n_slides=8, size=(512, 512), seed=3, lesion_kind="tumour")
+    images, labels = learning.lesion_tiles(csv, "test", 32)
+    assert images.shape[1:] == (32, 32, 3)
+    assert images.dtype == np.uint8
+    assert 0 < labels.sum() < len(labels)
+    result = learning.frozen_probe_run(_args("--subtle-tile", "32"), csv, seed=0)
+    assert result["tile_auc"] > 0.9

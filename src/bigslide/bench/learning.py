@@ -30,17 +30,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.preprocessing import StandardScaler
 
 from bigslide.bench.memory import MEASURE_MEMORY, MEASURE_TIME, peak_rss_delta, set_mmap_threshold, trim_heap
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
-from bigslide.data.sample import Batch
+from bigslide.data.sample import Batch, as_float
 from bigslide.data.table import SlideTable
 from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.setup import RunData, build_method, build_optimizer
 from bigslide.engine.stepper import OptimStepper
 from bigslide.explain.localisation import lesion_cell_auc
+from bigslide.nn.backbones import create_encoder
 from bigslide.synthetic.slide_set import load_lesions, make_slide_set
 from bigslide.synthetic.slides import LesionKind, lesion_fraction
 
@@ -48,11 +52,14 @@ MIL_METHODS = ("abmil_acc", "biglayer_mil", "full_bag", "frozen_abmil")
 IMAGE_METHODS = ("patchgd", "full_image", "biglayer_image")
 SUBTLE_METHODS = ("abmil_acc", "frozen_abmil")
 SUBTLE_MPP = 0.5
+# Subtle lesions are a cell-level change in a minority of tiles: attention MIL from random weights finds them
+# only after tens of epochs (training loss flat at ln 2 for the first 20-30), at a lower learning rate.
+SUBTLE_LR = 5e-4
 # The settings each part's runs depend on (besides torch, Python and the backbone).
 PART_SETTINGS = {
     "tumour_mil": ("slides", "epochs"),
     "tumour_image": ("slides", "image_epochs", "image_size"),
-    "subtle": ("slides", "subtle_epochs", "subtle_tile", "tile_label_epochs"),
+    "subtle": ("subtle_slides", "subtle_epochs", "subtle_tile", "subtle_bag", "tile_label_epochs"),
     "ultramnist": ("image_epochs", "canvas", "matched_canvas", "canvases"),
 }
 PARTS = ("tumour_mil", "tumour_image", "subtle", "ultramnist")
@@ -67,8 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--epochs", type=int, default=6, help="epochs of the MIL methods on tumour slides")
     parser.add_argument("--image-epochs", type=int, default=10, help="epochs of the image methods")
-    parser.add_argument("--subtle-epochs", type=int, default=12, help="epochs on subtle-lesion slides")
+    parser.add_argument("--subtle-slides", type=int, default=48, help="slides in the subtle-lesion set")
+    parser.add_argument("--subtle-epochs", type=int, default=100, help="epochs on subtle-lesion slides")
     parser.add_argument("--subtle-tile", type=int, default=64, help="subtle tiles' side at 0.5 µm/px")
+    parser.add_argument("--subtle-bag", type=int, default=64, help="tiles per subtle training bag")
     parser.add_argument(
         "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"
     )
@@ -106,10 +115,11 @@ def slide_config(
     # and tiles holding several nuclei (a 32 px tile at 0.5 µm/px holds one or two).
     config.data.mpp = 1.0 if kind == "tumour" else SUBTLE_MPP
     config.data.tile_size = 32 if kind == "tumour" else args.subtle_tile
-    config.data.bag_size = 24 if kind == "tumour" else 32
+    config.data.bag_size = 24 if kind == "tumour" else args.subtle_bag
     config.data.image_size = args.image_size
     config.data.augment = method != "frozen_abmil"  # precomputed features are of un-augmented tiles
-    config.optim.epochs = args.subtle_epochs if kind == "subtle" else args.epochs
+    if kind == "subtle":
+        config.optim.epochs, config.optim.lr = args.subtle_epochs, SUBTLE_LR
     # Image methods see one rendering per slide, a step per image (or batch): they get more epochs.
     # BatchNorm with batches from one or few slides normalises each slide by itself, which running
     # statistics do not reproduce at inference: full_image and biglayer_image train one slide per step
@@ -160,32 +170,58 @@ def slide_run(
     return metrics
 
 
+def lesion_tiles(csv: Path, split: str, tile_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every tissue tile of a split's slides at the subtle resolution, (N, H, W, 3) uint8, and its label:
+    1 for tiles >= 50 % lesion, 0 for tiles with none (tiles in between are left out)."""
+    table, lesions = SlideTable.from_csv(csv), load_lesions(csv.parent / "lesions.json")
+    bags = BagDataset(table.subset(split), tile_size=tile_size, mpp=SUBTLE_MPP, bag_size=0)
+    images, labels = [], []
+    for i, entry in enumerate(bags.table.entries):
+        bag = bags[i]
+        assert bag.coords is not None
+        share = lesion_fraction(lesions[Path(entry.path).name], bag.coords, bag.tile_size_level0)
+        keep = (share >= 0.5) | (share == 0)
+        images.append(bag.x[keep].permute(0, 2, 3, 1).numpy())
+        labels.append((share[keep] >= 0.5).astype(np.int64))
+    return np.concatenate(images), np.concatenate(labels)
+
+
 def tile_label_run(args: argparse.Namespace, csv: Path, seed: int) -> dict[str, float]:
     """The subtle task's control: the encoder ABMIL-ACC trains (eval-mode BatchNorm, random weights)
-    trained on single tiles with labels from the lesion masks (tiles >= 50 % lesion against tiles with
-    none), scored by tile AUC on the test slides' tiles: is the change learnable from these pixels?"""
+    trained on single tiles with labels from the lesion masks, scored by tile AUC on the test slides'
+    tiles: is the change learnable from these pixels?"""
     config = slide_config(args, csv, "subtle", "full_image", seed, "subtle-tile_labels")
     config.data.image_size = config.data.tile_size
     config.data.batch_size = 32
     config.method.params = {"bn_mode": "eval"}
-    config.optim.epochs = args.tile_label_epochs
-    table, lesions = SlideTable.from_csv(csv), load_lesions(csv.parent / "lesions.json")
-
-    def tiles(split: str) -> ArrayImageDataset:
-        bags = BagDataset(table.subset(split), tile_size=config.data.tile_size, mpp=SUBTLE_MPP, bag_size=0)
-        images, labels = [], []
-        for i, entry in enumerate(bags.table.entries):
-            bag = bags[i]
-            assert bag.coords is not None
-            share = lesion_fraction(lesions[Path(entry.path).name], bag.coords, bag.tile_size_level0)
-            keep = (share >= 0.5) | (share == 0)
-            images.append(bag.x[keep].permute(0, 2, 3, 1).numpy())
-            labels.append((share[keep] >= 0.5).astype(np.int64))
-        return ArrayImageDataset(np.concatenate(images), np.concatenate(labels), name=f"{split} tiles")
-
-    data = RunData(classes=["normal", "lesion"], train=tiles("train"), val=tiles("test"))
+    config.optim.epochs, config.optim.lr = args.tile_label_epochs, 2e-3
+    train_set, test_set = (
+        ArrayImageDataset(*lesion_tiles(csv, split, args.subtle_tile), name=f"{split} tiles")
+        for split in ("train", "test")
+    )
+    data = RunData(classes=["normal", "lesion"], train=train_set, val=test_set)
     val = run_to_end(train(config, data=data)).history[-1]["val"]
     return {"tile_auc": val["auc"], "balanced_accuracy": val["balanced_accuracy"]}
+
+
+def frozen_probe_run(args: argparse.Namespace, csv: Path, seed: int) -> dict[str, float]:
+    """The other control: do the frozen encoder's features hold the change? A logistic regression on
+    the random encoder's features (standardised on the training tiles) with tile labels from the lesion
+    masks, scored by tile AUC on the test slides' tiles."""
+    torch.manual_seed(seed)
+    encoder = create_encoder(args.backbone).eval()
+
+    def features(split: str) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = lesion_tiles(csv, split, args.subtle_tile)
+        x = torch.from_numpy(images).permute(0, 3, 1, 2)
+        with torch.no_grad():
+            f = torch.cat([encoder(as_float(chunk)) for chunk in x.split(256)])
+        return f.numpy(), labels
+
+    (train_x, train_y), (test_x, test_y) = features("train"), features("test")
+    scaler = StandardScaler().fit(train_x)
+    probe = LogisticRegression(max_iter=2000).fit(scaler.transform(train_x), train_y)
+    return {"tile_auc": float(roc_auc_score(test_y, probe.decision_function(scaler.transform(test_x))))}
 
 
 def ultramnist_config(args: argparse.Namespace, method: str, size: int, seed: int, name: str) -> TrainConfig:
@@ -270,12 +306,14 @@ def ultramnist_run(
 
 def _slide_set(args: argparse.Namespace, kind: LesionKind) -> Path:
     cache = Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide"))
+    n_slides = args.slides if kind == "tumour" else args.subtle_slides
+    # Subtle: 3-5 lesions per positive slide (about 1 tile in 8 of its tissue), so a bag holds several.
     return make_slide_set(
-        cache / f"learning-{kind}-{args.slides}",
-        n_slides=args.slides,
+        cache / f"learning-{kind}-{n_slides}",
+        n_slides=n_slides,
         seed=11,
         lesion_kind=kind,
-        lesion_count=(1, 3) if kind == "tumour" else (2, 3),
+        lesion_count=(1, 3) if kind == "tumour" else (3, 5),
     )
 
 
@@ -327,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
                 for m in SUBTLE_METHODS
             ]
             jobs.append(("subtle", "tile_labels", partial(tile_label_run, args, csvs["subtle"], seed)))
+            jobs.append(("subtle", "frozen_probe", partial(frozen_probe_run, args, csvs["subtle"], seed)))
         if "ultramnist" in parts:
             sizes = {
                 f"patchgd@{args.canvas}": ("patchgd", args.canvas),
@@ -406,7 +445,7 @@ def render_tables(state: dict[str, Any]) -> str:
         f"Machine: 2-core CPU VM, shared; torch {meta.get('torch')}, Python "
         f"{meta.get('python')}. Commands: "
         + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
-        + f". {meta.get('slides')} slides of 1024² per set "
+        + f". {meta.get('slides')} (tumour) and {meta.get('subtle_slides')} (subtle) slides of 1024² per set "
         f"(half train, a quarter validation, a quarter test), backbone "
         f"`{meta.get('backbone')}` from random weights; epochs: "
         + ", ".join(
@@ -430,9 +469,11 @@ def render_tables(state: dict[str, Any]) -> str:
         "",
         *_table(runs, "tumour_image", slide_cols),
         f"### Subtle lesions (enlarged, pale, vesicular nuclei; same density and mean colour; tiles of "
-        f"{meta.get('subtle_tile')} px at 0.5 µm/px, bag 32; *tile_labels*: a control, ABMIL-ACC's encoder "
-        f"trained on single tiles with labels from the lesion masks for {meta.get('tile_label_epochs')} "
-        "epochs, tile AUC on the test slides' tiles)",
+        f"{meta.get('subtle_tile')} px at 0.5 µm/px, bag {meta.get('subtle_bag')}, learning rate "
+        f"{SUBTLE_LR}. Controls, tile AUC on the test slides' tiles with labels from the lesion masks: "
+        "*tile_labels*, ABMIL-ACC's encoder trained on single tiles for "
+        f"{meta.get('tile_label_epochs')} epochs; *frozen_probe*, a logistic regression on the frozen "
+        "random encoder's features)",
         "",
         *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
         "### UltraMNIST: PatchGD vs GD at equal memory"
