@@ -477,8 +477,8 @@ def render_tables(state: dict[str, Any]) -> str:
         f"{meta.get('subtle_tile')} px at 0.5 µm/px, bag {meta.get('subtle_bag')}, learning rate "
         f"{SUBTLE_LR}. Controls, tile AUC on the test slides' tiles with labels from the lesion masks: "
         "*tile_labels*, ABMIL-ACC's encoder trained on single tiles for "
-        f"{meta.get('tile_label_epochs')} epochs; *frozen_probe*, a logistic regression on the frozen "
-        "random encoder's features)",
+        f"{meta.get('tile_label_epochs')} epochs; *frozen_probe*, a logistic regression on the features "
+        "of a frozen random encoder of the same backbone, drawn from the run's seed)",
         "",
         *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
         "### UltraMNIST: PatchGD vs GD at equal memory"
