@@ -277,3 +277,20 @@ def test_worker_processes_exit_when_the_training_process_is_killed(slide_csv: Pa
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_bags_come_channels_last_and_workers_yield_to_the_training_process(slide_csv: Path) -> None:
+    bags = BagDataset(SlideTable.from_csv(slide_csv), tile_size=32, bag_size=5)
+    here = bags[0].x
+    assert here.shape == (5, 3, 32, 32)
+    # rows of RGB pixels are copied as they are decoded; convolutions take this layout as it is
+    assert here.is_contiguous(memory_format=torch.channels_last)
+    with BatchLoader(bags, workers=1) as loader:
+        loader.plan([[0]])
+        from_worker = loader.take([0])[0].x
+        assert from_worker.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(from_worker, here)
+        assert loader._processes is not None
+        niceness = loader._processes._pool.submit(os.nice, 0).result()
+    assert niceness == os.nice(0) + processes_module.WORKER_NICENESS
+    bags.slides.close()
