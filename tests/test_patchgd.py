@@ -169,7 +169,7 @@ def hand_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, positions
 
 
 @pytest.mark.parametrize("grad_chunk", [0, 1, 3], ids=["one-pass", "chunk1", "chunk3"])
-@pytest.mark.parametrize("head", ["cnn", "transformer"])
+@pytest.mark.parametrize("head", ["cnn", "transformer", "pool"])
 def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chunk: int):
     torch.manual_seed(2)
     method = make_method(head=head, k=2, inner_iterations=3, epsilon=2, head_width=8, grad_chunk=grad_chunk)
@@ -188,6 +188,29 @@ def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chu
                 got[name], value, atol=1e-10, rtol=1e-8, msg=lambda m, n=name: f"{n}: {m}"
             )
     assert stepper.grads[0]["encoder.conv.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("head", ["pool", "cnn"])
+def test_one_step_per_batch_is_the_whole_images_gradient(head: str):
+    """epsilon = zeta inner iterations that cover every patch once, an encoder without BatchNorm and a
+    head without dropout: the step's gradient is that of the whole model in one pass (every patch encoded
+    with grad, the head on all of Z) at the memory of k patches per image; the encoder's share comes
+    scaled by 1/epsilon (Algorithm 1 divides each inner iteration's loss by epsilon and each patch is in
+    one iteration), a constant factor Adam does not see."""
+    torch.manual_seed(8)
+    method = make_method(head=head, k=2, epsilon=3, head_width=8)  # 6 patches per image -> zeta 3
+    method.model.double()
+    whole = copy.deepcopy(method.model)
+    x, y = torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([1, 2])
+    stepper = RecordingStepper(method.model)
+    assert method.train_step(Batch(x, y, []), stepper).optimizer_steps == 1
+    patches = x.unfold(2, 32, 32).unfold(3, 32, 32).permute(0, 2, 3, 1, 4, 5).reshape(-1, 3, 32, 32)
+    Z = whole.encoder(patches).view(2, 2, 3, -1).permute(0, 3, 1, 2)
+    F.cross_entropy(whole.head(Z), y).backward()
+    for name, p in whole.named_parameters():
+        assert p.grad is not None
+        scale = 1 / 3 if name.startswith("encoder.") else 1.0
+        torch.testing.assert_close(stepper.grads[0][name], scale * p.grad, atol=1e-10, rtol=1e-8)
 
 
 def test_grad_chunk_is_exact_with_frozen_batchnorm_and_warns_with_training_batchnorm():
@@ -396,14 +419,15 @@ def test_two_class_evidence_is_for_the_positive_class_whatever_the_prediction():
     assert not np.allclose(expected, zblock_maps(method.model.head, Z[0], target=0)["evidence"])
 
 
-def test_a_few_steps_learn_a_tiny_task():
+@pytest.mark.parametrize("head", ["cnn", "pool"])
+def test_a_few_steps_learn_a_tiny_task(head: str):
     torch.manual_seed(6)
     images = torch.rand(8, 3, 64, 64) * 0.3
     labels = torch.tensor([0, 1] * 4)
     for i in range(1, 8, 2):  # class 1: one bright patch somewhere
         r, c = divmod(i // 2, 2)
         images[i, :, r * 32 : r * 32 + 32, c * 32 : c * 32 + 32] += 0.6
-    method = make_method(classes=2, sampling=0.5, epsilon=2, head_width=16)
+    method = make_method(classes=2, sampling=0.5, epsilon=2, head_width=16, head=head)
     stepper = OptimStepper(torch.optim.Adam(method.model.parameters(), lr=1e-2))
     losses = [method.train_step(Batch(images, labels, []), stepper).loss for _ in range(25)]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])

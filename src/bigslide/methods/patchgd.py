@@ -92,8 +92,12 @@ class PatchGDParams(MethodParams):
     )
     epsilon: int = field(default=8, metadata={"help": "Inner iterations ε accumulated per optimizer step."})
     latent_dim: int = field(default=256, metadata={"help": "Latent size s of one patch's Z vector."})
-    head: Literal["cnn", "transformer"] = field(
-        default="cnn", metadata={"help": "Head reading the whole Z-block."}
+    head: Literal["cnn", "transformer", "pool"] = field(
+        default="cnn",
+        metadata={
+            "help": "Head reading the whole Z-block: the paper's CNN, one transformer layer, or pool "
+            "(mean and max over the cells, then Linear; for encoders trained from random weights)."
+        },
     )
     head_width: int = field(
         default=0, metadata={"help": "Head channels; 0 = paper's (CNN 256, transformer 384)."}

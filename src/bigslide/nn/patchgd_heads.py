@@ -14,7 +14,7 @@ from torch import nn
 
 from bigslide.errors import ConfigError
 
-HeadName = Literal["cnn", "transformer"]
+HeadName = Literal["cnn", "transformer", "pool"]
 NormName = Literal["batch", "group"]
 
 
@@ -127,6 +127,23 @@ class TransformerHead(nn.Module):
         return self.fc(self.norm(x[:, 0]))
 
 
+class PoolHead(nn.Module):
+    """The mean and the maximum of every latent channel over the Z-block's cells, then Linear.
+
+    No layer between the cells and the classifier: with an encoder trained from random weights, whose
+    cells barely differ at first, the CNN head's normalisation blows those differences up into noise
+    that its many weights fit (the training loss rose above chance on the UltraMNIST bench); here the
+    head's gradient reaches the encoder unmixed. Max pooling lets one cell (one lesion, one digit) decide.
+    """
+
+    def __init__(self, in_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2 * in_dim, num_classes)
+
+    def forward(self, Z: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([Z.mean(dim=(2, 3)), Z.amax(dim=(2, 3))], dim=1))
+
+
 def make_head(
     name: HeadName,
     in_dim: int,
@@ -139,13 +156,16 @@ def make_head(
 ) -> nn.Module:
     """A Z-block head by name.
 
-    `width` 0 = the paper's: 256 channels for "cnn", 384 (2 heads x 192) for "transformer".
+    `width` 0 = the paper's: 256 channels for "cnn", 384 (2 heads x 192) for "transformer"; "pool" has
+    no width, dropout or norm (mean and max over the cells, then Linear).
     """
     if name == "cnn":
         return CNNHead(in_dim, num_classes, width=width or 256, dropout=dropout, norm=norm)
     if name == "transformer":
         return TransformerHead(in_dim, num_classes, width=width or 384, heads=heads, dropout=dropout)
-    raise ConfigError(f"method.params.head: unknown head {name!r}; choose 'cnn' or 'transformer'")
+    if name == "pool":
+        return PoolHead(in_dim, num_classes)
+    raise ConfigError(f"method.params.head: unknown head {name!r}; choose 'cnn', 'transformer' or 'pool'")
 
 
 def _groups(channels: int) -> int:
