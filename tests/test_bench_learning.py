@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ import pytest
 from bigslide.bench import learning
 from bigslide.bench.learning import _update, render_tables
 from bigslide.data.slides import SlideCache
+from bigslide.engine import CheckpointSaved, TrainConfig, train
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.loop import checkpoint_path
 from bigslide.engine.setup import build_data
 from bigslide.synthetic.slide_set import make_slide_set
 
@@ -68,3 +72,31 @@ def test_frozen_probe_reads_lesion_tiles_from_random_features(tmp_path: Path) ->
     assert 0 < labels.sum() < len(labels)
     result = learning.frozen_probe_run(_args("--subtle-tile", "32"), csv, seed=0)
     assert result["tile_auc"] > 0.9
+
+
+def test_an_interrupted_run_continues_from_its_checkpoint_only_under_the_same_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = _args("--canvas", "64", "--canvases", "8", "--ultramnist-epochs", "2")
+    config = learning.ultramnist_config(args, "full_image", 16, 0, "um")
+    config.run.out_dir = str(tmp_path / "um")
+    run = train(config)
+    for event in run:  # stopped after the first epoch's checkpoint, as a killed bench would have been
+        if isinstance(event, CheckpointSaved):
+            break
+    run.close()
+    assert load_checkpoint(checkpoint_path(config))["position"]["epoch"] == 1
+
+    resumed: list[bool] = []
+
+    def recording_train(config: TrainConfig, *, resume: bool = False, **kw: Any) -> Any:
+        resumed.append(resume)
+        return train(config, resume=resume, **kw)
+
+    monkeypatch.setattr(learning, "train", recording_train)
+    assert len(learning.train_run(config).history) == 2
+    changed = learning.ultramnist_config(args, "full_image", 16, 0, "um")
+    changed.run.out_dir = config.run.out_dir
+    changed.optim.lr = 1e-2
+    assert len(learning.train_run(changed).history) == 2
+    assert resumed == [True, False]  # the same settings continue; another learning rate starts afresh

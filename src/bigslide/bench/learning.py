@@ -10,8 +10,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 - ultramnist: PatchGD at full size vs full-image GD at the size of equal training memory (measured: one
   training step's peak resident set) and at full size.
 
-Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there, so an
-interrupted bench resumes. `--docs` writes the tables into docs/benchmarks.md from that file.
+Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there and
+continues an interrupted run from its last checkpoint when that run's configuration is unchanged.
+`--docs` writes the tables into docs/benchmarks.md from that file.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.sample import Batch, as_float
 from bigslide.data.table import SlideTable
-from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
+from bigslide.engine import RunResult, TrainConfig, predict_slides, run_to_end, train
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.loop import checkpoint_path
 from bigslide.engine.metrics import classification_metrics
 from bigslide.engine.setup import RunData, build_method, build_optimizer
 from bigslide.engine.stepper import OptimStepper
@@ -166,11 +169,23 @@ def slide_config(
     return config
 
 
+def train_run(config: TrainConfig, data: RunData | None = None) -> RunResult:
+    """Train to the end, continuing from the run's checkpoint if an earlier bench left one for this very
+    configuration (a changed setting starts afresh)."""
+    ckpt = checkpoint_path(config)
+    same = ckpt.is_file() and _canonical(load_checkpoint(ckpt)["config"]) == _canonical(config.to_dict())
+    return run_to_end(train(config, resume=same, data=data))
+
+
+def _canonical(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
 def slide_run(
     args: argparse.Namespace, csv: Path, kind: LesionKind, method: str, seed: int
 ) -> dict[str, float]:
     config = slide_config(args, csv, kind, method, seed, f"{kind}-{method}")
-    result = run_to_end(train(config))
+    result = train_run(config)
     assert result.checkpoint is not None
     table = SlideTable.from_csv(csv)
     test = table.subset("test")
@@ -219,7 +234,7 @@ def tile_label_run(args: argparse.Namespace, csv: Path, seed: int) -> dict[str, 
         for split in ("train", "test")
     )
     data = RunData(classes=["normal", "lesion"], train=train_set, val=test_set)
-    val = run_to_end(train(config, data=data)).history[-1]["val"]
+    val = train_run(config, data).history[-1]["val"]
     return {"tile_auc": val["auc"], "balanced_accuracy": val["balanced_accuracy"]}
 
 
@@ -322,7 +337,7 @@ def ultramnist_run(
 ) -> dict[str, float]:
     config = ultramnist_config(args, method, size, seed, name)
     step = step_memory(config)
-    history = run_to_end(train(config)).history
+    history = train_run(config).history
     val = history[-1]["val"]
     return {"accuracy": val["accuracy"], "qwk": val["qwk"], "step_mb": step / 2**20}
 
