@@ -3,16 +3,18 @@
 Writes (and caches) a JPEG SVS of at least 20,480 x 16,384 px, 256 px file tiles at quality 80, then
 times on the same bags, side by side in one run: sequential `read_region` per tile; the loader at 1,
 2 (and all) workers; and the decode floor: each JPEG file tile the bags touch decoded once by
-imagecodecs straight from the file's bytes, on one thread, with no copy (and, for context, the same
-on w threads and on w processes: how far this machine's cores scale the bare decode). Then a training step
+imagecodecs straight from the file's bytes, in one forked process (as the loader's workers decode), with
+no copy (and, for context, the same on w threads and on w processes: how far this machine's cores scale
+the bare decode). Then a training step
 (ABMIL-ACC on a small encoder) on bags held in memory, against the same steps taking their bags from
 the loader, in steady state (each run's first step, whose bag nothing can overlap, is untimed on both
-sides). Every timing is repeated; min and median are reported. Each loader is started once and reads
-the same bags in every repeat, as in a training run; its start-up is printed apart.
+sides). Every timing is repeated; min and median are reported. Each loader (also each loader feeding
+steps) is started once and reads the same bags in every repeat, as in a training run; its start-up is
+printed apart.
 
 Targets (exit status 1 when one is missed; `--no-targets` only reports): loader at w workers >= 0.8 x
-w x the decode floor, as the median over repeats of each loader timing against the 1-thread floor timed
-around it (half its bags just before, half just after: this machine's speed drifts within a minute); the
+w x the decode floor, as the median over repeats of each loader timing against the 1-process floor
+timed around it (half its bags just before, half just after: this machine's speed drifts within a minute); the
 loader-fed step <= 1.1 x the in-memory step whenever the loader alone delivers a bag faster than the
 in-memory step takes.
 """
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 slide.read_region((int(x), int(y)), plan.level, (s, s))
 
     floor = DecodeFloor(path)
-    timings: dict[str, list[float]] = {"sequential read_region": [], "decode floor (1 thread)": []}
+    timings: dict[str, list[float]] = {"sequential read_region": [], "decode floor (1 process)": []}
     # The floor on w threads and on w processes: what this machine's cores give the decode (threads share
     # one interpreter; processes share nothing).
     parallel = [w for w in counts if w > 1]
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     startup = {w: _timed(lambda w=w: load_bags(loaders[w], [0])) for w in counts}  # type: ignore[misc]
     # Each loader timing follows a floor timing of its own, and the target compares each pair: this
     # machine's speed drifts between timings a minute apart more than the loader differs from the floor.
+    # The floor decodes in a process forked for it, the kind of process a worker decodes in (not in this
+    # one, which holds the loaders' threads and has forked their workers).
     paired: dict[int, list[float]] = {w: [] for w in counts}
     for _ in range(args.repeats):  # interleaved, so machine load hits every reader alike
         timings["sequential read_region"].append(_timed(sequential))
@@ -131,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
             )
         for w in counts:
             # the floor brackets the loader: half its bags just before, half just after
-            floor_time = _timed(lambda: floor.decode_bags(file_tiles[0::2]))
+            floor_time = _timed(lambda: floor.decode_bags(file_tiles[0::2], processes=1))
             loader_time = _timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
-            floor_time += _timed(lambda: floor.decode_bags(file_tiles[1::2]))
-            timings["decode floor (1 thread)"].append(floor_time)
+            floor_time += _timed(lambda: floor.decode_bags(file_tiles[1::2], processes=1))
+            timings["decode floor (1 process)"].append(floor_time)
             timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(loader_time)
             paired[w].append(floor_time / (w * loader_time))
     for loader in loaders.values():
@@ -142,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     floor.close()
 
     rates = {name: [n_tiles / t for t in ts] for name, ts in timings.items()}
-    floor_rate = statistics.median(rates["decode floor (1 thread)"])
+    floor_rate = statistics.median(rates["decode floor (1 process)"])
     print("\n| reader | tiles/s, min | tiles/s, median | bag (s), median | vs decode floor |")
     print("|---|---|---|---|---|")
     for name, r in rates.items():
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if w > 1:
             spread = statistics.median(rates[f"decode floor ({w} processes)"]) / floor_rate
-            print(f"  decode floor on {w} processes: {spread:.2f}x the 1-thread floor (for context)")
+            print(f"  decode floor on {w} processes: {spread:.2f}x the 1-process floor (for context)")
             own = statistics.median(rates[name]) / statistics.median(rates[f"decode floor ({w} processes)"])
             print(f"  {name} vs the decode floor on {w} processes: {own:.2f} (for context)")
         if not ok:
@@ -219,22 +223,30 @@ def step_comparison(
             method.train_step(batch, stepper)
         return time.perf_counter() - start
 
+    # Loaders live through every repeat, as through a training run (which forks its workers once): steps
+    # just after a fork pay a copy of each page they write that the new children still share.
+    loaders = {w: BatchLoader(bags, workers=w, prefetch=2) for w in counts}
+
     def fed_steps(workers: int) -> float:
-        with BatchLoader(bags, workers=workers, prefetch=2) as loader:
-            loader.plan(order)
-            method.train_step(collate(loader.take(order[0]), device), stepper)
-            start = time.perf_counter()
-            for b in order[1:]:
-                method.train_step(collate(loader.take(b), device), stepper)
-            return time.perf_counter() - start
+        loader = loaders[workers]
+        loader.plan(order)
+        method.train_step(collate(loader.take(order[0]), device), stepper)
+        start = time.perf_counter()
+        for b in order[1:]:
+            method.train_step(collate(loader.take(b), device), stepper)
+        return time.perf_counter() - start
 
     timings: dict[str, list[float]] = {"in memory": []}
     for w in counts:
         timings[f"loader, {w} worker{'s' if w > 1 else ''}"] = []
-    for _ in range(args.repeats):
-        timings["in memory"].append(memory_steps() / (args.steps - 1))
-        for w in counts:
-            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(fed_steps(w) / (args.steps - 1))
+    try:
+        for _ in range(args.repeats):
+            timings["in memory"].append(memory_steps() / (args.steps - 1))
+            for w in counts:
+                timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(fed_steps(w) / (args.steps - 1))
+    finally:
+        for loader in loaders.values():
+            loader.close()
     step = statistics.median(timings["in memory"])
     print(
         f"\ntraining step: abmil_acc, {args.backbone}, bag {args.step_bag_size} x {args.tile_size} px, CPU, "
@@ -302,7 +314,7 @@ class DecodeFloor:
         """Decode every tile once: on this thread, on `threads` threads, or split over `processes`
         forked processes (every `processes`-th tile each; fork start-up is part of the time)."""
         tiles = [t for bag in bags for t in bag]
-        if processes > 1:
+        if processes >= 1:
             context = multiprocessing.get_context("fork")
             workers = [
                 context.Process(target=self._decode, args=(tiles[i::processes],)) for i in range(processes)
