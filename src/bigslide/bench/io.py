@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 slide.read_region((int(x), int(y)), plan.level, (s, s))
 
     floor = DecodeFloor(path)
-    timings: dict[str, list[float]] = {"sequential read_region": [], "decode floor (1 process)": []}
+    timings: dict[str, list[float]] = {"sequential read_region": [], FLOOR_ROW: []}
     # The floor on w threads and on w processes: what this machine's cores give the decode (threads share
     # one interpreter; processes share nothing).
     parallel = [w for w in counts if w > 1]
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         timings[f"decode floor ({w} threads)"] = []
         timings[f"decode floor ({w} processes)"] = []
     for w in counts:
-        timings[f"loader, {w} worker{'s' if w > 1 else ''}"] = []
+        timings[loader_row(w)] = []
     # Each loader lives through every repeat, as it does through a training run: its processes start
     # and its buffers warm once (timed apart, below), and each repeat reads the same bags again.
     loaders = {w: BatchLoader(bags, workers=w, prefetch=2) for w in counts}
@@ -138,15 +138,15 @@ def run(args: argparse.Namespace) -> int:
             floor_time = _timed(lambda: floor.decode_bags(file_tiles[0::2], processes=1))
             loader_time = _timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
             floor_time += _timed(lambda: floor.decode_bags(file_tiles[1::2], processes=1))
-            timings["decode floor (1 process)"].append(floor_time)
-            timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(loader_time)
+            timings[FLOOR_ROW].append(floor_time)
+            timings[loader_row(w)].append(loader_time)
             paired[w].append(floor_time / (w * loader_time))
     for loader in loaders.values():
         loader.close()
     floor.close()
 
     rates = {name: [n_tiles / t for t in ts] for name, ts in timings.items()}
-    floor_rate = statistics.median(rates["decode floor (1 process)"])
+    floor_rate = statistics.median(rates[FLOOR_ROW])
     print("\n| reader | tiles/s, min | tiles/s, median | bag (s), median | vs decode floor |")
     print("|---|---|---|---|---|")
     for name, r in rates.items():
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     )
     missed = []
     for w in counts:
-        name = f"loader, {w} worker{'s' if w > 1 else ''}"
+        name = loader_row(w)
         ratio = statistics.median(paired[w])
         ok = ratio >= 0.8
         print(
@@ -238,12 +238,12 @@ def step_comparison(
 
     timings: dict[str, list[float]] = {"in memory": []}
     for w in counts:
-        timings[f"loader, {w} worker{'s' if w > 1 else ''}"] = []
+        timings[loader_row(w)] = []
     try:
         for _ in range(args.repeats):
             timings["in memory"].append(memory_steps() / (args.steps - 1))
             for w in counts:
-                timings[f"loader, {w} worker{'s' if w > 1 else ''}"].append(fed_steps(w) / (args.steps - 1))
+                timings[loader_row(w)].append(fed_steps(w) / (args.steps - 1))
     finally:
         for loader in loaders.values():
             loader.close()
@@ -279,6 +279,13 @@ def step_comparison(
     return missed
 
 
+FLOOR_ROW = "decode floor (1 process)"
+
+
+def loader_row(workers: int) -> str:
+    return f"loader, {workers} worker{'s' if workers > 1 else ''}"
+
+
 def load_bags(loader: Any, items: Iterable[int]) -> None:
     """Plan and take one bag per item, as an epoch does."""
     order = [[i] for i in items]
@@ -310,11 +317,11 @@ class DecodeFloor:
         self.columns = -(-page.imagewidth // page.tilewidth)
         self.fd = os.open(path, os.O_RDONLY)
 
-    def decode_bags(self, bags: list[list[tuple[int, int]]], threads: int = 1, processes: int = 0) -> None:
-        """Decode every tile once: on this thread, on `threads` threads, or split over `processes`
-        forked processes (every `processes`-th tile each; fork start-up is part of the time)."""
+    def decode_bags(self, bags: list[list[tuple[int, int]]], *, threads: int = 0, processes: int = 0) -> None:
+        """Decode every tile once: on `threads` threads of this process, or split over `processes` forked
+        processes (every `processes`-th tile each; fork start-up is part of the time)."""
         tiles = [t for bag in bags for t in bag]
-        if processes >= 1:
+        if processes:
             context = multiprocessing.get_context("fork")
             workers = [
                 context.Process(target=self._decode, args=(tiles[i::processes],)) for i in range(processes)
@@ -323,9 +330,6 @@ class DecodeFloor:
                 worker.start()
             for worker in workers:
                 worker.join()
-            return
-        if threads == 1:
-            self._decode(tiles)
             return
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda tile: self._decode([tile]), tiles))
