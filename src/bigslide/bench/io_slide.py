@@ -1,0 +1,121 @@
+"""The `bench io` slide, written once and cached, and the decode floor: each JPEG file tile decoded once
+straight from the file's bytes, the least work any reader does."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TILE = 256
+QUALITY = 80
+MPP = 0.5
+
+
+def touched_file_tiles(coords: np.ndarray, size: int, tile: int) -> list[tuple[int, int]]:
+    """The (row, col) of every file tile the squares touch, each once."""
+    seen: set[tuple[int, int]] = set()
+    for x, y in coords:
+        for r in range(int(y) // tile, (int(y) + size - 1) // tile + 1):
+            for c in range(int(x) // tile, (int(x) + size - 1) // tile + 1):
+                seen.add((r, c))
+    return sorted(seen)
+
+
+class DecodeFloor:
+    """Decode level-0 JPEG file tiles straight from the file's bytes: the least work any reader does."""
+
+    def __init__(self, path: Path) -> None:
+        import tifffile
+
+        self.tif = tifffile.TiffFile(path)
+        page = self.tif.pages.first
+        self.offsets, self.counts = page.dataoffsets, page.databytecounts
+        self.tables = page.jpegtables
+        self.columns = -(-page.imagewidth // page.tilewidth)
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def decode_bags(self, bags: list[list[tuple[int, int]]], *, threads: int = 0, processes: int = 0) -> None:
+        """Decode every tile once: on `threads` threads of this process, or split over `processes` forked
+        processes (every `processes`-th tile each; fork start-up is part of the time)."""
+        tiles = [t for bag in bags for t in bag]
+        if processes:
+            context = multiprocessing.get_context("fork")
+            workers = [
+                context.Process(target=self._decode, args=(tiles[i::processes],)) for i in range(processes)
+            ]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            return
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda tile: self._decode([tile]), tiles))
+
+    def _decode(self, tiles: list[tuple[int, int]]) -> None:
+        import imagecodecs
+
+        for row, column in tiles:
+            k = row * self.columns + column
+            data = os.pread(self.fd, int(self.counts[k]), int(self.offsets[k]))
+            imagecodecs.jpeg8_decode(data, tables=self.tables)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.tif.close()
+
+
+def ensure_slide(folder: Path, width: int, height: int) -> Path:
+    """A tissue-textured JPEG SVS (Q80, 256 px tiles, 3 levels), written once and cached."""
+    import tifffile
+    from skimage import data as skdata
+    from skimage.transform import rescale
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"io_{width}x{height}_q{QUALITY}.svs"
+    if path.is_file():
+        return path
+    texture = np.ascontiguousarray(skdata.immunohistochemistry())  # 512 x 512 stained tissue
+    rng = np.random.default_rng(0)
+
+    def tiles(w: int, h: int, scale: float) -> Any:
+        source = texture
+        if scale < 1:
+            source = (rescale(texture, scale, channel_axis=-1, anti_aliasing=True) * 255).astype(np.uint8)
+            source = np.tile(source, (int(1 / scale), int(1 / scale), 1))
+        for _ in range(-(-h // TILE) * -(-w // TILE)):  # row-major, as tifffile writes them
+            y, x = rng.integers(0, source.shape[0] - TILE), rng.integers(0, source.shape[1] - TILE)
+            tile = source[y : y + TILE, x : x + TILE]
+            yield np.rot90(tile, int(rng.integers(4))).copy()
+
+    kw: dict[str, Any] = {
+        "tile": (TILE, TILE),
+        "photometric": "rgb",
+        "compression": "jpeg",
+        "compressionargs": {"level": QUALITY},
+        "dtype": np.uint8,
+    }
+    tmp = path.with_suffix(".tmp")
+    with tifffile.TiffWriter(tmp, bigtiff=True) as tif:
+        desc = (
+            f"Aperio Image Library v12.0.0\r\n{width}x{height} [0,0 {width}x{height}] ({TILE}x{TILE}) "
+            f"JPEG/RGB Q={QUALITY}|AppMag = 20|MPP = {MPP}"
+        )
+        tif.write(tiles(width, height, 1.0), shape=(height, width, 3), description=desc, **kw)
+        thumb = np.full((height // 64, width // 64, 3), 200, np.uint8)
+        tif.write(thumb, photometric="rgb", description=f"{width}x{height} -> thumbnail")
+        for factor in (4, 16):
+            w, h = width // factor, height // factor
+            tif.write(
+                tiles(w, h, 1 / factor),
+                shape=(h, w, 3),
+                subfiletype=1,
+                description=f"{width}x{height} -> {w}x{h}",
+                **kw,
+            )
+    tmp.replace(path)
+    return path
