@@ -46,19 +46,46 @@ def test_open_through_napari(viewer: Any, flavour: str, request: pytest.FixtureR
     np.testing.assert_array_equal(np.asarray(layer.data[-1]), written.levels[-1])
 
 
-def test_rejects_what_it_cannot_read(tmp_path: Path, svs_slide: Any) -> None:
+def test_rejects_what_it_cannot_read(
+    viewer: Any, notifications: list[Any], tmp_path: Path, svs_slide: Any
+) -> None:
     png = tmp_path / "picture.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    renamed = tmp_path / "slide.txt"
+    renamed.write_bytes(svs_slide.path.read_bytes())
+    for path in (png, renamed):  # not a slide's name: left to other readers
+        assert get_reader(str(path)) is None, path
     fake = tmp_path / "fake.svs"
     fake.write_text("not a slide")
     truncated = tmp_path / "truncated.svs"
     truncated.write_bytes(svs_slide.path.read_bytes()[:3000])
-    renamed = tmp_path / "slide.txt"
-    renamed.write_bytes(svs_slide.path.read_bytes())
-    for path in (png, fake, truncated, renamed, tmp_path / "missing.svs", tmp_path):
+    empty = tmp_path / "empty.ndpi"
+    empty.write_bytes(b"")
+    folder = tmp_path / "folder.svs"
+    folder.mkdir()
+    reasons = {
+        fake: "not a TIFF-based slide",
+        truncated: "truncated file",
+        empty: "the file is empty",
+        tmp_path / "missing.svs": "cannot read the file",
+        folder: "it is a folder",
+    }
+    for path, reason in reasons.items():
         start = time.perf_counter()
-        assert get_reader(str(path)) is None, path
+        reader = get_reader(str(path))
+        assert reader is not None, path
         assert time.perf_counter() - start < 0.5
+        notifications.clear()
+        if path.is_file():  # no layer, no exception, no dialog
+            assert viewer.open(path, plugin="bigslide") == []
+        else:  # napari itself refuses a missing path, and asks no file reader about a folder
+            assert reader(str(path)) == [(None,)]
+        messages = [str(n.message) for n in notifications]
+        assert len(messages) == 1, messages
+        assert messages[0].startswith(f"bigslide cannot open {path.name}: "), messages
+        assert reason in messages[0], messages
+        assert "\n" not in messages[0]
+    assert len(viewer.layers) == 0
     assert get_reader(str(svs_slide.path)) is not None
 
 

@@ -40,7 +40,8 @@ def test_draw_save_load_regions(viewer: Any, dock: Any, tmp_path: Path, svs_slid
     assert saved is not None
     [region] = load_regions(saved)
     xy = np.asarray(region.geometry.exterior.coords)[:-1]
-    expected = world[:, ::-1] / svs_slide.mpp  # µm -> level-0 (x, y) px at 0.5 µm/px
+    # µm -> level-0 (x, y) at 0.5 µm/px; world 0 is the centre of pixel 0, i.e. level-0 position 0.5
+    expected = world[:, ::-1] / svs_slide.mpp + 0.5
     np.testing.assert_allclose(np.sort(xy, axis=0), np.sort(expected, axis=0))
     assert panel.session.row(svs_slide.path).regions == saved.resolve()
 

@@ -1,8 +1,7 @@
 """Per-cell scores on a regular level-0 grid, and how to export and display them aligned with the slide.
 
 Cell (i, j) covers level-0 pixels x in [x0 + j·P, x0 + (j+1)·P), y in [y0 + i·P, y0 + (i+1)·P) with
-P = `cell_size_level0`. napari puts pixel centres on integer coordinates, so the layer needs
-scale = P·mpp and translate = (origin + (P − 1)/2)·mpp in (row, col) order.
+P = `cell_size_level0`; `bigslide.explain.placement` says where that lands in a viewer.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from typing import Literal
 
 import numpy as np
 from scipy.stats import rankdata
+
+from bigslide.explain.placement import Placement
 
 Normalisation = Literal["raw", "rank", "percentile", "minmax"]
 
@@ -56,13 +57,10 @@ class ScoreGrid:
     def is_rgb(self) -> bool:
         return self.scores.ndim == 3
 
-    def layer_transform(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(scale, translate) in napari (row, col) world units: µm when mpp is known, else level-0 pixels."""
-        mx, my = self.mpp or (1.0, 1.0)
-        p = self.cell_size_level0
-        scale = (p * my, p * mx)
-        translate = ((self.origin[1] + (p - 1) / 2) * my, (self.origin[0] + (p - 1) / 2) * mx)
-        return scale, translate
+    def layer_transform(self, placement: Placement | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(scale, translate) in napari (row, col) world units over a slide placed at `placement`
+        (default: at the origin with the grid's own mpp; µm when known, else level-0 pixels)."""
+        return (placement or Placement(self.mpp)).raster(self.cell_size_level0, self.origin)
 
     def normalized(self, mode: Normalisation = "raw") -> np.ndarray:
         """Scores mapped for display; NaN cells stay NaN. rank/percentile/minmax give [0, 1]."""

@@ -1,19 +1,23 @@
-"""Layer construction for slides, regions, tile previews and heatmaps, all aligned in one world frame.
+"""Layer construction for slides, regions, tile previews and heatmaps, all placed by one formula.
 
-World coordinates are µm when the slide knows its pixel size, else level-0 pixels. The slide layer has
-scale (mpp_y, mpp_x), so its data coordinates are level-0 pixels; region and tile-box Shapes layers get
-the same scale so their vertices are stored in level-0 pixels too; heatmaps use
-`ScoreGrid.layer_transform()`. Every layer gets the same units, or napari drops them.
+Every layer over a slide gets its scale and translate from the slide layer's `Placement` (its effective
+level-0 µm/px and where it sits in the world), so an overlay can never disagree with the slide it
+scores: heatmaps and tile masks through `Placement.raster`, regions, lesions and tile boxes through
+`Placement.vertices` (their vertex data are level-0 positions). When the slide's µm/px changes (the
+user's fallback for a file that states none) or the slide is moved, its overlays move with it.
 """
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import shapely
 from shapely.geometry import MultiPolygon, Polygon
+
+from bigslide.explain.placement import Placement
 
 if TYPE_CHECKING:
     import napari
@@ -23,28 +27,30 @@ if TYPE_CHECKING:
 
 ROLE = "bigslide_role"
 """Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles" or "heatmap"."""
+OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
 
 HEATMAP_COLORMAPS = ("inferno", "viridis", "magma", "turbo", "plasma", "gray")
 MAX_TILE_BOXES = 4000
 """Above this many tiles the preview is drawn as a mask image: thousands of Shapes are slow to edit."""
+SLIDE_GAP = 0.05
+"""Gap between slides opened side by side, a fraction of the wider one's width."""
 
 
-def world_units(mpp: tuple[float, float] | None) -> str:
-    return "um" if mpp else "pixel"
+def slide_layer_data(
+    slide: Slide, name: str | None = None, *, fallback_mpp: float | None = None
+) -> tuple[list[Any], dict[str, Any], str]:
+    """A lazy multiscale RGB image layer tuple; no pixel is decoded until napari draws it.
 
-
-def slide_scale(mpp: tuple[float, float] | None) -> tuple[float, float]:
-    """napari (row, col) scale of level-0 pixels."""
-    return (mpp[1], mpp[0]) if mpp else (1.0, 1.0)
-
-
-def slide_layer_data(slide: Slide, name: str | None = None) -> tuple[list[Any], dict[str, Any], str]:
-    """A lazy multiscale RGB image layer tuple; no pixel is decoded until napari draws it."""
-    mpp = slide.mpp
+    `fallback_mpp` is the level-0 µm/px used when the file states none (the Slides panel's field)."""
+    stated = slide.mpp
+    mpp = stated or ((fallback_mpp, fallback_mpp) if fallback_mpp else None)
+    placement = Placement(mpp)
+    scale, translate = placement.raster()
     metadata = {
         ROLE: "slide",
         "path": str(slide.path),
         "mpp": mpp,
+        "stated_mpp": stated,
         "levels": slide.level_count,
         "level_dimensions": [list(d) for d in slide.level_dimensions],
         "level_downsamples": list(slide.level_downsamples),
@@ -53,8 +59,9 @@ def slide_layer_data(slide: Slide, name: str | None = None) -> tuple[list[Any], 
         "name": name or slide_display_name(slide.path),
         "rgb": True,
         "multiscale": True,
-        "scale": slide_scale(mpp),
-        "units": world_units(mpp),
+        "scale": scale,
+        "translate": translate,
+        "units": placement.units,
         "metadata": metadata,
         "contrast_limits": (0, 255),
     }
@@ -67,6 +74,114 @@ def slide_display_name(path: str | Path) -> str:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return Path(path).stem
+
+
+# -- placement -------------------------------------------------------------------------------------------
+
+
+def placement_of(slide_layer: napari.layers.Image) -> Placement:
+    """Where the slide layer puts its level-0 pixels: its effective µm/px and its world offset."""
+    mpp = slide_layer.metadata.get("mpp")
+    offset = tuple(float(v) for v in slide_layer.translate[-2:])
+    return Placement((float(mpp[0]), float(mpp[1])) if mpp else None, (offset[0], offset[1]))
+
+
+def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallback: float | None) -> bool:
+    """Give a slide whose file states no µm/px the user's fallback (None: back to level-0 pixels).
+
+    Its overlays follow. Returns whether anything changed; slides that state their µm/px keep it."""
+    meta = slide_layer.metadata
+    if meta.get("stated_mpp"):
+        return False
+    mpp = (float(fallback), float(fallback)) if fallback else None
+    old = meta.get("mpp")
+    if (tuple(old) if old else None) == mpp:
+        return False
+    meta["mpp"] = mpp
+    placement = placement_of(slide_layer)
+    slide_layer.units = placement.units
+    slide_layer.scale = placement.raster()[0]
+    place_overlays(viewer, slide_layer)
+    return True
+
+
+def place_layer(layer: Any, slide_layer: napari.layers.Image) -> None:
+    """Put one overlay where its slide says: rasters cell by cell, shapes vertex by vertex."""
+    placement = placement_of(slide_layer)
+    if layer.metadata.get("shapes", False):
+        scale, translate = placement.vertices()
+    else:
+        cell = float(layer.metadata.get("cell_size_level0", 1.0))
+        origin = tuple(layer.metadata.get("origin", (0.0, 0.0)))
+        scale, translate = placement.raster(cell, (float(origin[0]), float(origin[1])))
+    layer.units = placement.units
+    layer.scale = scale
+    layer.translate = translate
+
+
+def place_overlays(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> None:
+    path = slide_layer.metadata.get("path")
+    for layer in viewer.layers:
+        if layer.metadata.get(ROLE) in OVERLAY_ROLES and layer.metadata.get("slide") == path:
+            place_layer(layer, slide_layer)
+
+
+def slide_of(viewer: napari.Viewer, layer: Any) -> Any:
+    """The slide layer an overlay belongs to, or None."""
+    path = layer.metadata.get("slide")
+    return next((s for s in slide_layers(viewer) if s.metadata.get("path") == path), None)
+
+
+def beside_slides(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> tuple[float, float] | None:
+    """World offset to the right of the other slides (none there: None), so slides never hide each other."""
+    others = [s for s in slide_layers(viewer) if s is not slide_layer]
+    if not others:
+        return None
+    right = max(float(s.extent.world[1][-1]) for s in others)
+    top = min(float(s.extent.world[0][-2]) for s in others)
+    width = max(float(np.ptp(s.extent.world[:, -1])) for s in [*others, slide_layer])
+    sy, sx = placement_of(slide_layer).pixel_scale
+    return (top + sy / 2, right + SLIDE_GAP * width + sx / 2)
+
+
+_FOLLOWED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def keep_in_place(viewer: napari.Viewer) -> None:
+    """From now on: a slide opened beside others is put to their right, an overlay added for a slide is
+    placed on it, and moving a slide moves its overlays."""
+    if viewer in _FOLLOWED:
+        return
+    _FOLLOWED.add(viewer)
+    ref = weakref.ref(viewer)
+
+    def on_inserted(event: Any) -> None:
+        view = ref()
+        layer = event.value
+        if view is None:
+            return
+        role = layer.metadata.get(ROLE)
+        if role == "slide":
+            if not any(float(v) for v in layer.translate[-2:]):
+                offset = beside_slides(view, layer)
+                if offset is not None:
+                    layer.translate = offset
+            layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
+        elif role in OVERLAY_ROLES:
+            slide = slide_of(view, layer)
+            if slide is not None:
+                place_layer(layer, slide)
+
+    viewer.layers.events.inserted.connect(on_inserted)
+    for layer in list(viewer.layers):
+        if layer.metadata.get(ROLE) == "slide":
+            layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
+
+
+def _follow(ref: weakref.ref[Any], slide_layer: Any) -> None:
+    view = ref()
+    if view is not None and slide_layer in view.layers:
+        place_overlays(view, slide_layer)
 
 
 # -- polygons <-> Shapes data --------------------------------------------------------------------------
@@ -120,17 +235,19 @@ def _ellipse_outline(corners: np.ndarray, n: int = 64) -> np.ndarray:
 def regions_layer_kwargs(
     slide_layer: napari.layers.Image, name: str, *, role: str = "regions"
 ) -> dict[str, Any]:
-    """Shapes-layer keyword arguments sharing the slide's scale and units (vertices in level-0 px)."""
+    """Shapes-layer keyword arguments placing vertices (level-0 positions) exactly on the slide."""
     colour = "#39ff14" if role == "regions" else "#ff2d55"
+    placement = placement_of(slide_layer)
+    scale, translate = placement.vertices()
     return {
         "name": name,
-        "scale": tuple(slide_layer.scale),
-        "translate": tuple(slide_layer.translate),
-        "units": slide_layer.units,
+        "scale": scale,
+        "translate": translate,
+        "units": placement.units,
         "edge_color": colour,
         "face_color": "transparent",
         "edge_width": outline_width(slide_layer.metadata.get("level_dimensions")),
-        "metadata": {ROLE: role, "slide": slide_layer.metadata.get("path")},
+        "metadata": {ROLE: role, "slide": slide_layer.metadata.get("path"), "shapes": True},
     }
 
 
@@ -165,21 +282,23 @@ def add_tile_preview(
     metadata = {ROLE: "tiles", "slide": slide_layer.metadata.get("path"), "count": len(coords)}
     if len(coords) <= MAX_TILE_BOXES:
         kwargs = regions_layer_kwargs(slide_layer, name, role="tiles")
+        metadata["shapes"] = True
         kwargs.update(edge_color="#ffd60a", edge_width=kwargs["edge_width"] / 2, metadata=metadata)
         return viewer.add_shapes(
             list(tile_boxes(coords, tile_size_level0)) if len(coords) else None,
             shape_type="rectangle",
             **kwargs,
         )
-    mpp = slide_layer.metadata.get("mpp")
-    grid = ScoreGrid.from_tiles(coords, np.ones(len(coords)), int(tile_size_level0), mpp=_mpp_tuple(mpp))
-    scale, translate = grid.layer_transform()
+    grid = ScoreGrid.from_tiles(coords, np.ones(len(coords)), int(tile_size_level0))
+    metadata.update(cell_size_level0=grid.cell_size_level0, origin=grid.origin)
+    placement = placement_of(slide_layer)
+    scale, translate = placement.raster(grid.cell_size_level0, grid.origin)
     return viewer.add_image(
         np.nan_to_num(grid.scores, nan=0.0),
         name=name,
         scale=scale,
-        translate=_offset(translate, slide_layer),
-        units=slide_layer.units,
+        translate=translate,
+        units=placement.units,
         colormap="yellow",
         opacity=0.35,
         contrast_limits=(0, 1),
@@ -189,6 +308,13 @@ def add_tile_preview(
 
 
 # -- heatmaps --------------------------------------------------------------------------------------------
+
+NORMALISATION_TEXT = {
+    "rank": "rank within the slide: 0 = lowest tile, 1 = highest",
+    "percentile": "scaled between the slide's 1st and 99th percentiles",
+    "minmax": "scaled between the slide's lowest and highest tile",
+    "raw": "the model's scores as they are",
+}
 
 
 def heatmap_display(grid: ScoreGrid, normalisation: Normalisation = "rank") -> np.ndarray:
@@ -203,12 +329,13 @@ def heatmap_layer_kwargs(
     grid: ScoreGrid, slide_layer: napari.layers.Image, *, name: str, normalisation: Normalisation = "rank"
 ) -> dict[str, Any]:
     """Keyword arguments putting each cell exactly over the level-0 pixels it scores."""
-    scale, translate = grid.layer_transform()
+    placement = placement_of(slide_layer)
+    scale, translate = placement.raster(grid.cell_size_level0, grid.origin)
     kwargs: dict[str, Any] = {
         "name": name,
         "scale": scale,
-        "translate": _offset(translate, slide_layer),
-        "units": slide_layer.units,
+        "translate": translate,
+        "units": placement.units,
         "opacity": 0.5,
         "blending": "translucent",
         "metadata": {
@@ -216,15 +343,14 @@ def heatmap_layer_kwargs(
             "slide": slide_layer.metadata.get("path"),
             "grid": grid,
             "normalisation": normalisation,
+            "cell_size_level0": grid.cell_size_level0,
+            "origin": grid.origin,
         },
     }
     if grid.is_rgb:
         kwargs["rgb"] = True
     else:
-        finite = grid.normalized(normalisation)
-        finite = finite[np.isfinite(finite)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        kwargs.update(colormap="inferno", contrast_limits=(low, high if high > low else low + 1.0))
+        kwargs.update(colormap="inferno", contrast_limits=_limits(grid.normalized(normalisation)))
     return kwargs
 
 
@@ -236,13 +362,38 @@ def add_heatmap(
     name: str,
     normalisation: Normalisation = "rank",
 ) -> napari.layers.Image:
-    if grid.mpp is None and slide_layer.metadata.get("mpp"):
-        grid.mpp = _mpp_tuple(slide_layer.metadata["mpp"])
+    """Add (or replace) a heatmap over its slide; it becomes the one shown, older ones are hidden."""
     kwargs = heatmap_layer_kwargs(grid, slide_layer, name=name, normalisation=normalisation)
     existing = find_layer(viewer, name)
     if existing is not None:
         viewer.layers.remove(existing)
-    return viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
+    for older in layers_with_role(viewer, "heatmap", slide_layer.metadata.get("path")):
+        older.visible = False
+    layer = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
+    show_legend(viewer, layer)
+    return layer
+
+
+def show_legend(viewer: napari.Viewer, layer: napari.layers.Image | None) -> None:
+    """A colour bar for `layer` (only), and a line naming the map and its normalisation."""
+    for heatmap in layers_with_role(viewer, "heatmap"):
+        if not heatmap.rgb:
+            heatmap.colorbar.visible = heatmap is layer
+    overlay = viewer.canvas.overlays.text
+    if layer is None:
+        overlay.visible = False
+        return
+    normalisation = str(layer.metadata.get("normalisation", "raw"))
+    if layer.rgb:
+        explained = "colours: the first three principal components of the Z-block"
+    else:
+        explained = f"colour bar: {NORMALISATION_TEXT.get(normalisation, normalisation)}"
+    overlay.text = f"{layer.name} — {explained}"
+    overlay.position = "bottom_left"
+    overlay.font_size = 11
+    overlay.visible = True
+    if not layer.rgb:
+        layer.colorbar.position = "top_right"
 
 
 def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> None:
@@ -251,11 +402,14 @@ def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> Non
     if grid is None or grid.is_rgb:
         return
     layer.data = heatmap_display(grid, normalisation)
-    finite = layer.data[np.isfinite(layer.data)]
-    if finite.size:
-        low, high = float(finite.min()), float(finite.max())
-        layer.contrast_limits = (low, high if high > low else low + 1.0)
+    layer.contrast_limits = _limits(layer.data)
     layer.metadata["normalisation"] = normalisation
+
+
+def _limits(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return (low, high if high > low else low + 1.0)
 
 
 # -- lookups ---------------------------------------------------------------------------------------------
@@ -280,13 +434,3 @@ def remove_layers(viewer: napari.Viewer, *, role: str, slide: str | None = None)
 
 def find_layer(viewer: napari.Viewer, name: str) -> Any:
     return next((layer for layer in viewer.layers if layer.name == name), None)
-
-
-def _mpp_tuple(mpp: Any) -> tuple[float, float] | None:
-    return (float(mpp[0]), float(mpp[1])) if mpp else None
-
-
-def _offset(translate: tuple[float, float], slide_layer: napari.layers.Image) -> tuple[float, float]:
-    # a slide layer the user moved carries its heatmaps and tiles along
-    dy, dx = (float(v) for v in slide_layer.translate[-2:])
-    return (translate[0] + dy, translate[1] + dx)

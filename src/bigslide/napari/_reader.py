@@ -19,22 +19,33 @@ ReaderFunction = Callable[[Any], list[LayerData]]
 
 
 def get_reader(path: str | list[str]) -> ReaderFunction | None:
-    """The reader function when `path` is one slide file we can open, else None (never raises)."""
+    """A reader function for one file with a slide's name, else None (never raises).
+
+    A file with a slide's name that is not a slide we can open still gets a reader: it shows why in one
+    line and adds no layer, instead of napari's bare "failed" and its reader dialog."""
     if isinstance(path, list):
         if len(path) != 1:
             return None
         path = path[0]
-    if not is_slide_file(path):
+    if not Path(path).name.lower().endswith(SUFFIXES):
         return None
     from bigslide.errors import SlideError
     from bigslide.slide import open_slide
 
-    try:  # parsing the TIFF directories is quick and reads no pixels
-        slide = open_slide(path)
-    except SlideError:
-        return None
+    reason = refusal(path)
+    slide = None
+    if reason is None:
+        try:  # parsing the TIFF directories is quick and reads no pixels
+            slide = open_slide(path)
+        except SlideError as err:
+            reason = str(err).removeprefix(f"{path}: ")
 
     def read(_path: Any) -> list[LayerData]:
+        if slide is None:
+            from napari.utils.notifications import show_error
+
+            show_error(f"bigslide cannot open {Path(path).name}: {reason}")
+            return [(None,)]  # napari's "nothing to add" sentinel: no layer, no second error
         from bigslide.napari._layers import slide_layer_data
 
         # the slide stays open: its dask arrays read tiles from the file while the layer lives
@@ -43,13 +54,19 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
     return read
 
 
-def is_slide_file(path: str | Path) -> bool:
-    """A TIFF-family file with a slide extension (checks the name and the magic bytes only)."""
+def refusal(path: str | Path) -> str | None:
+    """Why a file with a slide's name is no slide we can read (checks existence and magic bytes), or None."""
     path = Path(path)
-    if not path.name.lower().endswith(SUFFIXES):
-        return False
     try:
         with path.open("rb") as f:
-            return f.read(4) in _TIFF_MAGIC
-    except OSError:
-        return False
+            head = f.read(4)
+    except IsADirectoryError:
+        return "it is a folder, not a slide file"
+    except OSError as err:
+        return f"cannot read the file ({err.strerror or err})"
+    if head in _TIFF_MAGIC:
+        return None
+    if not head:
+        return "the file is empty"
+    return f"not a TIFF-based slide (it starts with {head!r}, not a TIFF header)"
+

@@ -199,7 +199,7 @@ class RegionsWidget(QWidget):
             show_error(str(err))
             return None
         s = self.session
-        worker = _tile_grid(path, s.tile_size, s.mpp, s.min_tissue, regions, s.slide_mpp)
+        worker = _tile_grid(path, s.tile_size, s.target_mpp, s.min_tissue, regions, s.slide_mpp)
         worker.returned.connect(self._show_tiles(slide))
         worker.errored.connect(lambda err: show_error(f"Tile preview failed: {err}"))
         self.preview_worker = worker

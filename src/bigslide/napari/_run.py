@@ -45,7 +45,7 @@ def write_run_folder(
     data = DataConfig(
         csv="slides.csv",
         tile_size=session.tile_size,
-        mpp=session.mpp,
+        mpp=session.target_mpp,
         slide_mpp=session.slide_mpp,
         min_tissue=session.min_tissue,
         **data_values,

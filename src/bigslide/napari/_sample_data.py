@@ -96,19 +96,22 @@ def load_training_set() -> list[LayerData]:
 
 
 def _lesion_layer(slide: Any, geojson: Path, name: str, offset: tuple[float, float]) -> LayerData:
-    from bigslide.napari._layers import outline_width, slide_scale, world_units
+    from bigslide.explain.placement import Placement
+    from bigslide.napari._layers import outline_width
     from bigslide.regions import load_regions
 
     shapes = polygons_to_shapes([r.geometry for r in load_regions(geojson)])
+    placement = Placement(slide.mpp, offset)
+    scale, translate = placement.vertices()
     kwargs = {
         "name": f"{name} lesions",
         "shape_type": "polygon",
-        "scale": slide_scale(slide.mpp),
-        "translate": offset,
-        "units": world_units(slide.mpp),
+        "scale": scale,
+        "translate": translate,
+        "units": placement.units,
         "edge_color": "#ff2d55",
         "face_color": "transparent",
         "edge_width": outline_width([slide.dimensions]),
-        "metadata": {ROLE: "lesions", "slide": str(slide.path), "path": str(geojson)},
+        "metadata": {ROLE: "lesions", "slide": str(slide.path), "path": str(geojson), "shapes": True},
     }
     return [np.asarray(s) for s in shapes], kwargs, "shapes"

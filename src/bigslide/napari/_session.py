@@ -36,14 +36,27 @@ class SlideRow:
 class Session:
     changed = Signal()
     """Rows were added, removed or edited."""
+    slide_mpp_changed = Signal(object)
+    """The fallback level-0 µm/px (float or None) changed."""
 
     def __init__(self) -> None:
         defaults = DataConfig()
         self.rows: list[SlideRow] = []
         self.tile_size = defaults.tile_size
-        self.mpp = defaults.target_mpp  # µm/px tiles are read at
-        self.slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
+        self.target_mpp = defaults.target_mpp  # µm/px tiles are read at
+        self._slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
         self.min_tissue = defaults.min_tissue
+
+    @property
+    def slide_mpp(self) -> float | None:
+        return self._slide_mpp
+
+    @slide_mpp.setter
+    def slide_mpp(self, value: float | None) -> None:
+        value = float(value) if value else None
+        if value != self._slide_mpp:
+            self._slide_mpp = value
+            self.slide_mpp_changed.emit(value)
 
     def row(self, path: str | Path) -> SlideRow | None:
         key = Path(path).resolve()
@@ -115,7 +128,30 @@ _SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
 
 
 def session_for(viewer: napari.Viewer) -> Session:
+    """The viewer's session; the first call also makes the viewer keep every overlay on its slide and
+    give the session's fallback µm/px to slides whose files state none, now and as they are opened."""
     session = _SESSIONS.get(viewer)
     if session is None:
         session = _SESSIONS[viewer] = Session()
+        _wire(viewer, session)
     return session
+
+
+def _wire(viewer: napari.Viewer, session: Session) -> None:
+    from bigslide.napari._layers import ROLE, keep_in_place, set_slide_mpp, slide_layers
+
+    keep_in_place(viewer)
+    ref = weakref.ref(viewer)
+
+    def apply(mpp: float | None) -> None:
+        view = ref()
+        for layer in slide_layers(view) if view is not None else []:
+            set_slide_mpp(view, layer, mpp)
+
+    def on_inserted(event: Any) -> None:
+        view = ref()
+        if view is not None and event.value.metadata.get(ROLE) == "slide":
+            set_slide_mpp(view, event.value, session.slide_mpp)
+
+    session.slide_mpp_changed.connect(apply)
+    viewer.layers.events.inserted.connect(on_inserted)

@@ -66,10 +66,10 @@ class SlidesWidget(QWidget):
             0.05,
             tip="Tiles with less tissue than this fraction are skipped",
         )
-        self.mpp = float_box(
+        self.target_mpp = float_box(
             0.05,
             64.0,
-            self.session.mpp,
+            self.session.target_mpp,
             0.25,
             3,
             tip="µm per pixel tiles are read at (20x = 0.5, 40x = 0.25)",
@@ -85,7 +85,7 @@ class SlidesWidget(QWidget):
         )
         self.slide_mpp.setSpecialValueText("from file")  # shown at 0
         self.tile_size.valueChanged.connect(self._on_tiling_changed)
-        self.mpp.valueChanged.connect(self._on_tiling_changed)
+        self.target_mpp.valueChanged.connect(self._on_tiling_changed)
         self.slide_mpp.valueChanged.connect(self._on_tiling_changed)
         self.min_tissue.valueChanged.connect(self._on_tiling_changed)
 
@@ -104,7 +104,7 @@ class SlidesWidget(QWidget):
 
         settings = QFormLayout()
         settings.addRow("tile size (px)", self.tile_size)
-        settings.addRow("resolution (µm/px)", self.mpp)
+        settings.addRow("resolution (µm/px)", self.target_mpp)
         settings.addRow("slide µm/px if unstated", self.slide_mpp)
         settings.addRow("min tissue", self.min_tissue)
         buttons = QHBoxLayout()
@@ -224,7 +224,7 @@ class SlidesWidget(QWidget):
     # -- tiles ---------------------------------------------------------------------------------------
     def _on_tiling_changed(self) -> None:
         self.session.tile_size = self.tile_size.value()
-        self.session.mpp = self.mpp.value()
+        self.session.target_mpp = self.target_mpp.value()
         self.session.slide_mpp = self.slide_mpp.value() or None
         self.session.min_tissue = self.min_tissue.value()
         for row in self.session.rows:
@@ -243,7 +243,7 @@ class SlidesWidget(QWidget):
         self.count_button.setEnabled(False)
         self.status.setText("Counting tiles…")
         s = self.session
-        worker = _count_tiles(jobs, s.tile_size, s.mpp, s.min_tissue, s.slide_mpp)
+        worker = _count_tiles(jobs, s.tile_size, s.target_mpp, s.min_tissue, s.slide_mpp)
         worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
         worker.errored.connect(lambda err: show_error(f"Counting tiles failed: {err}"))
         worker.finished.connect(self._count_finished)
