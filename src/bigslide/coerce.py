@@ -72,3 +72,22 @@ def _float_text(text: str) -> float | str:
     except ValueError:
         return text
     return number if math.isfinite(number) else text
+
+
+def check_ranges(obj: Any, where: str) -> None:
+    """Every field of dataclass `obj` within its `metadata["min"]` / `["max"]`, else a `ConfigError`
+    naming it. The forms read the same bounds, so a value the GUI refuses is refused everywhere."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        low, high = f.metadata.get("min"), f.metadata.get("max")
+        if low is not None and value < low:
+            raise ConfigError(f"{where}.{f.name}: must be >= {low}{_hint(f)}, got {value}")
+        if high is not None and value > high:
+            raise ConfigError(f"{where}.{f.name}: must be <= {high}{_hint(f)}, got {value}")
+
+
+def _hint(f: dataclasses.Field[Any]) -> str:
+    help_text = f.metadata.get("help", "")
+    return f" ({help_text})" if help_text else ""

@@ -12,7 +12,7 @@ def test_manifest_validates_with_imports() -> None:
     assert manifest.name == "bigslide"
     contributions = manifest.contributions
     widgets = {w.display_name for w in contributions.widgets or []}
-    assert widgets == {"Slides", "Sampling regions", "Train", "Results"}
+    assert widgets == {"All panels (tabbed)", "Slides", "Sampling regions", "Train", "Results"}
     assert {s.key for s in contributions.sample_data or []} == {"slide", "training_set"}
     [reader] = contributions.readers or []
     assert {"*.svs", "*.ndpi", "*.ome.tif", "*.tiff"} <= set(reader.filename_patterns)

@@ -7,6 +7,7 @@ coordinates alone; the canvas must show the same cell over the same level-0 pixe
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def test_overlays_cover_the_pngs_pixels_on_every_slide(
 
     # side by side in the world, at each slide's physical size, never on top of each other
     boxes = sorted((s.extent.world[:, 1] for s in slide_layers(viewer)), key=lambda b: b[0])
-    for left, right in zip(boxes, boxes[1:]):
+    for left, right in itertools.pairwise(boxes):
         assert left[1] < right[0]
     width_um = {s.name: float(np.ptp(s.extent.world[:, 1])) for s in slide_layers(viewer)}
     assert width_um["stated"] == pytest.approx(1300 * 0.5, abs=1)

@@ -69,7 +69,7 @@ def test_run_to_completion(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
     record = start(widget)
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
     assert record.fired == ["returned", "finished"], record.fired
-    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    checkpoint = widget.run_dir / "checkpoints" / "last.pt"
     assert checkpoint.is_file()
     assert widget.last_checkpoint == checkpoint
     steps = [e.step for e in record.events if type(e).__name__ == "Progress"]
@@ -77,7 +77,7 @@ def test_run_to_completion(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
     assert widget.progress.value() == widget.progress.maximum() == 2
     assert len(widget.loss_plot.series["loss"]) == 2
     # the run folder replays from the CLI with the same choices
-    config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")
+    config = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
     assert config.method.name == method
     assert config.method.params == {**widget.params_form.values()}
     assert config.data.tile_size == 32
@@ -97,8 +97,8 @@ def test_stop_saves_checkpoint(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: 
     widget.stop_button.click()
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
     assert record.fired == ["aborted", "finished"], record.fired
-    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
-    assert widget.last_checkpoint == tmp_path / "run" / "checkpoints" / "last.pt"
+    assert (widget.run_dir / "checkpoints" / "last.pt").is_file()
+    assert widget.last_checkpoint == widget.run_dir / "checkpoints" / "last.pt"
     assert "Stopped" in widget.status.text()
     assert widget.start_button.isEnabled()
 
@@ -163,6 +163,6 @@ def test_a_method_registered_by_a_script_gets_its_form_and_trains(
     record = start(widget)
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
     assert record.fired == ["returned", "finished"], record.fired
-    config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")
+    config = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
     assert config.method.name == "toy_tile_mean"
     assert config.method.params["width"] == 4

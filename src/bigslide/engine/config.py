@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bigslide.coerce import build_dataclass
+from bigslide.coerce import build_dataclass, check_ranges
 from bigslide.errors import ConfigError
 from bigslide.resolution import DEFAULT_MPP, magnification_to_mpp
 
@@ -22,7 +22,9 @@ class DataConfig:
         default="csv",
         metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
     )
-    ultramnist_count: int = field(default=200, metadata={"help": "training canvases (validation: a quarter)"})
+    ultramnist_count: int = field(
+        default=200, metadata={"min": 1, "help": "training canvases (validation: a quarter)"}
+    )
     ultramnist_task: Literal["sum", "digit"] = field(
         default="sum", metadata={"help": "label: sum of the 3-5 digits (paper), or 'digit': 3-5 of one digit"}
     )
@@ -35,7 +37,7 @@ class DataConfig:
     ultramnist_canvas: int = field(
         default=0, metadata={"help": "side digits are drawn at, shrunk to data.image_size (0 = that size)"}
     )
-    tile_size: int = field(default=64, metadata={"help": "MIL tile side, pixels at data.mpp"})
+    tile_size: int = field(default=64, metadata={"min": 1, "help": "MIL tile side, pixels at data.mpp"})
     mpp: float | None = field(
         default=None,
         metadata={
@@ -52,23 +54,34 @@ class DataConfig:
     )
     workers: int | None = field(
         default=None,
-        metadata={"help": "processes decoding tiles ahead of the step (null = min(cores, 8); 0 = none)"},
+        metadata={
+            "min": 0,
+            "help": "processes decoding tiles ahead of the step (null = min(cores, 8); 0 = none)",
+        },
     )
     prefetch: int = field(
         default=2,
-        metadata={"help": "bags or image batches decoded ahead of the step (raised to data.workers + 1)"},
+        metadata={
+            "min": 1,
+            "help": "bags or image batches decoded ahead of the step (raised to data.workers + 1)",
+        },
     )
-    bag_size: int = field(default=32, metadata={"help": "tiles sampled per slide for training (0 = all)"})
-    min_tissue: float = field(default=0.6, metadata={"help": "minimum tissue fraction of a tile"})
+    bag_size: int = field(
+        default=32, metadata={"min": 0, "help": "tiles sampled per slide for training (0 = all)"}
+    )
+    min_tissue: float = field(
+        default=0.6, metadata={"min": 0, "max": 1, "help": "minimum tissue fraction of a tile"}
+    )
     image_size: int = field(
-        default=256, metadata={"help": "side of the image read per slide at data.mpp (image methods)"}
+        default=256,
+        metadata={"min": 1, "help": "side of the image read per slide at data.mpp (image methods)"},
     )
     batch_size: int = field(
-        default=1, metadata={"help": "images per batch (image methods; bags come one at a time)"}
+        default=1, metadata={"min": 1, "help": "images per batch (image methods; bags come one at a time)"}
     )
     augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
     inference_repeats: int = field(
-        default=1, metadata={"help": "sampled bags averaged at inference (0 = all tiles)"}
+        default=1, metadata={"min": 0, "help": "sampled bags averaged at inference (0 = all tiles)"}
     )
 
     def __post_init__(self) -> None:
@@ -87,10 +100,7 @@ class DataConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"data.{name} must be a positive number of µm per pixel, got {value}")
-        if self.workers is not None and self.workers < 0:
-            raise ConfigError(f"data.workers must be >= 0 (or null for automatic), got {self.workers}")
-        if self.prefetch < 1:
-            raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
+        check_ranges(self, "data")
 
     @property
     def target_mpp(self) -> float:
@@ -123,16 +133,16 @@ class OptimConfig:
     optimizer: Literal["adamw", "sgd"] = field(
         default="adamw", metadata={"help": "adamw, or sgd with momentum 0.9"}
     )
-    lr: float = field(default=1e-4, metadata={"help": "peak learning rate"})
+    lr: float = field(default=1e-4, metadata={"min": 0, "help": "peak learning rate"})
     weight_decay: float = field(
-        default=0.0, metadata={"help": "decoupled weight decay (AdamW) or L2 penalty (SGD)"}
+        default=0.0, metadata={"min": 0, "help": "decoupled weight decay (AdamW) or L2 penalty (SGD)"}
     )
-    epochs: int = field(default=1, metadata={"help": "passes over the training set"})
+    epochs: int = field(default=1, metadata={"min": 1, "help": "passes over the training set"})
     max_steps: int | None = field(
         default=None, metadata={"help": "stop after this many batches (null = no limit)"}
     )
     accumulate: int = field(
-        default=1, metadata={"help": "complete gradients averaged per optimizer step (per rank)"}
+        default=1, metadata={"min": 1, "help": "complete gradients averaged per optimizer step (per rank)"}
     )
     grad_clip: float | None = field(
         default=None, metadata={"help": "clip the global gradient norm to this value (null = no clipping)"}
@@ -141,7 +151,12 @@ class OptimConfig:
         default="constant",
         metadata={"help": "learning-rate schedule after the warm-up, stepped once per batch (decays to 0)"},
     )
-    warmup_steps: int = field(default=0, metadata={"help": "batches of linear learning-rate warm-up"})
+    warmup_steps: int = field(
+        default=0, metadata={"min": 0, "help": "batches of linear learning-rate warm-up"}
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "optim")
 
 
 @dataclass
@@ -161,7 +176,8 @@ class RunConfig:
         metadata={"help": "mixed precision on CUDA (fp16 adds a gradient scaler); ignored on the CPU"},
     )
     checkpoint_every: int = field(
-        default=0, metadata={"help": "batches between checkpoints; 0 = at the end of each epoch only"}
+        default=0,
+        metadata={"min": 0, "help": "batches between checkpoints; 0 = at the end of each epoch only"},
     )
     deterministic: bool = field(
         default=False, metadata={"help": "deterministic algorithms where torch has them (slower)"}
@@ -173,6 +189,9 @@ class RunConfig:
             "must exceed rank 0's validation time"
         },
     )
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "run")
 
 
 @dataclass

@@ -6,6 +6,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -112,20 +113,28 @@ class SlidePrediction:
     classes: list[str]
     grids: dict[str, ScoreGrid]
     titles: dict[str, str] = field(default_factory=dict)  # heatmap name -> title, from the method
+    epochs: int = 0  # epochs the checkpoint's weights were trained for
 
     @property
     def label(self) -> str:
         return self.classes[int(np.argmax(self.probs))]
 
 
-def load_trained(checkpoint: str | Path, *, device: str = "auto") -> tuple[Method, TrainConfig, list[str]]:
+class Trained(NamedTuple):
+    method: Method
+    config: TrainConfig
+    classes: list[str]
+    epochs: int  # epochs the weights were trained for (the checkpoint's history)
+
+
+def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
     classes = list(state["classes"])
     method = setup.build_method(config, classes, setup.resolve_device(device))
     method.model.load_state_dict(state["model"])
     method.model.eval()
-    return method, config, classes
+    return Trained(method, config, classes, len(state.get("history", [])))
 
 
 def predict_slides(
@@ -141,7 +150,7 @@ def predict_slides(
     Every slide is read at the checkpoint's resolution (its data.mpp and tile or image size), whatever
     its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none.
     """
-    method, config, classes = load_trained(checkpoint, device=device)
+    method, config, classes, epochs = load_trained(checkpoint, device=device)
     table = SlideTable(
         [
             SlideEntry(e.path, e.label if e.label in classes else classes[0], e.split, e.regions)
@@ -158,7 +167,7 @@ def predict_slides(
     finally:
         slides.close()
     out = [
-        SlidePrediction(e.path, preds.probs[i], classes, preds.grids[i], dict(method.map_titles))
+        SlidePrediction(e.path, preds.probs[i], classes, preds.grids[i], dict(method.map_titles), epochs)
         for i, e in enumerate(table.entries)
     ]
     return out, preds

@@ -57,7 +57,9 @@ class ScoreGrid:
     def is_rgb(self) -> bool:
         return self.scores.ndim == 3
 
-    def layer_transform(self, placement: Placement | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
+    def layer_transform(
+        self, placement: Placement | None = None
+    ) -> tuple[tuple[float, float], tuple[float, float]]:
         """(scale, translate) in napari (row, col) world units over a slide placed at `placement`
         (default: at the origin with the grid's own mpp; µm when known, else level-0 pixels)."""
         return (placement or Placement(self.mpp)).raster(self.cell_size_level0, self.origin)

@@ -222,15 +222,38 @@ class MILParams(MethodParams):
     aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
         default="abmil", metadata={"help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL"}
     )
-    hidden: int = field(default=256, metadata={"help": "size of the head's projection of the features"})
-    attention_dim: int = field(default=128, metadata={"help": "hidden size of the attention scorer"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout after the head's projection"})
-    heads: int = field(default=8, metadata={"help": "TransMIL: attention heads"})
-    pseudo_bags: int = field(default=4, metadata={"help": "DTFD: pseudo-bags per bag"})
-    distill: Literal["afs", "maxs"] = field(
-        default="afs", metadata={"help": "DTFD: tier-2 features (attention-pooled or max-scoring instance)"}
+    hidden: int = field(
+        default=256, metadata={"min": 1, "help": "size of the head's projection of the features"}
     )
-    inference_chunk_size: int = field(default=128, metadata={"help": "tiles per encoder call at prediction"})
+    attention_dim: int = field(
+        default=128,
+        metadata={
+            "shown_with": {"aggregator": ("abmil", "abmil_gated", "dtfd")},
+            "min": 1,
+            "help": "hidden size of the attention scorer",
+        },
+    )
+    dropout: float = field(
+        default=0.0, metadata={"min": 0, "max": 0.99, "help": "dropout after the head's projection"}
+    )
+    heads: int = field(
+        default=8,
+        metadata={"shown_with": {"aggregator": ("transmil",)}, "min": 1, "help": "TransMIL: attention heads"},
+    )
+    pseudo_bags: int = field(
+        default=4,
+        metadata={"shown_with": {"aggregator": ("dtfd",)}, "min": 1, "help": "DTFD: pseudo-bags per bag"},
+    )
+    distill: Literal["afs", "maxs"] = field(
+        default="afs",
+        metadata={
+            "shown_with": {"aggregator": ("dtfd",)},
+            "help": "DTFD: tier-2 features (attention-pooled or max-scoring instance)",
+        },
+    )
+    inference_chunk_size: int = field(
+        default=128, metadata={"min": 1, "help": "tiles per encoder call at prediction"}
+    )
 
 
 @dataclass
@@ -243,9 +266,11 @@ class EndToEndParams(MILParams):
 
 @dataclass
 class ABMILACCParams(EndToEndParams):
-    chunk_size: int = field(default=32, metadata={"help": "tiles per replayed encoder call (sets memory)"})
+    chunk_size: int = field(
+        default=32, metadata={"min": 1, "help": "tiles per replayed encoder call (sets memory)"}
+    )
     forward_chunk_size: int = field(
-        default=0, metadata={"help": "tiles per no-grad encoder call; 0 = 4 x chunk_size"}
+        default=0, metadata={"min": 0, "help": "tiles per no-grad encoder call; 0 = 4 x chunk_size"}
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bigslide.coerce import build_dataclass
+from bigslide.coerce import build_dataclass, check_ranges
 from bigslide.data.sample import Batch, Sample
 from bigslide.errors import ConfigError
 
@@ -66,7 +66,12 @@ class Stepper(Protocol):
 @dataclass
 class MethodParams:
     """Base of every method's parameters. Fields must be int, float, bool, str or a Literal of str:
-    the GUI builds its form from them. `metadata={"help": ...}` gives the tooltip."""
+    the GUI builds its form from them. `metadata={"help": ...}` gives the tooltip, `"min"` / `"max"`
+    bound the value (checked here and in the form), `"shown_with": {"other_field": (values, ...)}` shows
+    the field in the form only while another field has one of those values."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "method.params")
 
 
 @dataclass

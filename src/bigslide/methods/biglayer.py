@@ -107,8 +107,8 @@ class BigImageModel(nn.Module):
 class BigLayerMILParams(MILParams):
     """The MIL head's settings (shared with the other bag methods) plus the Big-Layer ones."""
 
-    stages: int = field(default=2, metadata={"help": _STAGES_HELP})
-    budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+    stages: int = field(default=2, metadata={"min": 1, "help": _STAGES_HELP})
+    budget_mb: float = field(default=1024.0, metadata={"min": 0.001, "help": _BUDGET_HELP})
     bn_mode: Literal["eval", "frozen", "batch"] = field(default="eval", metadata={"help": _MIL_BN_HELP})
 
 

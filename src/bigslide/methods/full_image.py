@@ -41,7 +41,10 @@ __all__ = ["FullImage", "FullImageParams"]
 class FullImageParams(MethodParams):
     img_size: int = field(
         default=0,
-        metadata={"help": "Input size for fixed-size backbones (ViTs); 0 = the backbone's default."},
+        metadata={
+            "min": 0,
+            "help": "Input size for fixed-size backbones (ViTs); 0 = the backbone's default.",
+        },
     )
     channels_last: bool = field(
         default=True, metadata={"help": "Feed images in channels-last memory format."}

@@ -93,7 +93,7 @@ class FrozenParams(MILParams):
         default=True,
         metadata={"help": "reuse each tile's features across epochs; turn off when tiles are augmented"},
     )
-    cache_mb: int = field(default=1024, metadata={"help": "memory limit of the feature cache (MB)"})
+    cache_mb: int = field(default=1024, metadata={"min": 0, "help": "memory limit of the feature cache (MB)"})
 
 
 class FeatureCache:

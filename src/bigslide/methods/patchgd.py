@@ -78,20 +78,35 @@ __all__ = ["PatchGD", "PatchGDModel", "PatchGDParams", "fill_z", "sample_positio
 
 @dataclass
 class PatchGDParams(MethodParams):
-    patch_size: int = field(default=128, metadata={"help": "Patch side in image pixels."})
-    stride: int = field(default=0, metadata={"help": "Step between patches; 0 = patch size, less = overlap."})
+    patch_size: int = field(default=128, metadata={"min": 1, "help": "Patch side in image pixels."})
+    stride: int = field(
+        default=0, metadata={"min": 0, "help": "Step between patches; 0 = patch size, less = overlap."}
+    )
     sampling: float = field(
-        default=0.125, metadata={"help": "Fraction of an image's patches re-encoded per inner iteration."}
+        default=0.125,
+        metadata={
+            "min": 1e-06,
+            "max": 1.0,
+            "help": "Fraction of an image's patches re-encoded per inner iteration.",
+        },
     )
     k: int = field(
         default=0,
-        metadata={"help": "Patches re-encoded per image per inner iteration; > 0 overrides sampling."},
+        metadata={
+            "min": 0,
+            "help": "Patches re-encoded per image per inner iteration; > 0 overrides sampling.",
+        },
     )
     inner_iterations: int = field(
-        default=0, metadata={"help": "Inner iterations ζ per batch; 0 = enough to cover every patch once."}
+        default=0,
+        metadata={"min": 0, "help": "Inner iterations ζ per batch; 0 = enough to cover every patch once."},
     )
-    epsilon: int = field(default=8, metadata={"help": "Inner iterations ε accumulated per optimizer step."})
-    latent_dim: int = field(default=256, metadata={"help": "Latent size s of one patch's Z vector."})
+    epsilon: int = field(
+        default=8, metadata={"min": 1, "help": "Inner iterations ε accumulated per optimizer step."}
+    )
+    latent_dim: int = field(
+        default=256, metadata={"min": 1, "help": "Latent size s of one patch's Z vector."}
+    )
     head: Literal["cnn", "transformer", "pool"] = field(
         default="cnn",
         metadata={
@@ -100,9 +115,9 @@ class PatchGDParams(MethodParams):
         },
     )
     head_width: int = field(
-        default=0, metadata={"help": "Head channels; 0 = paper's (CNN 256, transformer 384)."}
+        default=0, metadata={"min": 0, "help": "Head channels; 0 = paper's (CNN 256, transformer 384)."}
     )
-    head_dropout: float = field(default=0.2, metadata={"help": "Dropout in the head."})
+    head_dropout: float = field(default=0.2, metadata={"min": 0, "max": 0.99, "help": "Dropout in the head."})
     head_norm: Literal["batch", "group"] = field(
         default="batch",
         metadata={"help": "CNN head normalisation; 'group' also trains on 1x1 grids at batch 1."},
@@ -116,15 +131,17 @@ class PatchGDParams(MethodParams):
     fill_batch_size: int = field(
         default=256,
         metadata={
+            "min": 1,
             "help": "Patches per encoder call when filling Z; a training step uses at most "
-            "2·B·k, so its fill never needs more memory than an inner iteration."
+            "2·B·k, so its fill never needs more memory than an inner iteration.",
         },
     )
     grad_chunk: int = field(
         default=0,
         metadata={
+            "min": 0,
             "help": "Patches per with-grad encoder call in an inner iteration; 0 = all B·k at once. "
-            "Bounds memory at one extra no-grad pass; exact unless encoder BatchNorm trains."
+            "Bounds memory at one extra no-grad pass; exact unless encoder BatchNorm trains.",
         },
     )
     pad_value: float = field(

@@ -1,8 +1,10 @@
 """Forms built from parameter dataclasses (a method's `Params`, parts of `DataConfig`).
 
 Fields of type int, float, bool, str or Literal[str, ...] become spin boxes, check boxes, line edits
-and drop-downs; the field's `metadata["help"]` becomes the tooltip, so adding a parameter to a method
-adds it to the GUI with no GUI code.
+and drop-downs. A field's metadata gives the tooltip (`help`), the bounds a value can be typed within
+(`min`, `max`, the same bounds the config checks) and when the field applies (`shown_with`: shown only
+while another field of the form has one of the listed values). Adding a parameter to a method adds it
+to the GUI with no GUI code.
 """
 
 from __future__ import annotations
@@ -12,54 +14,129 @@ import typing
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from magicgui import widgets
+from qtpy.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLineEdit,
+    QSpinBox,
+    QWidget,
+)
 
-_LARGE = 10**9
+from bigslide.napari._qt import FloatBox
+
+_INT_LIMIT = 2**31 - 1
 
 
-class DataclassForm(widgets.Container):
+class DataclassForm(QWidget):
     """Editable widgets for selected fields of a dataclass; `values()` reads them back as a dict."""
 
-    def __init__(self, cls: type, *, include: Iterable[str] | None = None, defaults: Any = None) -> None:
-        super().__init__(labels=True)
+    def __init__(self, cls: type, *, include: Iterable[str] | None = None) -> None:
+        super().__init__()
         self.cls = cls
         hints = typing.get_type_hints(cls)
         wanted = list(include) if include is not None else None
         fields = [f for f in dataclasses.fields(cls) if wanted is None or f.name in wanted]
         if wanted is not None:
             fields.sort(key=lambda f: wanted.index(f.name))
-        for field in fields:
-            default = getattr(defaults, field.name) if defaults is not None else _default(field)
-            widget = field_widget(field.name, hints[field.name], default, field.metadata.get("help", ""))
-            if widget is not None:
-                self.append(widget)
+        self.layout_ = QFormLayout(self)
+        self.layout_.setContentsMargins(0, 0, 0, 0)
+        self.widgets: dict[str, QWidget] = {}
+        self.shown_with: dict[str, dict[str, tuple[str, ...]]] = {}
+        for f in fields:
+            widget = field_widget(hints[f.name], _default(f), f.metadata)
+            if widget is None:
+                continue  # a type the form cannot edit keeps its default
+            self.widgets[f.name] = widget
+            self.layout_.addRow(f.name.replace("_", " "), widget)
+            if "shown_with" in f.metadata:
+                self.shown_with[f.name] = dict(f.metadata["shown_with"])
+        for widget in self.widgets.values():
+            if isinstance(widget, QComboBox):
+                widget.currentTextChanged.connect(lambda _t: self._update_visibility())
+        self._update_visibility()
+
+    def __len__(self) -> int:
+        return len(self.widgets)
+
+    def visible_fields(self) -> list[str]:
+        return [name for name in self.widgets if self.layout_.isRowVisible(self.widgets[name])]
 
     def values(self) -> dict[str, Any]:
-        return {w.name: w.value for w in self}
+        return {name: widget_value(widget) for name, widget in self.widgets.items()}
 
     def set_values(self, values: dict[str, Any]) -> None:
-        for w in self:
-            if w.name in values:
-                w.value = values[w.name]
+        for name, value in values.items():
+            if name in self.widgets:
+                set_widget_value(self.widgets[name], value)
+
+    def _update_visibility(self) -> None:
+        current = self.values()
+        for name, conditions in self.shown_with.items():
+            shown = all(str(current.get(key)) in allowed for key, allowed in conditions.items())
+            self.layout_.setRowVisible(self.widgets[name], shown)
 
 
-def field_widget(name: str, hint: Any, default: Any, help_text: str = "") -> widgets.bases.ValueWidget | None:
-    """One widget for a field, or None for a type the form cannot edit (it keeps its default)."""
-    label = name.replace("_", " ")
-    common: dict[str, Any] = {"name": name, "label": label, "tooltip": help_text or None}
+def field_widget(hint: Any, default: Any, metadata: Any) -> QWidget | None:
+    """One input for a field, bounded by its metadata, or None for a type the form cannot edit."""
+    widget: QWidget
+    low, high = metadata.get("min"), metadata.get("max")
     if typing.get_origin(hint) is Literal:
-        choices = [str(c) for c in typing.get_args(hint)]
-        return widgets.ComboBox(value=str(default), choices=choices, **common)
-    if hint is bool:
-        return widgets.CheckBox(value=bool(default), **common)
-    if hint is int:
-        return widgets.SpinBox(value=int(default), min=-_LARGE, max=_LARGE, **common)
-    if hint is float:
-        step = _step(float(default))
-        return widgets.FloatSpinBox(value=float(default), min=-1e12, max=1e12, step=step, **common)
-    if hint is str:
-        return widgets.LineEdit(value=str(default), **common)
-    return None
+        widget = QComboBox()
+        widget.addItems([str(c) for c in typing.get_args(hint)])
+        widget.setCurrentText(str(default))
+    elif hint is bool:
+        widget = QCheckBox()
+        widget.setChecked(bool(default))
+    elif hint is int:
+        widget = QSpinBox()
+        widget.setRange(
+            int(low) if low is not None else -_INT_LIMIT, int(high) if high is not None else _INT_LIMIT
+        )
+        widget.setValue(int(default))
+    elif hint is float:
+        widget = FloatBox()
+        widget.setRange(float(low) if low is not None else -1e12, float(high) if high is not None else 1e12)
+        widget.setSingleStep(_step(float(default)))
+        widget.setValue(float(default))
+    elif hint is str:
+        widget = QLineEdit(str(default))
+    else:
+        return None
+    help_text = metadata.get("help", "")
+    bounds = " ".join(
+        p for p in (f"≥ {low}" if low is not None else "", f"≤ {high}" if high is not None else "") if p
+    )
+    widget.setToolTip(f"{help_text} ({bounds})" if bounds else help_text)
+    return widget
+
+
+def widget_value(widget: QWidget) -> Any:
+    if isinstance(widget, QComboBox):
+        return widget.currentText()
+    if isinstance(widget, QCheckBox):
+        return widget.isChecked()
+    if isinstance(widget, QDoubleSpinBox):
+        return float(widget.cleanText()) if widget.cleanText() else widget.value()
+    if isinstance(widget, QSpinBox):
+        return widget.value()
+    assert isinstance(widget, QLineEdit)
+    return widget.text()
+
+
+def set_widget_value(widget: QWidget, value: Any) -> None:
+    if isinstance(widget, QComboBox):
+        widget.setCurrentText(str(value))
+    elif isinstance(widget, QCheckBox):
+        widget.setChecked(bool(value))
+    elif isinstance(widget, QSpinBox):
+        widget.setValue(int(value))
+    elif isinstance(widget, QDoubleSpinBox):
+        widget.setValue(float(value))
+    else:
+        assert isinstance(widget, QLineEdit)
+        widget.setText(str(value))
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:

@@ -44,12 +44,17 @@ class LinePlot(QWidget):
             painter.end()
             return
         x_lo, x_hi = _span(p[0] for p in points)
-        y_lo, y_hi = _span(p[1] for p in points)
+        y_ticks = nice_ticks(*_span(p[1] for p in points))
+        y_lo, y_hi = y_ticks[0], y_ticks[-1]
         painter.setPen(QPen(QColor("#5a5d66"), 1))
         painter.drawRect(area)
-        painter.setPen(text)
-        for value, y in ((y_hi, area.top()), (y_lo, area.bottom())):
-            painter.drawText(QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, f"{value:.3g}")
+        labels = tick_labels(y_ticks)
+        for value, label in zip(y_ticks, labels):
+            y = area.bottom() - (value - y_lo) / (y_hi - y_lo) * area.height()
+            painter.setPen(QPen(QColor("#3a3d46"), 1))
+            painter.drawLine(QPointF(area.left(), y), QPointF(area.right(), y))
+            painter.setPen(text)
+            painter.drawText(QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, label)
         for value, x in ((x_lo, area.left()), (x_hi, area.right() - 40)):
             painter.drawText(QRectF(x, area.bottom() + 2, 40, 16), Qt.AlignmentFlag.AlignLeft, f"{value:g}")
 
@@ -71,6 +76,27 @@ class LinePlot(QWidget):
                 painter.drawPath(path)
             painter.drawText(QPointF(area.left() + 6, area.top() + 14 + 15 * index), name)
         painter.end()
+
+
+def nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
+    """Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart)."""
+    raw = (hi - lo) / max(count - 1, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(lo / step) * step
+    ticks = [first]
+    while ticks[-1] < hi - 1e-12 * step:
+        ticks.append(ticks[-1] + step)
+    return ticks
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Labels with just enough digits that neighbouring ticks read differently."""
+    for digits in range(10):
+        labels = [f"{t:.{digits}f}" for t in ticks]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{t:g}" for t in ticks]
 
 
 def _span(values: object) -> tuple[float, float]:

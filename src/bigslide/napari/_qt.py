@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from qtpy.QtCore import Qt
-from qtpy.QtWidgets import QComboBox, QDoubleSpinBox, QSlider, QSpinBox
+from qtpy.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFrame,
+    QScrollArea,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 def spin_box(minimum: int, maximum: int, value: int, step: int = 1, tip: str = "") -> QSpinBox:
@@ -15,11 +24,24 @@ def spin_box(minimum: int, maximum: int, value: int, step: int = 1, tip: str = "
     return box
 
 
-def float_box(
-    minimum: float, maximum: float, value: float, step: float, decimals: int = 2, tip: str = ""
-) -> QDoubleSpinBox:
-    box = QDoubleSpinBox()
-    box.setDecimals(decimals)
+_DECIMALS = 10
+
+
+class FloatBox(QDoubleSpinBox):
+    """A float typed and shown as entered (0.125 stays 0.125, 1e-4 stays 0.0001), no trailing zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setDecimals(_DECIMALS)
+
+    def textFromValue(self, value: float) -> str:  # noqa: N802 - Qt override
+        text = f"{value:.{_DECIMALS}f}".rstrip("0")
+        return text + "0" if text.endswith(".") else text
+
+
+def float_box(minimum: float, maximum: float, value: float, step: float, tip: str = "") -> FloatBox:
+    box = FloatBox()
+    box.setKeyboardTracking(False)  # react to the number typed, not to each keystroke
     box.setRange(minimum, maximum)
     box.setSingleStep(step)
     box.setValue(value)
@@ -40,3 +62,32 @@ def percent_slider(value: int) -> QSlider:
     slider.setRange(0, 100)
     slider.setValue(value)
     return slider
+
+
+def scrolled(panel: QWidget) -> QVBoxLayout:
+    """Give `panel` a vertical scroll area and return the layout of its content: a tall panel scrolls
+    inside its dock instead of stretching the window past the screen."""
+    content = QWidget()
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidget(content)
+    outer = QVBoxLayout(panel)
+    outer.setContentsMargins(0, 0, 0, 0)
+    outer.addWidget(area)
+    return QVBoxLayout(content)
+
+
+def set_items(box: QComboBox, names: list[str]) -> None:
+    """Replace a drop-down's items, keeping the current one when it is still there; each item's
+    tooltip is its full name (long slide and layer names are cut off in a narrow panel)."""
+    current = box.currentText()
+    box.blockSignals(True)
+    box.clear()
+    for index, name in enumerate(names):
+        box.addItem(name)
+        box.setItemData(index, name, Qt.ItemDataRole.ToolTipRole)
+    if current in names:
+        box.setCurrentText(current)
+    box.setToolTip(box.currentText())
+    box.blockSignals(False)

@@ -69,4 +69,3 @@ def refusal(path: str | Path) -> str | None:
     if not head:
         return "the file is empty"
     return f"not a TIFF-based slide (it starts with {head!r}, not a TIFF header)"
-

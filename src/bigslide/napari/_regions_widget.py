@@ -18,7 +18,6 @@ from qtpy.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -31,6 +30,7 @@ from bigslide.napari._layers import (
     remove_layers,
     slide_layers,
 )
+from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
 from bigslide.napari._session import session_for
 
@@ -72,7 +72,7 @@ class RegionsWidget(QWidget):
         files = QHBoxLayout()
         files.addWidget(self.load_button)
         files.addWidget(self.save_button)
-        layout = QVBoxLayout(self)
+        layout = scrolled(self)
         layout.addLayout(form)
         layout.addWidget(self.new_button)
         layout.addLayout(files)
@@ -87,12 +87,7 @@ class RegionsWidget(QWidget):
 
     # -- slide choice ------------------------------------------------------------------------------
     def _on_layers_changed(self, event: Any = None) -> None:
-        current = self.slide_box.currentText()
-        names = [layer.name for layer in slide_layers(self.viewer)]
-        self.slide_box.clear()
-        self.slide_box.addItems(names)
-        if current in names:
-            self.slide_box.setCurrentText(current)
+        set_items(self.slide_box, [layer.name for layer in slide_layers(self.viewer)])
         if event is not None and getattr(event, "type", "") == "inserted":
             layer = event.value
             if layer.metadata.get("bigslide_role") == "regions":

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from napari.qt.threading import create_worker
 from napari.utils.notifications import show_error, show_info
 from qtpy.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -15,7 +16,6 @@ from qtpy.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -25,9 +25,10 @@ from bigslide.napari._layers import (
     add_heatmap,
     layers_with_role,
     renormalise,
+    show_legend,
     slide_layers,
 )
-from bigslide.napari._qt import percent_slider
+from bigslide.napari._qt import percent_slider, scrolled, set_items
 from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class ResultsWidget(QWidget):
         self.session = session_for(napari_viewer)
         self.worker: Any = None
         self.prediction: Any = None
+        self.pending_checkpoint: Path | None = None  # a followed run's newest checkpoint, not yet shown
 
         self.checkpoint = QLineEdit()
         self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
@@ -57,6 +59,12 @@ class ResultsWidget(QWidget):
         self.run_button.clicked.connect(lambda: self.run())
         self.result = QLabel("Choose a checkpoint and a slide.")
         self.result.setWordWrap(True)
+        self.follow = QCheckBox("Follow training: redraw this slide's heatmaps after every epoch")
+        self.follow.setToolTip(
+            "While the Train panel runs, each epoch's checkpoint is run on the chosen slide in the "
+            "background, so you see the heatmap move as the model learns"
+        )
+        self.session.checkpoint_saved.connect(self.on_checkpoint)
 
         self.heatmap_box = QComboBox()
         self.colormap = QComboBox()
@@ -92,9 +100,10 @@ class ResultsWidget(QWidget):
         exports = QHBoxLayout()
         for button in (self.png_button, self.npz_button, self.geojson_button):
             exports.addWidget(button)
-        layout = QVBoxLayout(self)
+        layout = scrolled(self)
         layout.addLayout(form)
         layout.addWidget(self.run_button)
+        layout.addWidget(self.follow)
         layout.addWidget(self.result)
         layout.addLayout(display)
         layout.addWidget(QLabel("Export the chosen heatmap:"))
@@ -107,17 +116,8 @@ class ResultsWidget(QWidget):
 
     # -- choices ---------------------------------------------------------------------------------------
     def _on_layers_changed(self, _event: Any = None) -> None:
-        for box, layers in (
-            (self.slide_box, slide_layers(self.viewer)),
-            (self.heatmap_box, layers_with_role(self.viewer, "heatmap")),
-        ):
-            current = box.currentText()
-            box.blockSignals(True)
-            box.clear()
-            box.addItems([layer.name for layer in layers])
-            if current in [layer.name for layer in layers]:
-                box.setCurrentText(current)
-            box.blockSignals(False)
+        set_items(self.slide_box, [layer.name for layer in slide_layers(self.viewer)])
+        set_items(self.heatmap_box, [layer.name for layer in layers_with_role(self.viewer, "heatmap")])
 
     def slide_layer(self) -> Any:
         name = self.slide_box.currentText()
@@ -133,22 +133,20 @@ class ResultsWidget(QWidget):
             self.checkpoint.setText(path)
 
     # -- inference -----------------------------------------------------------------------------------
-    def run(self) -> Any:
+    def run(self, checkpoint: Path | None = None) -> Any:
         """Predict the chosen slide in a worker thread; returns the started worker (or None)."""
-        from bigslide.engine.inference import predict_slide
-
         slide = self.slide_layer()
-        checkpoint = Path(self.checkpoint.text().strip()).expanduser()
+        checkpoint = checkpoint or Path(self.checkpoint.text().strip()).expanduser()
         if slide is None:
-            show_error("Open a slide first.")
+            self._fail("Open a slide first (File ▸ Open), then choose it above.")
             return None
         if not checkpoint.is_file():
-            show_error(f"No checkpoint at '{checkpoint}': train a model or choose a .pt file.")
+            self._fail(f"No checkpoint at '{checkpoint}': train a model or choose a .pt file.")
             return None
         row = self.session.row(slide.metadata["path"])
         regions = row.regions if row is not None else None
         worker = create_worker(
-            predict_slide,
+            _predict,
             checkpoint,
             slide.metadata["path"],
             regions=regions,
@@ -158,13 +156,34 @@ class ResultsWidget(QWidget):
             _ignore_errors=True,
         )
         worker.returned.connect(lambda prediction: self.show_prediction(prediction, slide))
-        worker.errored.connect(lambda err: show_error(f"Inference failed: {err}"))
-        worker.finished.connect(lambda: self.run_button.setEnabled(True))
+        worker.errored.connect(lambda err: self._fail(f"Inference failed on {slide.name}: {err}"))
+        worker.finished.connect(self._on_finished)
         self.worker = worker
         self.run_button.setEnabled(False)
         self.result.setText(f"Running {checkpoint.name} on {slide.name}…")
         worker.start()
         return worker
+
+    def _fail(self, text: str) -> None:
+        self.result.setText(text)
+        show_error(text)
+
+    def _on_finished(self) -> None:
+        self.worker = None
+        self.run_button.setEnabled(True)
+        if self.pending_checkpoint is not None:  # a followed run saved again while this one ran
+            checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
+            self.run(checkpoint)
+
+    def on_checkpoint(self, checkpoint: Path) -> None:
+        """A run of this viewer saved a checkpoint: when following, show it on the chosen slide."""
+        if not self.follow.isChecked() or self.slide_layer() is None:
+            return
+        self.checkpoint.setText(str(checkpoint))
+        if self.worker is not None:
+            self.pending_checkpoint = checkpoint  # only the newest waits; older ones are skipped
+            return
+        self.run(checkpoint)
 
     def show_prediction(self, prediction: Any, slide: Any) -> list[Any]:
         """Add one heatmap layer per grid of the prediction, aligned with `slide`."""
@@ -172,7 +191,10 @@ class ResultsWidget(QWidget):
             return []
         self.prediction = prediction
         probs = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
-        self.result.setText(f"<b>{prediction.label}</b> ({probs})")
+        trained = (
+            f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
+        )
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({probs})")
         added = []
         for key, grid in prediction.grids.items():
             title = prediction.titles.get(key, key)
@@ -197,6 +219,9 @@ class ResultsWidget(QWidget):
         layer = self.heatmap_layer()
         if layer is None:
             return
+        for other in layers_with_role(self.viewer, "heatmap", layer.metadata.get("slide")):
+            other.visible = other is layer  # the chosen map is the one shown over its slide
+        show_legend(self.viewer, layer)
         for widget in (self.colormap, self.normalisation, self.opacity):
             widget.blockSignals(True)
         if layer.colormap.name in HEATMAP_COLORMAPS:
@@ -216,6 +241,7 @@ class ResultsWidget(QWidget):
         layer.colormap = self.colormap.currentText()
         if layer.metadata.get("normalisation") != self._normalisation():
             renormalise(layer, self._normalisation())
+            show_legend(self.viewer, layer)
 
     # -- export ----------------------------------------------------------------------------------------
     def _export_target(self, path: str | Path | None, suffix: str, title: str) -> tuple[Any, Path] | None:
@@ -273,3 +299,10 @@ class ResultsWidget(QWidget):
         saved = grid_geojson(target[0].metadata["grid"], target[1])
         show_info(f"Saved {saved}")
         return saved
+
+
+def _predict(checkpoint: Path, slide: str, **kwargs: Any) -> Any:
+    # imported here, in the worker thread: the first import of torch and timm takes most of a second
+    from bigslide.engine.inference import predict_slide
+
+    return predict_slide(checkpoint, slide, **kwargs)

@@ -1,17 +1,19 @@
 """Turn the panels' choices into a run folder the CLI can replay, and drive the engine in a worker.
 
-A run folder holds `slides.csv`, the drawn regions as GeoJSON (`regions/`), `config.yaml` and, once
+Each Start makes a new run folder (`<runs>/<method>-<date>-<time>`), so no run overwrites another. A run
+folder holds `slides.csv`, the drawn regions as GeoJSON (`regions/`), `config.yaml` and, once
 training has started, `checkpoints/last.pt`. `bigslide train <out>/config.yaml` repeats the run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bigslide.engine.config import DataConfig, MethodConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
-from bigslide.errors import TrainingError
+from bigslide.errors import DataError, TrainingError
 
 if TYPE_CHECKING:
     import napari
@@ -20,10 +22,72 @@ if TYPE_CHECKING:
     from bigslide.napari._session import Session
 
 
+def new_run_folder(runs: str | Path, method: str, now: datetime | None = None) -> Path:
+    """A fresh folder `<runs>/<method>-<date>-<time>` (suffixed if taken): no run overwrites another."""
+    root = Path(runs).expanduser().resolve()
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    folder = root / f"{method}-{stamp}"
+    suffix = 2
+    while folder.exists():
+        folder = root / f"{method}-{stamp}-{suffix}"
+        suffix += 1
+    return folder
+
+
+def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: int = 0) -> list[str]:
+    """What stops a run from being worth starting, in words a pathologist reads, naming the panel field.
+
+    `stated_mpp` says for each slide whether its file states a µm/px (slides not in it are opened)."""
+    try:
+        table = session.table()
+    except DataError as err:
+        return [str(err)]
+    problems = []
+    labels = sorted({e.label for e in table.entries})
+    if len(labels) < 2:
+        problems.append(
+            f"every slide is labelled '{labels[0]}': a model needs at least two classes to learn; type "
+            "another label in the Slides panel's Label column"
+        )
+    split = table.with_splits(seed=seed)
+    train_labels = {e.label for e in split.entries if e.split == "train"}
+    if len(labels) >= 2 and len(train_labels) < 2:
+        problems.append(
+            f"the training slides are all '{next(iter(train_labels), '-')}': set the Split column so that "
+            "each class has a training slide"
+        )
+    if not any(e.split == "val" for e in split.entries):
+        problems.append(
+            "no slide is left for validation, so nothing would say whether the model learns: set one "
+            "slide's Split to 'val' in the Slides panel, or leave at least three on 'auto'"
+        )
+    if session.slide_mpp is None:
+        unstated = [e.path.name for e in table.entries if not _states_mpp(e.path, stated_mpp)]
+        if unstated:
+            problems.append(
+                f"{', '.join(unstated)}: the file states no pixel size; enter its scanner's µm/px in the "
+                "Slides panel's 'slide µm/px if unstated' field"
+            )
+    return problems
+
+
+def _states_mpp(path: Path, known: dict[Path, bool]) -> bool:
+    if path in known:
+        return known[path]
+    from bigslide.errors import SlideError
+    from bigslide.slide import open_slide
+
+    try:
+        with open_slide(path) as slide:
+            return slide.mpp is not None
+    except (SlideError, OSError):
+        return True  # unreadable: the run names the file and the reason
+
+
 def write_run_folder(
     viewer: napari.Viewer,
     session: Session,
-    out_dir: str | Path,
+    out: Path,
     *,
     method: str,
     method_params: dict[str, Any],
@@ -32,16 +96,13 @@ def write_run_folder(
     optim: OptimConfig,
     device: str,
 ) -> Path:
-    """Write slides.csv (+ regions) and config.yaml into `out_dir`; returns the config path."""
-    from bigslide.methods.base import make_params
-    from bigslide.napari._regions import write_run_regions
+    """Write slides.csv (+ regions) and config.yaml into the new folder `out`; returns the config path.
 
-    out = Path(out_dir).expanduser().resolve()
+    Everything is checked before the first file is written, so a refused start leaves nothing behind."""
+    from bigslide.methods.base import make_params
+
     make_params(method, method_params)  # a wrong parameter fails here, naming it
     table = session.table()
-    write_run_regions(viewer, session, out / "regions")
-    table = session.table()  # again: rows now point at the saved regions
-    table.to_csv(out / "slides.csv")
     data = DataConfig(
         csv="slides.csv",
         tile_size=session.tile_size,
@@ -57,6 +118,11 @@ def write_run_folder(
         optim=optim,
         run=RunConfig(out_dir=str(out), device=device),  # type: ignore[arg-type]
     )
+    from bigslide.napari._regions import write_run_regions
+
+    write_run_regions(viewer, session, out / "regions")
+    table = session.table()  # again: rows now point at the saved regions
+    table.to_csv(out / "slides.csv")
     return config.to_yaml(out / "config.yaml")
 
 

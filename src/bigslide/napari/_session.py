@@ -38,6 +38,8 @@ class Session:
     """Rows were added, removed or edited."""
     slide_mpp_changed = Signal(object)
     """The fallback level-0 µm/px (float or None) changed."""
+    checkpoint_saved = Signal(object)
+    """A training run of this viewer saved a checkpoint (its Path)."""
 
     def __init__(self) -> None:
         defaults = DataConfig()

@@ -20,13 +20,12 @@ from qtpy.QtWidgets import (
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from bigslide.errors import BigslideError
 from bigslide.napari._layers import ROLE
-from bigslide.napari._qt import float_box, spin_box
+from bigslide.napari._qt import float_box, scrolled, spin_box
 from bigslide.napari._regions import slide_regions
 from bigslide.napari._session import SPLIT_CHOICES, Session, session_for
 
@@ -46,6 +45,7 @@ class SlidesWidget(QWidget):
         self.session: Session = session_for(napari_viewer)
         self._filling = False
         self.count_worker: Any = None
+        self.count_error: str | None = None
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -71,7 +71,6 @@ class SlidesWidget(QWidget):
             64.0,
             self.session.target_mpp,
             0.25,
-            3,
             tip="µm per pixel tiles are read at (20x = 0.5, 40x = 0.25)",
         )
         self.slide_mpp = float_box(
@@ -79,7 +78,6 @@ class SlidesWidget(QWidget):
             64.0,
             self.session.slide_mpp or 0.0,
             0.25,
-            4,
             tip="Level-0 µm per pixel of slides whose files state none (their scanner's); "
             "'from file' reads it from each file",
         )
@@ -110,7 +108,7 @@ class SlidesWidget(QWidget):
         buttons = QHBoxLayout()
         for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
             buttons.addWidget(button)
-        layout = QVBoxLayout(self)
+        layout = scrolled(self)
         layout.addWidget(self.table)
         layout.addLayout(buttons)
         layout.addLayout(settings)
@@ -244,15 +242,25 @@ class SlidesWidget(QWidget):
         self.status.setText("Counting tiles…")
         s = self.session
         worker = _count_tiles(jobs, s.tile_size, s.target_mpp, s.min_tissue, s.slide_mpp)
+        self.count_error: str | None = None
         worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
-        worker.errored.connect(lambda err: show_error(f"Counting tiles failed: {err}"))
+        worker.errored.connect(self._count_failed)
         worker.finished.connect(self._count_finished)
         self.count_worker = worker
         worker.start()
         return worker
 
+    def _count_failed(self, err: Exception) -> None:
+        self.count_error = f"Counting tiles failed: {err}".replace(
+            "data.slide_mpp (--slide-mpp)", "the 'slide µm/px if unstated' field below"
+        )
+        show_error(self.count_error)
+
     def _count_finished(self) -> None:
         self.count_button.setEnabled(True)
+        if self.count_error is not None:
+            self.status.setText(self.count_error)
+            return
         total = sum(r.tiles or 0 for r in self.session.rows)
         self.status.setText(f"{total} tiles in {len(self.session.rows)} slides.")
         show_info(f"{total} tiles in {len(self.session.rows)} slides")

@@ -24,6 +24,7 @@ from qtpy.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -32,9 +33,10 @@ from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig
 from bigslide.engine.events import CheckpointSaved, Loss, Message, Metrics, Progress
 from bigslide.errors import BigslideError
 from bigslide.napari._forms import DataclassForm
+from bigslide.napari._layers import slide_layers
 from bigslide.napari._plot import LinePlot
 from bigslide.napari._qt import combo_box, float_box, spin_box
-from bigslide.napari._run import drive, write_run_folder
+from bigslide.napari._run import check_before_start, drive, new_run_folder, write_run_folder
 from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ class TrainWidget(QWidget):
         self.worker: Any = None
         self.run_gen: Any = None
         self.config_path: Path | None = None
+        self.run_dir: Path | None = None
         self.last_checkpoint: Path | None = None
         self.stopped = False
 
@@ -73,12 +76,15 @@ class TrainWidget(QWidget):
 
         self.backbone = combo_box(BACKBONES, editable=True, tip="Any timm model name")
         self.epochs = spin_box(1, 10_000, OptimConfig().epochs)
-        self.lr = float_box(1e-6, 1.0, OptimConfig().lr, 1e-4, decimals=6)
+        self.lr = float_box(1e-8, 1.0, OptimConfig().lr, 1e-4)
         self.max_steps = spin_box(0, 10**9, 0, tip="Stop after this many steps (0 = run all epochs)")
         self.device = QComboBox()
         self.device.addItems(["auto", "cpu", "cuda"])
-        self.out_dir = QLineEdit(str(Path.cwd() / "runs" / "napari"))
-        self.out_dir.setToolTip("Run folder: slide table, regions, config.yaml and checkpoints go here")
+        self.out_dir = QLineEdit(str(Path.cwd() / "runs"))
+        self.out_dir.setToolTip(
+            "Each Start makes a new run folder in here, named by method, date and time (never overwritten): "
+            "slide table, regions, config.yaml, checkpoints and metrics"
+        )
         browse = QPushButton("…")
         browse.setMaximumWidth(30)
         browse.clicked.connect(self._browse_out_dir)
@@ -106,21 +112,32 @@ class TrainWidget(QWidget):
         settings.addRow("learning rate", self.lr)
         settings.addRow("max steps", self.max_steps)
         settings.addRow("device", self.device)
-        settings.addRow("output folder", out_row)
+        settings.addRow("runs folder", out_row)
         data_box = QGroupBox("Data")
-        QVBoxLayout(data_box).addWidget(self.data_form.native)
+        QVBoxLayout(data_box).addWidget(self.data_form)
+        form = QWidget()
+        form_layout = QVBoxLayout(form)
+        form_layout.addLayout(settings)
+        form_layout.addWidget(self.params_box)
+        form_layout.addWidget(data_box)
+        form_layout.addStretch()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(form)
+        scroll.setMinimumHeight(160)
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.stop_button)
+        plots = QHBoxLayout()
+        plots.addWidget(self.loss_plot)
+        plots.addWidget(self.metric_plot)
+        # the choices scroll; Start/Stop, progress, status and plots stay in view below them
         layout = QVBoxLayout(self)
-        layout.addLayout(settings)
-        layout.addWidget(self.params_box)
-        layout.addWidget(data_box)
+        layout.addWidget(scroll, stretch=1)
         layout.addLayout(buttons)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
-        layout.addWidget(self.loss_plot)
-        layout.addWidget(self.metric_plot)
+        layout.addLayout(plots)
 
         self.method_box.currentTextChanged.connect(self._on_method_changed)
         self._on_method_changed(self.method_box.currentText())
@@ -130,8 +147,8 @@ class TrainWidget(QWidget):
         from bigslide.methods.base import get_method
 
         if self.params_form is not None:
-            self.params_layout.removeWidget(self.params_form.native)
-            self.params_form.native.deleteLater()
+            self.params_layout.removeWidget(self.params_form)
+            self.params_form.deleteLater()
             self.params_form = None
         if not name:
             return
@@ -140,7 +157,7 @@ class TrainWidget(QWidget):
             f"<i>{cls.summary}</i> ({'tiles → bag' if cls.kind == 'bag' else 'whole image'})"
         )
         self.params_form = DataclassForm(cls.Params)
-        self.params_layout.addWidget(self.params_form.native)
+        self.params_layout.addWidget(self.params_form)
         self.params_box.setVisible(len(self.params_form) > 0)
 
     def set_method(self, name: str, **params: Any) -> None:
@@ -155,14 +172,15 @@ class TrainWidget(QWidget):
 
     # -- run -----------------------------------------------------------------------------------------
     def write_config(self) -> Path:
-        """Write the run folder for the current choices; returns `<out>/config.yaml`."""
+        """Write a new run folder for the current choices; returns `<run>/config.yaml`."""
         optim = OptimConfig(
             lr=self.lr.value(), epochs=self.epochs.value(), max_steps=self.max_steps.value() or None
         )
+        self.run_dir = new_run_folder(self.out_dir.text(), self.method_box.currentText())
         return write_run_folder(
             self.viewer,
             self.session,
-            self.out_dir.text(),
+            self.run_dir,
             method=self.method_box.currentText(),
             method_params=self.params_form.values() if self.params_form is not None else {},
             data_values=self.data_form.values(),
@@ -171,6 +189,14 @@ class TrainWidget(QWidget):
             device=self.device.currentText(),
         )
 
+    def problems(self) -> list[str]:
+        """What would make this run fail or mean nothing, checked before anything is written."""
+        stated = {
+            Path(s.metadata["path"]).resolve(): bool(s.metadata.get("stated_mpp"))
+            for s in slide_layers(self.viewer)
+        }
+        return check_before_start(self.session, stated)
+
     def start(self) -> Any:
         """Start training in a worker thread; returns the worker, or None when the setup is wrong."""
         from bigslide.engine.config import TrainConfig
@@ -178,11 +204,17 @@ class TrainWidget(QWidget):
 
         if self.worker is not None:
             return None
-        try:
-            self.config_path = self.write_config()
-            config = TrainConfig.from_yaml(self.config_path)
-        except (BigslideError, OSError) as err:
-            show_error(f"Cannot start training: {err}")
+        problems = self.problems()
+        if not problems:
+            try:
+                self.config_path = self.write_config()
+                config = TrainConfig.from_yaml(self.config_path)
+            except (BigslideError, OSError) as err:
+                problems = [str(err)]
+        if problems:
+            text = "Not started: " + "; ".join(problems) + "."
+            self.status.setText(text)
+            show_error(text)
             return None
         _limit_torch_threads()
         self.run_gen = train(config)
@@ -200,7 +232,7 @@ class TrainWidget(QWidget):
         self.metric_plot.clear()
         self.progress.setRange(0, 0)
         self._set_running(True)
-        self.status.setText(f"Starting {config.method.name}… (config: {self.config_path})")
+        self.status.setText(f"Starting {config.method.name} in {self.run_dir}…")
         self.run_created.emit(worker)
         worker.start()
         return worker
@@ -230,6 +262,7 @@ class TrainWidget(QWidget):
             self.status.setText(f"epoch {event.epoch + 1} {event.split}: {shown}")
         elif isinstance(event, CheckpointSaved):
             self.last_checkpoint = Path(event.path)
+            self.session.checkpoint_saved.emit(self.last_checkpoint)
         elif isinstance(event, Message):
             self.status.setText(event.text)
 
@@ -248,6 +281,8 @@ class TrainWidget(QWidget):
             if checkpoint.is_file():
                 self.last_checkpoint = checkpoint
                 self.status.setText(f"Stopped. Checkpoint: {checkpoint}")
+            else:
+                self.status.setText("Stopped before the first step: no checkpoint was written.")
         self.worker = None
         self.run_gen = None
         self._set_running(False)

@@ -1,0 +1,42 @@
+"""All four panels as tabs of one dock, so the window fits a 1600 × 1000 screen."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qtpy.QtWidgets import QTabWidget, QVBoxLayout, QWidget
+
+from bigslide.napari._regions_widget import RegionsWidget
+from bigslide.napari._results_widget import ResultsWidget
+from bigslide.napari._slides_widget import SlidesWidget
+from bigslide.napari._train_widget import TrainWidget
+
+if TYPE_CHECKING:
+    import napari
+
+PANEL_WIDTH = 440
+
+
+class BigslidePanels(QWidget):
+    """Slides, Regions, Train and Results as tabs of one dock widget (they share the viewer's session)."""
+
+    def __init__(self, napari_viewer: napari.Viewer) -> None:
+        super().__init__()
+        self.slides = SlidesWidget(napari_viewer)
+        self.regions = RegionsWidget(napari_viewer)
+        self.train = TrainWidget(napari_viewer)
+        self.results = ResultsWidget(napari_viewer)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        for title, panel in (
+            ("Slides", self.slides),
+            ("Regions", self.regions),
+            ("Train", self.train),
+            ("Results", self.results),
+        ):
+            self.tabs.addTab(panel, title)  # each panel scrolls on its own; Train keeps Start/Stop in view
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.tabs)
+        self.setMinimumWidth(PANEL_WIDTH)
+        self.setMinimumHeight(0)
