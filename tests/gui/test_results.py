@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from bigslide.explain.heatmap import ScoreGrid
 from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
 from bigslide.slide import open_slide
+from tests.gui.test_train import LoopGaps
 
 TILE = 32
 
@@ -136,9 +138,21 @@ def test_checkpoint_heatmaps(
     panel = dock("Results")
     panel.checkpoint.setText(str(checkpoint))
     panel.device.setCurrentText("cpu")
-    assert panel.run() is not None
-    assert not panel.run_button.isEnabled()
-    qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)  # enabled again when the worker finishes
+    for attempt in ("first", "again"):
+        with LoopGaps() as gaps:
+            worker = panel.run()
+            assert worker is not None
+            returned: list[float] = []
+            worker.returned.connect(lambda _p: returned.append(time.perf_counter()))
+            assert not panel.run_button.isEnabled()
+            qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)  # enabled again when all is drawn
+        inferring, drawing = gaps.split(returned[0])
+        print(
+            f"{method} ({attempt}): longest event-loop gaps inferring {inferring:.0f} ms, drawing {drawing:.0f} ms"
+        )
+        assert inferring < 100, f"inference with {method} froze the viewer for {inferring:.0f} ms"
+        if attempt == "again":  # the maps are redrawn in their layers; napari builds a new layer in ~0.15 s
+            assert drawing < 100, f"redrawing {method}'s heatmaps froze the viewer for {drawing:.0f} ms"
     heatmaps = [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "heatmap"]
     names = {layer.name.removeprefix(f"{slide.name} ") for layer in heatmaps}
     assert expected <= names, names

@@ -92,7 +92,7 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     assert panel.session.rows[0].tiles == expected > 0
 
     defaults = TrainConfig()
-    written = write_run_folder(
+    write_run_folder(
         viewer,
         panel.session,
         tmp_path / "run",
@@ -103,5 +103,5 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
         optim=defaults.optim,
         device="cpu",
     )
-    config = TrainConfig.from_yaml(written)
+    config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")  # the run replays from its folder
     assert config.data.slide_mpp == 0.25

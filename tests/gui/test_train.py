@@ -63,11 +63,47 @@ def start(widget: Any) -> Recorder:
     return records[0]
 
 
+class LoopGaps:
+    """The longest the GUI thread went without running its event loop, from a 10 ms timer's ticks."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+        self.timer = QTimer()
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
+
+    def __enter__(self) -> LoopGaps:
+        self.ticks.append(time.perf_counter())
+        self.timer.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.timer.stop()
+
+    @property
+    def max_ms(self) -> float:
+        return max(b - a for a, b in itertools.pairwise(self.ticks)) * 1000
+
+    def split(self, moment: float) -> tuple[float, float]:
+        """Longest gap (ms) that ended before `moment` (a perf_counter time), and the longest after it."""
+        gaps = [(b - a, b) for a, b in itertools.pairwise(self.ticks)]
+        before = [g for g, b in gaps if b < moment]
+        after = [g for g, b in gaps if b >= moment]
+        return max(before, default=0.0) * 1000, max(after, default=0.0) * 1000
+
+    def worst(self, n: int = 3) -> str:
+        gaps = sorted(((b - a, a - self.ticks[0]) for a, b in itertools.pairwise(self.ticks)), reverse=True)
+        return ", ".join(f"{g * 1000:.0f} ms at {t:.2f} s" for g, t in gaps[:n])
+
+
 @pytest.mark.parametrize("method", available_methods())
 def test_run_to_completion(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, method: str) -> None:
     widget = train_panel(dock, tiny_set, tmp_path / "run", method)
-    record = start(widget)
-    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    with LoopGaps() as gaps:
+        record = start(widget)
+        qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    print(f"{method}: longest event-loop gaps while training: {gaps.worst()}")
+    assert gaps.max_ms < 100, f"{method} froze the viewer for {gaps.max_ms:.0f} ms"
     assert record.fired == ["returned", "finished"], record.fired
     checkpoint = widget.run_dir / "checkpoints" / "last.pt"
     assert checkpoint.is_file()

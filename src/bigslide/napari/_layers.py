@@ -32,6 +32,7 @@ OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
 HEATMAP_COLORMAPS = ("inferno", "viridis", "magma", "turbo", "plasma", "gray")
 MAX_TILE_BOXES = 4000
 """Above this many tiles the preview is drawn as a mask image: thousands of Shapes are slow to edit."""
+_UNIT_NAMES = {"um": "micrometer", "pixel": "pixel"}
 SLIDE_GAP = 0.05
 """Gap between slides opened side by side, a fraction of the wider one's width."""
 
@@ -114,9 +115,13 @@ def place_layer(layer: Any, slide_layer: napari.layers.Image) -> None:
         cell = float(layer.metadata.get("cell_size_level0", 1.0))
         origin = tuple(layer.metadata.get("origin", (0.0, 0.0)))
         scale, translate = placement.raster(cell, (float(origin[0]), float(origin[1])))
-    layer.units = placement.units
-    layer.scale = scale
-    layer.translate = translate
+    # each setter refreshes the layer: set only what changed (a followed run redraws every epoch)
+    if [str(u) for u in layer.units[-2:]] != [_UNIT_NAMES[placement.units]] * 2:
+        layer.units = placement.units
+    if not np.allclose(layer.scale[-2:], scale):
+        layer.scale = scale
+    if not np.allclose(layer.translate[-2:], translate):
+        layer.translate = translate
 
 
 def place_overlays(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> None:
@@ -134,7 +139,9 @@ def slide_of(viewer: napari.Viewer, layer: Any) -> Any:
 
 def beside_slides(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> tuple[float, float] | None:
     """World offset to the right of the other slides (none there: None), so slides never hide each other."""
-    others = [s for s in slide_layers(viewer) if s is not slide_layer]
+    others = [
+        s for s in slide_layers(viewer) if s.name != slide_layer.name
+    ]  # names: plugins see proxies, not layers
     if not others:
         return None
     right = max(float(s.extent.world[1][-1]) for s in others)
@@ -362,38 +369,53 @@ def add_heatmap(
     name: str,
     normalisation: Normalisation = "rank",
 ) -> napari.layers.Image:
-    """Add (or replace) a heatmap over its slide; it becomes the one shown, older ones are hidden."""
+    """Add a heatmap over its slide, or redraw the one of that name in place (a followed run's maps
+    change every epoch: updating a layer costs milliseconds, making one a tenth of a second). It becomes
+    the one shown; the slide's other heatmaps are hidden."""
     kwargs = heatmap_layer_kwargs(grid, slide_layer, name=name, normalisation=normalisation)
+    show_only(viewer, slide_layer.metadata.get("path"), name)
     existing = find_layer(viewer, name)
-    if existing is not None:
-        viewer.layers.remove(existing)
-    for older in layers_with_role(viewer, "heatmap", slide_layer.metadata.get("path")):
-        older.visible = False
-    layer = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
+    if existing is not None and existing.metadata.get(ROLE) == "heatmap" and existing.rgb == grid.is_rgb:
+        existing.metadata.update(kwargs["metadata"])
+        existing.data = heatmap_display(grid, normalisation)
+        place_layer(existing, slide_layer)
+        if not grid.is_rgb:
+            existing.contrast_limits = kwargs["contrast_limits"]
+        layer = existing
+    else:
+        if existing is not None:
+            viewer.layers.remove(existing)
+        layer = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
     show_legend(viewer, layer)
     return layer
 
 
+def show_only(viewer: napari.Viewer, slide: str | None, name: str) -> None:
+    """Of a slide's heatmaps, show the one called `name` and hide the others (touching only what changes)."""
+    for heatmap in layers_with_role(viewer, "heatmap", slide):
+        if heatmap.visible != (heatmap.name == name):
+            heatmap.visible = heatmap.name == name
+
+
+def legend_text(layer: napari.layers.Image) -> str:
+    """What the colours of a heatmap layer mean, in one line."""
+    if layer.rgb:
+        return "colours: the first three principal components of the Z-block"
+    normalisation = str(layer.metadata.get("normalisation", "raw"))
+    return f"colour: {NORMALISATION_TEXT.get(normalisation, normalisation)}"
+
+
 def show_legend(viewer: napari.Viewer, layer: napari.layers.Image | None) -> None:
-    """A colour bar for `layer` (only), and a line naming the map and its normalisation."""
-    for heatmap in layers_with_role(viewer, "heatmap"):
-        if not heatmap.rgb:
-            heatmap.colorbar.visible = heatmap is layer
+    """A line on the canvas naming the map shown and what its colours mean (the Results panel draws
+    the colour bar: a canvas colour bar costs a tenth of a second per layer to build)."""
     overlay = viewer.canvas.overlays.text
     if layer is None:
         overlay.visible = False
         return
-    normalisation = str(layer.metadata.get("normalisation", "raw"))
-    if layer.rgb:
-        explained = "colours: the first three principal components of the Z-block"
-    else:
-        explained = f"colour bar: {NORMALISATION_TEXT.get(normalisation, normalisation)}"
-    overlay.text = f"{layer.name} — {explained}"
+    overlay.text = f"{layer.name} — {legend_text(layer)}"
     overlay.position = "bottom_left"
     overlay.font_size = 11
     overlay.visible = True
-    if not layer.rgb:
-        layer.colorbar.position = "top_right"
 
 
 def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 from qtpy.QtCore import QPointF, QRectF, Qt
-from qtpy.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
+from qtpy.QtGui import QColor, QLinearGradient, QPainter, QPainterPath, QPaintEvent, QPen
 from qtpy.QtWidgets import QSizePolicy, QWidget
 
 PALETTE = ("#4cc9f0", "#f72585", "#ffd60a", "#80ed99", "#b388eb", "#ff9f1c")
@@ -106,3 +108,47 @@ def _span(values: object) -> tuple[float, float]:
         pad = abs(lo) * 0.1 or 1.0
         return lo - pad, hi + pad
     return lo, hi
+
+
+class ColourBar(QWidget):
+    """The chosen heatmap's colour scale: a gradient with its end values and what they mean."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.colours: list[QColor] = []
+        self.low_text = self.high_text = self.caption = ""
+        self.setMinimumHeight(46)
+        self.setToolTip("Colour scale of the chosen heatmap")
+
+    def show_layer(self, layer: Any) -> None:
+        """Take the colours and limits of a napari heatmap layer; RGB maps have no scale."""
+        from bigslide.napari._layers import legend_text
+
+        self.caption = legend_text(layer)
+        if layer.rgb:
+            self.colours = []
+        else:
+            rgba = layer.colormap.map(np.linspace(0, 1, 32))
+            self.colours = [QColor.fromRgbF(*(float(v) for v in c)) for c in rgba]
+            low, high = layer.contrast_limits
+            self.low_text, self.high_text = tick_labels([float(low), float(high)])
+        self.update()
+
+    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 - Qt override
+        painter = QPainter(self)
+        text = QColor("#d1d2d4")
+        painter.setPen(text)
+        bar = QRectF(44, 4, max(self.width() - 88, 10), 14)
+        if self.colours:
+            gradient = QLinearGradient(bar.left(), 0, bar.right(), 0)
+            for i, colour in enumerate(self.colours):
+                gradient.setColorAt(i / (len(self.colours) - 1), colour)
+            painter.fillRect(bar, gradient)
+            painter.drawText(QRectF(0, 2, 40, 18), Qt.AlignmentFlag.AlignRight, self.low_text)
+            painter.drawText(QRectF(bar.right() + 4, 2, 40, 18), Qt.AlignmentFlag.AlignLeft, self.high_text)
+        painter.drawText(
+            QRectF(0, 22, self.width(), 22),
+            Qt.AlignmentFlag.AlignHCenter | Qt.TextFlag.TextWordWrap,
+            self.caption,
+        )
+        painter.end()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import create_worker
 from napari.utils.notifications import show_error, show_info
+from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -26,8 +27,10 @@ from bigslide.napari._layers import (
     layers_with_role,
     renormalise,
     show_legend,
+    show_only,
     slide_layers,
 )
+from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import percent_slider, scrolled, set_items
 from bigslide.napari._session import session_for
 
@@ -45,6 +48,7 @@ class ResultsWidget(QWidget):
         self.worker: Any = None
         self.prediction: Any = None
         self.pending_checkpoint: Path | None = None  # a followed run's newest checkpoint, not yet shown
+        self.pending_grids: list[tuple[Any, str]] = []  # heatmaps of the last prediction not yet drawn
 
         self.checkpoint = QLineEdit()
         self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
@@ -73,6 +77,7 @@ class ResultsWidget(QWidget):
         self.normalisation.addItems(NORMALISATIONS)
         self.normalisation.setToolTip("rank: even spread of colours; raw: the scores as they are")
         self.opacity = percent_slider(50)
+        self.colour_bar = ColourBar()
         self.colormap.currentTextChanged.connect(lambda _t: self.apply_display())
         self.normalisation.currentTextChanged.connect(lambda _t: self.apply_display())
         self.opacity.valueChanged.connect(lambda _v: self.apply_display())
@@ -97,6 +102,7 @@ class ResultsWidget(QWidget):
         display.addRow("colormap", self.colormap)
         display.addRow("normalisation", self.normalisation)
         display.addRow("opacity", self.opacity)
+        display.addRow(self.colour_bar)
         exports = QHBoxLayout()
         for button in (self.png_button, self.npz_button, self.geojson_button):
             exports.addWidget(button)
@@ -170,6 +176,12 @@ class ResultsWidget(QWidget):
 
     def _on_finished(self) -> None:
         self.worker = None
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        """Ready again once the worker is done and its heatmaps are on the canvas."""
+        if self.worker is not None or self.pending_grids:
+            return
         self.run_button.setEnabled(True)
         if self.pending_checkpoint is not None:  # a followed run saved again while this one ran
             checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
@@ -185,30 +197,43 @@ class ResultsWidget(QWidget):
             return
         self.run(checkpoint)
 
-    def show_prediction(self, prediction: Any, slide: Any) -> list[Any]:
-        """Add one heatmap layer per grid of the prediction, aligned with `slide`."""
+    def show_prediction(self, prediction: Any, slide: Any) -> None:
+        """Overlay the prediction's heatmaps on `slide`, one layer per event-loop turn (napari takes a
+        tenth of a second to build a layer; three at once would freeze the viewer for longer)."""
         if slide not in self.viewer.layers:
-            return []
+            return
         self.prediction = prediction
         probs = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
         trained = (
             f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
         )
         self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({probs})")
-        added = []
-        for key, grid in prediction.grids.items():
-            title = prediction.titles.get(key, key)
-            added.append(self.add_grid(grid, slide, f"{slide.name} {title}"))
-        if added:
-            self.heatmap_box.setCurrentText(added[0].name)
-        self.viewer.layers.selection.active = slide
-        return added
+        grids = [
+            (grid, f"{slide.name} {prediction.titles.get(key, key)}")
+            for key, grid in prediction.grids.items()
+        ]
+        self.pending_grids = list(reversed(grids))  # popped from the end: in the method's order
+        QTimer.singleShot(0, lambda: self._add_next_grid(slide))
+
+    def _add_next_grid(self, slide: Any) -> None:
+        if self.pending_grids and slide in self.viewer.layers:
+            grid, name = self.pending_grids.pop()
+            self.add_grid(grid, slide, name)
+            if self.pending_grids:
+                QTimer.singleShot(0, lambda: self._add_next_grid(slide))
+                return
+        self.pending_grids = []
+        if self.prediction is not None and self.prediction.grids:
+            first = next(iter(self.prediction.grids))
+            self.heatmap_box.setCurrentText(f"{slide.name} {self.prediction.titles.get(first, first)}")
+        self._maybe_idle()
 
     def add_grid(self, grid: Any, slide: Any, name: str) -> Any:
         layer = add_heatmap(self.viewer, grid, slide, name=name, normalisation=self._normalisation())
         if not grid.is_rgb:
             layer.colormap = self.colormap.currentText()
         layer.opacity = self.opacity.value() / 100
+        self.heatmap_box.setCurrentText(layer.name)  # the newest map is the chosen one
         return layer
 
     # -- display ---------------------------------------------------------------------------------------
@@ -219,9 +244,9 @@ class ResultsWidget(QWidget):
         layer = self.heatmap_layer()
         if layer is None:
             return
-        for other in layers_with_role(self.viewer, "heatmap", layer.metadata.get("slide")):
-            other.visible = other is layer  # the chosen map is the one shown over its slide
+        show_only(self.viewer, layer.metadata.get("slide"), layer.name)  # the chosen map over its slide
         show_legend(self.viewer, layer)
+        self.colour_bar.show_layer(layer)
         for widget in (self.colormap, self.normalisation, self.opacity):
             widget.blockSignals(True)
         if layer.colormap.name in HEATMAP_COLORMAPS:
@@ -242,6 +267,7 @@ class ResultsWidget(QWidget):
         if layer.metadata.get("normalisation") != self._normalisation():
             renormalise(layer, self._normalisation())
             show_legend(self.viewer, layer)
+        self.colour_bar.show_layer(layer)
 
     # -- export ----------------------------------------------------------------------------------------
     def _export_target(self, path: str | Path | None, suffix: str, title: str) -> tuple[Any, Path] | None:

@@ -37,7 +37,8 @@ def new_run_folder(runs: str | Path, method: str, now: datetime | None = None) -
 def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: int = 0) -> list[str]:
     """What stops a run from being worth starting, in words a pathologist reads, naming the panel field.
 
-    `stated_mpp` says for each slide whether its file states a µm/px (slides not in it are opened)."""
+    `stated_mpp` says for the slides open in the viewer whether their files state a µm/px (no file is
+    opened here: this runs in the GUI thread; the run itself names any other slide that states none)."""
     try:
         table = session.table()
     except DataError as err:
@@ -62,26 +63,20 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
             "slide's Split to 'val' in the Slides panel, or leave at least three on 'auto'"
         )
     if session.slide_mpp is None:
-        unstated = [e.path.name for e in table.entries if not _states_mpp(e.path, stated_mpp)]
+        unstated = [e.path.name for e in table.entries if stated_mpp.get(e.path.resolve()) is False]
         if unstated:
-            problems.append(
-                f"{', '.join(unstated)}: the file states no pixel size; enter its scanner's µm/px in the "
-                "Slides panel's 'slide µm/px if unstated' field"
-            )
+            problems.append(f"{', '.join(unstated)}: the file states no pixel size; enter {FALLBACK_FIELD}")
     return problems
 
 
-def _states_mpp(path: Path, known: dict[Path, bool]) -> bool:
-    if path in known:
-        return known[path]
-    from bigslide.errors import SlideError
-    from bigslide.slide import open_slide
+FALLBACK_FIELD = "its scanner's µm/px in the Slides panel's 'slide µm/px if unstated' field"
 
-    try:
-        with open_slide(path) as slide:
-            return slide.mpp is not None
-    except (SlideError, OSError):
-        return True  # unreadable: the run names the file and the reason
+
+def in_panel_words(message: str) -> str:
+    """An engine message with the config key a panel user never sees replaced by the panel field."""
+    return message.replace(
+        "give its level-0 µm per pixel with data.slide_mpp (--slide-mpp)", f"enter {FALLBACK_FIELD}"
+    )
 
 
 def write_run_folder(
@@ -95,8 +90,8 @@ def write_run_folder(
     model: ModelConfig,
     optim: OptimConfig,
     device: str,
-) -> Path:
-    """Write slides.csv (+ regions) and config.yaml into the new folder `out`; returns the config path.
+) -> TrainConfig:
+    """Write slides.csv (+ regions) and config.yaml into the new folder `out`; returns the config.
 
     Everything is checked before the first file is written, so a refused start leaves nothing behind."""
     from bigslide.methods.base import make_params
@@ -123,7 +118,9 @@ def write_run_folder(
     write_run_regions(viewer, session, out / "regions")
     table = session.table()  # again: rows now point at the saved regions
     table.to_csv(out / "slides.csv")
-    return config.to_yaml(out / "config.yaml")
+    config.to_yaml(out / "config.yaml")  # the table named relative to it: the folder can move
+    config.data.csv = str(out / "slides.csv")  # as `TrainConfig.from_yaml` reads it back
+    return config
 
 
 def drive(run: Generator[Event, None, Any]) -> Generator[Event, None, Any]:

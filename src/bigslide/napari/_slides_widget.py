@@ -27,6 +27,7 @@ from bigslide.errors import BigslideError
 from bigslide.napari._layers import ROLE
 from bigslide.napari._qt import float_box, scrolled, spin_box
 from bigslide.napari._regions import slide_regions
+from bigslide.napari._run import in_panel_words
 from bigslide.napari._session import SPLIT_CHOICES, Session, session_for
 
 if TYPE_CHECKING:
@@ -251,9 +252,7 @@ class SlidesWidget(QWidget):
         return worker
 
     def _count_failed(self, err: Exception) -> None:
-        self.count_error = f"Counting tiles failed: {err}".replace(
-            "data.slide_mpp (--slide-mpp)", "the 'slide µm/px if unstated' field below"
-        )
+        self.count_error = in_panel_words(f"Counting tiles failed: {err}")
         show_error(self.count_error)
 
     def _count_finished(self) -> None:

@@ -8,6 +8,7 @@ generator is closed (in the worker thread, so the GUI stays live) and writes `ch
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +30,14 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig
+from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from bigslide.engine.events import CheckpointSaved, Loss, Message, Metrics, Progress
 from bigslide.errors import BigslideError
 from bigslide.napari._forms import DataclassForm
 from bigslide.napari._layers import slide_layers
 from bigslide.napari._plot import LinePlot
 from bigslide.napari._qt import combo_box, float_box, spin_box
-from bigslide.napari._run import check_before_start, drive, new_run_folder, write_run_folder
+from bigslide.napari._run import check_before_start, drive, in_panel_words, new_run_folder, write_run_folder
 from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
 DATA_FIELDS = ("bag_size", "image_size", "batch_size", "augment")
 PLOTTED_METRICS = ("accuracy", "auc")
+GIL_SWITCH_S = 0.001
 
 
 class TrainWidget(QWidget):
@@ -171,8 +173,8 @@ class TrainWidget(QWidget):
             self.out_dir.setText(folder)
 
     # -- run -----------------------------------------------------------------------------------------
-    def write_config(self) -> Path:
-        """Write a new run folder for the current choices; returns `<run>/config.yaml`."""
+    def write_config(self) -> TrainConfig:
+        """Write a new run folder for the current choices (`<run>/config.yaml` and the slide table)."""
         optim = OptimConfig(
             lr=self.lr.value(), epochs=self.epochs.value(), max_steps=self.max_steps.value() or None
         )
@@ -199,7 +201,6 @@ class TrainWidget(QWidget):
 
     def start(self) -> Any:
         """Start training in a worker thread; returns the worker, or None when the setup is wrong."""
-        from bigslide.engine.config import TrainConfig
         from bigslide.engine.loop import train
 
         if self.worker is not None:
@@ -207,8 +208,8 @@ class TrainWidget(QWidget):
         problems = self.problems()
         if not problems:
             try:
-                self.config_path = self.write_config()
-                config = TrainConfig.from_yaml(self.config_path)
+                config = self.write_config()
+                self.config_path = Path(config.run.out_dir) / "config.yaml"
             except (BigslideError, OSError) as err:
                 problems = [str(err)]
         if problems:
@@ -272,8 +273,9 @@ class TrainWidget(QWidget):
         show_info(f"Training finished; checkpoint saved to {self.last_checkpoint}")
 
     def _on_error(self, err: Exception) -> None:
-        show_error(f"Training failed: {err}")
-        self.status.setText(f"Training failed: {err}")
+        text = in_panel_words(f"Training failed: {err}")
+        show_error(text)
+        self.status.setText(text)
 
     def _on_finished(self) -> None:
         if self.stopped and self.config_path is not None:
@@ -297,9 +299,11 @@ class TrainWidget(QWidget):
 
 
 def _limit_torch_threads() -> None:
-    """Leave one core to the GUI thread so the viewer stays responsive while training."""
+    """Keep the viewer responsive while training: leave one core to the GUI thread, and have Python hand
+    the GIL over every millisecond (not every 5), so the GUI thread never queues behind the run's."""
     import torch
 
     cores = os.cpu_count() or 1
     if cores > 1 and torch.get_num_threads() >= cores:
         torch.set_num_threads(cores - 1)
+    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))

@@ -1,0 +1,183 @@
+"""What a pathologist meets before and around Start: forms that refuse impossible values where they are
+typed, only the chosen method's and head's parameters, checks in words naming the field, new run folders,
+status lines that end in an outcome, heatmap legends and readable plot axes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from bigslide.explain.heatmap import ScoreGrid
+from bigslide.napari._plot import nice_ticks, tick_labels
+from tests.gui.test_train import train_panel
+
+
+def error_texts(notifications: list[Any]) -> list[str]:
+    return [str(n.message) for n in notifications if n.severity == "error"]
+
+
+def test_abmil_form_shows_only_the_chosen_heads_parameters(dock: Any) -> None:
+    widget = dock("Train")
+    widget.set_method("abmil_acc")
+    form = widget.params_form
+    shown = set(form.visible_fields())
+    assert {"aggregator", "hidden", "attention_dim", "chunk_size", "bn_mode"} <= shown
+    assert not shown & {"heads", "pseudo_bags", "distill"}
+    form.set_values({"aggregator": "transmil"})
+    shown = set(form.visible_fields())
+    assert "heads" in shown
+    assert not shown & {"attention_dim", "pseudo_bags", "distill"}
+    form.set_values({"aggregator": "dtfd"})
+    assert {"pseudo_bags", "distill", "attention_dim"} <= set(form.visible_fields())
+
+
+def test_impossible_values_are_refused_where_typed_and_floats_kept_as_entered(
+    dock: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    widget = train_panel(dock, tiny_set, tmp_path / "runs", "abmil_acc")
+    chunk = widget.params_form.widgets["chunk_size"]
+    chunk.setValue(0)
+    assert chunk.value() == 1  # the box stops at the smallest allowed value
+    bag = widget.data_form.widgets["bag_size"]
+    bag.setValue(-5)
+    assert bag.value() == 0  # 0 = all tiles, documented; below is refused
+    assert "≥ 1" in chunk.toolTip()
+
+    widget.set_method("patchgd", patch_size=32, latent_dim=16, epsilon=2, encoder_bn="frozen")
+    sampling = widget.params_form.widgets["sampling"]
+    assert sampling.text() == "0.125"
+    sampling.setValue(0.0625)
+    assert sampling.text() == "0.0625"
+    widget.lr.setValue(0.00003)
+    assert widget.lr.text() == "0.00003"
+    widget.write_config()
+    config = yaml.safe_load((widget.run_dir / "config.yaml").read_text())
+    assert config["method"]["params"]["sampling"] == 0.0625
+    assert config["optim"]["lr"] == 0.00003
+
+
+def test_checks_before_start_name_the_field(
+    viewer: Any, dock: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any], make_slide: Any
+) -> None:
+    runs = tmp_path / "runs"
+    widget = train_panel(dock, tiny_set, runs, "abmil_acc")
+    slides = dock("Slides")
+    rows = widget.session.rows
+    # one class
+    original = [(r.label, r.split) for r in rows]
+    for row in rows:
+        row.label = "tumor"
+    assert widget.start() is None
+    assert "at least two classes" in widget.status.text()
+    assert "Label column" in widget.status.text()
+    assert widget.status.text().startswith("Not started: ")
+    assert any("at least two classes" in m for m in error_texts(notifications))
+    # nothing left for validation
+    for row, (label, _split) in zip(rows, original):
+        row.label, row.split = label, "train"
+    assert widget.start() is None
+    assert "no slide is left for validation" in widget.status.text()
+    assert "Split" in widget.status.text()
+    # a slide whose file states no µm/px, and no fallback typed
+    for row, (label, split) in zip(rows, original):
+        row.label, row.split = label, split
+    unstated = make_slide(np.full((300, 300, 3), 200, np.uint8), flavour="tiff", mpp=None, name="no-size")
+    viewer.open(unstated.path, plugin="bigslide")
+    slides.set_label(len(rows) - 1, "normal")
+    assert widget.start() is None
+    assert "no-size.tif" in widget.status.text()
+    assert "'slide µm/px if unstated' field" in widget.status.text()
+    assert not runs.exists()  # a refused start writes nothing
+
+
+def test_each_start_gets_a_new_run_folder(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    widget = train_panel(dock, tiny_set, runs, "abmil_acc")
+    folders = []
+    for _ in range(2):
+        worker = widget.start()
+        assert worker is not None
+        qtbot.waitUntil(lambda: widget.worker is None, timeout=120_000)
+        folders.append(widget.run_dir)
+        assert widget.status.text().startswith("Finished.")
+    assert folders[0] != folders[1]
+    assert all((f / "checkpoints" / "last.pt").is_file() for f in folders)
+    assert all(f.parent == runs.resolve() and f.name.startswith("abmil_acc-") for f in folders)
+
+
+def test_results_status_ends_in_the_outcome(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any]
+) -> None:
+    viewer.open(tiny_set.parent / "slide_000.svs", plugin="bigslide")
+    panel = dock("Results")
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    panel.checkpoint.setText(str(broken))
+    panel.device.setCurrentText("cpu")
+    assert panel.run() is not None
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)
+    assert panel.result.text().startswith("Inference failed on slide_000: ")
+    assert "broken.pt" in panel.result.text()
+    panel.checkpoint.setText(str(tmp_path / "missing.pt"))
+    assert panel.run() is None
+    assert "No checkpoint at" in panel.result.text()
+
+
+def test_count_tiles_error_is_the_last_word(
+    viewer: Any, dock: Any, qtbot: Any, make_slide: Any, notifications: list[Any]
+) -> None:
+    unstated = make_slide(np.full((300, 300, 3), 200, np.uint8), flavour="tiff", mpp=None, name="no-size-2")
+    panel = dock("Slides")
+    viewer.open(unstated.path, plugin="bigslide")
+    panel.count_tiles()
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+    assert panel.status.text().startswith("Counting tiles failed: ")
+    assert "'slide µm/px if unstated' field" in panel.status.text()
+    assert "tiles in" not in panel.status.text()
+
+
+def test_newest_heatmap_shown_with_its_legend(viewer: Any, dock: Any) -> None:
+    slide, _ = viewer.open_sample("bigslide", "slide")
+    panel = dock("Results")
+    rng = np.random.default_rng(0)
+    first = panel.add_grid(ScoreGrid(rng.random((8, 8)), 64.0), slide, "sample slide first")
+    second = panel.add_grid(ScoreGrid(rng.random((8, 8)), 64.0), slide, "sample slide second")
+    assert second.visible
+    assert not first.visible
+    legend = viewer.canvas.overlays.text
+    assert legend.visible
+    assert "sample slide second" in legend.text
+    assert "rank within the slide" in legend.text
+    bar = panel.colour_bar
+    assert "rank within the slide" in bar.caption
+    assert (bar.low_text, bar.high_text) == ("0", "1")
+    assert len(bar.colours) == 32
+    assert bar.colours[0] != bar.colours[-1]
+    panel.heatmap_box.setCurrentText(first.name)
+    assert first.visible
+    assert not second.visible
+    assert "sample slide first" in legend.text
+    panel.normalisation.setCurrentText("raw")
+    assert "as they are" in legend.text
+    assert "as they are" in bar.caption
+    low, high = np.nanmin(first.metadata["grid"].scores), np.nanmax(first.metadata["grid"].scores)
+    assert float(bar.low_text) == pytest.approx(low, abs=0.06)
+    assert float(bar.high_text) == pytest.approx(high, abs=0.06)
+    index = panel.heatmap_box.findText(first.name)
+    assert panel.heatmap_box.itemData(index, 3) == first.name  # full name on hover (ToolTipRole)
+
+
+@pytest.mark.parametrize(
+    ("low", "high"), [(0.6985, 0.6995), (0.0, 1.0), (0.2, 3.7), (1e-4, 3e-4), (100.0, 2500.0)]
+)
+def test_plot_ticks_cover_the_data_and_read_differently(low: float, high: float) -> None:
+    ticks = nice_ticks(low, high)
+    assert ticks[0] <= low
+    assert ticks[-1] >= high - 1e-12
+    assert 2 <= len(ticks) <= 6
+    labels = tick_labels(ticks)
+    assert len(set(labels)) == len(labels)
