@@ -1,0 +1,83 @@
+"""The whole window on a 1600 × 1000 screen: the tabbed panels fit, Start/Stop and progress stay in view
+while training, and the Results panel follows a run epoch by epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qtpy.QtCore import QPoint, QRect
+
+from tests.gui.test_train import train_panel
+
+SCREEN = QRect(0, 0, 1600, 1000)
+
+
+def on_screen(widget: Any) -> bool:
+    """The widget is shown, not scrolled away or clipped, and lies on the 1600 × 1000 screen."""
+    if not widget.isVisible() or widget.visibleRegion().isEmpty():
+        return False
+    top_left = widget.mapToGlobal(QPoint(0, 0))
+    return SCREEN.contains(QRect(top_left, widget.size()))
+
+
+def test_the_tabbed_panels_fit_the_screen_while_training(
+    viewer: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    window = viewer.window._qt_window
+    _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
+    window.setGeometry(SCREEN)
+    window.show()
+    qtbot.waitExposed(window)
+    assert window.minimumSizeHint().height() <= SCREEN.height()
+    assert window.frameGeometry().height() <= SCREEN.height()
+
+    train = panels.train
+    train.max_steps.setValue(6)
+    panels.tabs.setCurrentWidget(train)
+    panels.slides.load_csv(tiny_set)
+    panels.slides.tile_size.setValue(32)
+    train.set_method("abmil_acc", hidden=32, attention_dim=16, chunk_size=4)
+    train.data_form.set_values({"bag_size": 8, "augment": False})
+    train.device.setCurrentText("cpu")
+    train.out_dir.setText(str(tmp_path / "runs"))
+    qtbot.wait(50)
+    for widget in (train.start_button, train.stop_button, train.progress, train.status, train.loss_plot):
+        assert on_screen(widget), widget
+    assert train.start() is not None
+    qtbot.waitUntil(lambda: train.progress.value() >= 1, timeout=60_000)
+    assert window.frameGeometry().height() <= SCREEN.height()
+    for widget in (train.stop_button, train.progress, train.status, train.loss_plot, train.metric_plot):
+        assert on_screen(widget), widget
+    assert train.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: train.worker is None, timeout=120_000)
+    assert train.status.text().startswith("Finished.")
+
+
+def test_results_follow_a_run_epoch_by_epoch(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    train = train_panel(dock, tiny_set, tmp_path / "runs", "abmil_acc")
+    train.max_steps.setValue(0)
+    train.epochs.setValue(3)
+    [slide] = viewer.open(tiny_set.parent / "slide_001.svs", plugin="bigslide")
+    results = dock("Results")
+    results.slide_box.setCurrentText(slide.name)
+    results.device.setCurrentText("cpu")
+    results.follow.setChecked(True)
+    shown: list[int] = []
+    draw = results.show_prediction
+    results.show_prediction = lambda prediction, layer: (
+        shown.append(prediction.epochs),
+        draw(prediction, layer),
+    )
+    assert train.start() is not None
+    qtbot.waitUntil(lambda: train.worker is None, timeout=180_000)
+    qtbot.waitUntil(lambda: results.worker is None and results.run_button.isEnabled(), timeout=60_000)
+    # every epoch's weights were drawn, or skipped only for a newer one, and the last is the final model
+    assert shown == sorted(shown)
+    assert shown[-1] == 3
+    assert len(shown) >= 2
+    heatmaps = [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "heatmap"]
+    assert len(heatmaps) == 1  # redrawn in place, not one layer per epoch
+    assert "after 3 epochs" in results.result.text()
