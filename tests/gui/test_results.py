@@ -143,12 +143,13 @@ def test_checkpoint_heatmaps(
             worker = panel.run()
             assert worker is not None
             returned: list[float] = []
-            worker.returned.connect(lambda _p: returned.append(time.perf_counter()))
+            worker.returned.connect(lambda _p, seen=returned: seen.append(time.perf_counter()))
             assert not panel.run_button.isEnabled()
             qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)  # enabled again when all is drawn
         inferring, drawing = gaps.split(returned[0])
         print(
-            f"{method} ({attempt}): longest event-loop gaps inferring {inferring:.0f} ms, drawing {drawing:.0f} ms"
+            f"{method} ({attempt}): longest event-loop gaps "
+            f"inferring {inferring:.0f} ms, drawing {drawing:.0f} ms"
         )
         assert inferring < 100, f"inference with {method} froze the viewer for {inferring:.0f} ms"
         if attempt == "again":  # the maps are redrawn in their layers; napari builds a new layer in ~0.15 s

@@ -15,7 +15,9 @@ SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff")
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
-ReaderFunction = Callable[[Any], list[LayerData]]
+NOTHING: list[Any] = [(None,)]
+"""napari's "nothing to add" sentinel: no layer, and no second error."""
+ReaderFunction = Callable[[Any], list[Any]]
 
 
 def get_reader(path: str | list[str]) -> ReaderFunction | None:
@@ -40,12 +42,12 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
         except SlideError as err:
             reason = str(err).removeprefix(f"{path}: ")
 
-    def read(_path: Any) -> list[LayerData]:
+    def read(_path: Any) -> list[Any]:
         if slide is None:
             from napari.utils.notifications import show_error
 
             show_error(f"bigslide cannot open {Path(path).name}: {reason}")
-            return [(None,)]  # napari's "nothing to add" sentinel: no layer, no second error
+            return NOTHING
         from bigslide.napari._layers import slide_layer_data
 
         # the slide stays open: its dask arrays read tiles from the file while the layer lives

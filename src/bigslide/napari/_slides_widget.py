@@ -243,7 +243,7 @@ class SlidesWidget(QWidget):
         self.status.setText("Counting tiles…")
         s = self.session
         worker = _count_tiles(jobs, s.tile_size, s.target_mpp, s.min_tissue, s.slide_mpp)
-        self.count_error: str | None = None
+        self.count_error = None
         worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
         worker.errored.connect(self._count_failed)
         worker.finished.connect(self._count_finished)
