@@ -46,3 +46,32 @@ def test_npz_round_trip(tmp_path) -> None:
         (0.5, 0.5),
         "norm",
     )
+
+
+@pytest.mark.parametrize("mpp", [(0.5, 0.5), (0.25, 0.26), None])
+@pytest.mark.parametrize("offset", [(0.0, 0.0), (120.5, -3000.0)])
+def test_one_placement_puts_cells_vertices_and_pixels_on_the_same_level0_points(
+    mpp: tuple[float, float] | None, offset: tuple[float, float]
+) -> None:
+    from bigslide.explain.placement import Placement
+
+    place = Placement(mpp, offset)
+    (py, px), (oy, ox) = place.raster()  # the slide layer itself
+    sy, sx = place.pixel_scale
+    assert (py, px) == (sy, sx)
+    assert (oy, ox) == offset
+    # a cell of P = 48 level-0 px whose grid starts at (x0, y0): its data index (i, j) is its centre
+    p, x0, y0 = 48, 1003.0, 57.0
+    (cy, cx), (ty, tx) = place.raster(p, (x0, y0))
+    i, j = 3, 5
+    centre = (ty + i * cy, tx + j * cx)
+    assert place.to_level0(centre) == pytest.approx((x0 + (j + 0.5) * p, y0 + (i + 0.5) * p))
+    # the cell's edges (data index ± 1/2) are the tile's level-0 edges
+    assert place.to_level0((ty + (i - 0.5) * cy, tx + (j - 0.5) * cx)) == pytest.approx(
+        (x0 + j * p, y0 + i * p)
+    )
+    # a shape vertex at level-0 position (x, y) lands where the same level-0 point of the raster is
+    (vy, vx), (vty, vtx) = place.vertices()
+    x, y = x0 + j * p, y0 + i * p
+    assert place.to_level0((vty + y * vy, vtx + x * vx)) == pytest.approx((x, y))
+    assert place.units == ("um" if mpp else "pixel")

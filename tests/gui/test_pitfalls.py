@@ -151,9 +151,9 @@ def test_newest_heatmap_shown_with_its_legend(viewer: Any, dock: Any) -> None:
     legend = viewer.canvas.overlays.text
     assert legend.visible
     assert "sample slide second" in legend.text
-    assert "rank within the slide" in legend.text
+    assert "rank in the slide" in legend.text
     bar = panel.colour_bar
-    assert "rank within the slide" in bar.caption
+    assert "rank in the slide" in bar.caption
     assert (bar.low_text, bar.high_text) == ("0", "1")
     assert len(bar.colours) == 32
     assert bar.colours[0] != bar.colours[-1]

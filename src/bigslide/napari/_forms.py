@@ -63,6 +63,11 @@ class DataclassForm(QWidget):
     def visible_fields(self) -> list[str]:
         return [name for name in self.widgets if self.layout_.isRowVisible(self.widgets[name])]
 
+    def set_shown(self, name: str, shown: bool) -> None:
+        """Show or hide one field's row (for fields that apply only to some choices made elsewhere)."""
+        if name in self.widgets:
+            self.layout_.setRowVisible(self.widgets[name], shown)
+
     def values(self) -> dict[str, Any]:
         return {name: widget_value(widget) for name, widget in self.widgets.items()}
 

@@ -290,7 +290,7 @@ def add_tile_preview(
     if len(coords) <= MAX_TILE_BOXES:
         kwargs = regions_layer_kwargs(slide_layer, name, role="tiles")
         metadata["shapes"] = True
-        kwargs.update(edge_color="#ffd60a", edge_width=kwargs["edge_width"] / 2, metadata=metadata)
+        kwargs.update(edge_color="#ffd60a", metadata=metadata)
         return viewer.add_shapes(
             list(tile_boxes(coords, tile_size_level0)) if len(coords) else None,
             shape_type="rectangle",
@@ -317,9 +317,9 @@ def add_tile_preview(
 # -- heatmaps --------------------------------------------------------------------------------------------
 
 NORMALISATION_TEXT = {
-    "rank": "rank within the slide: 0 = lowest tile, 1 = highest",
-    "percentile": "scaled between the slide's 1st and 99th percentiles",
-    "minmax": "scaled between the slide's lowest and highest tile",
+    "rank": "rank in the slide (0 lowest, 1 highest tile)",
+    "percentile": "1st to 99th percentile of the slide",
+    "minmax": "lowest to highest tile of the slide",
     "raw": "the model's scores as they are",
 }
 
@@ -400,7 +400,7 @@ def show_only(viewer: napari.Viewer, slide: str | None, name: str) -> None:
 def legend_text(layer: napari.layers.Image) -> str:
     """What the colours of a heatmap layer mean, in one line."""
     if layer.rgb:
-        return "colours: the first three principal components of the Z-block"
+        return "RGB: first three principal components"
     normalisation = str(layer.metadata.get("normalisation", "raw"))
     return f"colour: {NORMALISATION_TEXT.get(normalisation, normalisation)}"
 

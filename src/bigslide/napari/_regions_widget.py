@@ -32,6 +32,7 @@ from bigslide.napari._layers import (
 )
 from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
+from bigslide.napari._run import in_panel_words
 from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
@@ -196,11 +197,16 @@ class RegionsWidget(QWidget):
         s = self.session
         worker = _tile_grid(path, s.tile_size, s.target_mpp, s.min_tissue, regions, s.slide_mpp)
         worker.returned.connect(self._show_tiles(slide))
-        worker.errored.connect(lambda err: show_error(f"Tile preview failed: {err}"))
+        worker.errored.connect(self._preview_failed)
         self.preview_worker = worker
         self.status.setText("Finding tiles…")
         worker.start()
         return worker
+
+    def _preview_failed(self, err: Exception) -> None:
+        text = in_panel_words(f"Tile preview failed: {err}")
+        self.status.setText(text)
+        show_error(text)
 
     def _show_tiles(self, slide: Any) -> Callable[[Any], None]:
         def show(grid: Any) -> None:

@@ -63,7 +63,7 @@ class ResultsWidget(QWidget):
         self.run_button.clicked.connect(lambda: self.run())
         self.result = QLabel("Choose a checkpoint and a slide.")
         self.result.setWordWrap(True)
-        self.follow = QCheckBox("Follow training: redraw this slide's heatmaps after every epoch")
+        self.follow = QCheckBox("Follow training (redraw after each epoch)")
         self.follow.setToolTip(
             "While the Train panel runs, each epoch's checkpoint is run on the chosen slide in the "
             "background, so you see the heatmap move as the model learns"
@@ -249,9 +249,13 @@ class ResultsWidget(QWidget):
         self.colour_bar.show_layer(layer)
         for widget in (self.colormap, self.normalisation, self.opacity):
             widget.blockSignals(True)
-        if layer.colormap.name in HEATMAP_COLORMAPS:
+        # an RGB map (PCA) has its own colours: no colormap or normalisation to show or choose
+        self.colormap.setEnabled(not layer.rgb)
+        self.normalisation.setEnabled(not layer.rgb)
+        if not layer.rgb and layer.colormap.name in HEATMAP_COLORMAPS:
             self.colormap.setCurrentText(layer.colormap.name)
-        self.normalisation.setCurrentText(layer.metadata.get("normalisation", "rank"))
+        if not layer.rgb:
+            self.normalisation.setCurrentText(layer.metadata.get("normalisation", "rank"))
         self.opacity.setValue(round(layer.opacity * 100))
         for widget in (self.colormap, self.normalisation, self.opacity):
             widget.blockSignals(False)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
 DATA_FIELDS = ("bag_size", "image_size", "batch_size", "augment")
+KIND_FIELDS = {"bag": ("bag_size",), "image": ("image_size", "batch_size")}
 PLOTTED_METRICS = ("accuracy", "auc")
 GIL_SWITCH_S = 0.001
 
@@ -158,6 +159,9 @@ class TrainWidget(QWidget):
         self.summary.setText(
             f"<i>{cls.summary}</i> ({'tiles → bag' if cls.kind == 'bag' else 'whole image'})"
         )
+        for kind, fields in KIND_FIELDS.items():  # bags of tiles, or batches of whole images
+            for name in fields:
+                self.data_form.set_shown(name, kind == cls.kind)
         self.params_form = DataclassForm(cls.Params)
         self.params_layout.addWidget(self.params_form)
         self.params_box.setVisible(len(self.params_form) > 0)
