@@ -1,9 +1,12 @@
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bigslide.engine.config import TrainConfig
+from bigslide.engine.config import DataConfig, OptimConfig, TrainConfig
 from bigslide.errors import ConfigError
+from bigslide.methods import make_params
 
 
 def test_yaml_round_trip_keeps_every_value(tmp_path: Path) -> None:
@@ -62,3 +65,20 @@ def test_exponent_floats_without_a_dot_are_read_as_floats(tmp_path: Path) -> Non
     config = TrainConfig.from_yaml(path)
     assert config.optim.lr == 1e-3
     assert config.optim.weight_decay == 0.05
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: make_params("abmil_acc", {"chunk_size": 0}), "method.params.chunk_size: must be >= 1"),
+        (lambda: make_params("patchgd", {"sampling": 1.5}), "method.params.sampling: must be <= 1.0"),
+        (lambda: DataConfig(bag_size=-5), "data.bag_size: must be >= 0"),
+        (lambda: OptimConfig(epochs=0), "optim.epochs: must be >= 1"),
+    ],
+)
+def test_values_out_of_their_range_are_refused_naming_the_field(
+    make: Callable[[], object], message: str
+) -> None:
+    # the same bounds the napari forms put on their spin boxes (field metadata "min" / "max")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make()

@@ -103,19 +103,22 @@ class BigImageModel(nn.Module):
         return self.head(self.encoder(images))
 
 
+_STAGES = {"min": 0, "max": 4, "help": _STAGES_HELP}
+_BUDGET = {"min": 0.001, "help": _BUDGET_HELP}
+
 @dataclass
 class BigLayerMILParams(MILParams):
     """The MIL head's settings (shared with the other bag methods) plus the Big-Layer ones."""
 
-    stages: int = field(default=2, metadata={"min": 1, "help": _STAGES_HELP})
-    budget_mb: float = field(default=1024.0, metadata={"min": 0.001, "help": _BUDGET_HELP})
+    stages: int = field(default=2, metadata=_STAGES)
+    budget_mb: float = field(default=1024.0, metadata=_BUDGET)
     bn_mode: Literal["eval", "frozen", "batch"] = field(default="eval", metadata={"help": _MIL_BN_HELP})
 
 
 @dataclass
 class BigLayerImageParams(MethodParams):
-    stages: int = field(default=2, metadata={"help": _STAGES_HELP})
-    budget_mb: float = field(default=1024.0, metadata={"help": _BUDGET_HELP})
+    stages: int = field(default=2, metadata=_STAGES)
+    budget_mb: float = field(default=1024.0, metadata=_BUDGET)
     bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
 
 
