@@ -197,13 +197,13 @@ CASES = [
     ),
     Case(
         "mpp-not-positive",
-        lambda b, f: ["--set", "data.mpp=0"],
-        r"data\.mpp must be a positive number .*got 0",
+        lambda b, f: ["--set", "data.target_mpp=0"],
+        r"data\.target_mpp must be a positive number .*got 0",
     ),
     Case(
         "mpp-magnification-disagree",
-        lambda b, f: ["--set", "data.mpp=0.5", "--set", "data.magnification=40"],
-        r"data\.mpp=0\.5 and data\.magnification=40 disagree \(40x is 0\.25 µm/px\)",
+        lambda b, f: ["--set", "data.target_mpp=0.5", "--set", "data.magnification=40"],
+        r"data\.target_mpp=0\.5 and data\.magnification=40 disagree \(40x is 0\.25 µm/px\)",
     ),
     Case(
         "nan-loss",
@@ -275,7 +275,7 @@ def test_bad_input_is_one_line_naming_the_culprit_and_loses_nothing(
 
 # -- inputs that work, with a warning --------------------------------------------------------------------
 def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
-    base: Base, tmp_path: Path
+    base: Base, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     image = np.full((256, 256, 3), 240, np.uint8)
     image[64:192, 64:192] = (150, 60, 140)
@@ -291,15 +291,21 @@ def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
 
     given = assumed.grid(entry, 32, 0.25, 0.6)
     assumed.close()
-    assert given.mpp == (0.25, 0.25)
+    assert given.slide_mpp == (0.25, 0.25)
     assert len(given) == 16  # the 4 x 4 tiles of the planted square, read as stored
 
     from bigslide.cli.main import build_parser, config_from_args
 
-    for flag in ("--slide-mpp", "--mpp"):  # --mpp: the older spelling
-        args = build_parser().parse_args(["train", str(base.config), flag, "0.25"])
-        config = config_from_args(args)
-        assert (config.data.slide_mpp, config.data.mpp) == (0.25, 0.5)
+    args = build_parser().parse_args(["train", str(base.config), "--slide-mpp", "0.25"])
+    config = config_from_args(args)
+    assert (config.data.slide_mpp, config.data.target_mpp) == (0.25, 0.5)
+    args = build_parser().parse_args(["train", str(base.config), "--target-mpp", "1.0"])
+    config = config_from_args(args)
+    assert (config.data.slide_mpp, config.data.target_mpp) == (None, 1.0)
+    for command in (["train", str(base.config)], ["predict", "--slides", "a.csv", "--checkpoint", "c.pt"]):
+        with pytest.raises(SystemExit):  # --mpp meant one or the other: refused, naming both
+            build_parser().parse_args([*command, "--mpp", "0.25"])
+        assert "--slide-mpp" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

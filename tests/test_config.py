@@ -16,7 +16,7 @@ def test_yaml_round_trip_keeps_every_value(tmp_path: Path) -> None:
     config.optim.lr = 3e-5
     config.optim.max_steps = 7
     config.run.amp = "bf16"
-    config.data.mpp = 0.25
+    config.data.target_mpp = 0.25
     path = config.to_yaml(tmp_path / "c.yaml")
     again = TrainConfig.from_yaml(path)
     assert again == config

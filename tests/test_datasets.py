@@ -31,7 +31,7 @@ def table_of(path: Path, regions: Path | None = None) -> SlideTable:
 
 
 def test_bag_tiles_are_the_pixels_at_their_level0_coordinates(tissue_slide: Path) -> None:
-    ds = BagDataset(table_of(tissue_slide), tile_size=32, mpp=1.0, bag_size=5, seed=1)  # level 1 as is
+    ds = BagDataset(table_of(tissue_slide), tile_size=32, target_mpp=1.0, bag_size=5, seed=1)  # level 1 as is
     bag = ds[0]
     assert bag.x.shape == (5, 3, 32, 32)
     assert bag.tile_size_level0 == 64
@@ -107,7 +107,7 @@ def test_slide_image_covers_the_regions_square_and_maps_back_to_level0(
         )
     )
     # 100 px at 2 µm/px = 400 level-0 px of this 0.5 µm/px slide
-    sample = SlideImageDataset(table_of(tissue_slide, regions), image_size=100, mpp=2.0)[0]
+    sample = SlideImageDataset(table_of(tissue_slide, regions), image_size=100, target_mpp=2.0)[0]
     assert sample.x.shape == (3, 100, 100)
     # square of side 400 centred on the box: x 200..600, y 50..450; 4 level-0 px per image px
     assert sample.origin == (200, 50)

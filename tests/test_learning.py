@@ -28,7 +28,7 @@ def tumour_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_abmil_acc_learns_the_tumour_task(tumour_csv: Path, tmp_path: Path) -> None:
     config = TrainConfig()
     config.data.csv = str(tumour_csv)
-    config.data.mpp = 1.0  # 10x: tumour nuclei are plain to see, tiles are small
+    config.data.target_mpp = 1.0  # 10x: tumour nuclei are plain to see, tiles are small
     config.data.tile_size = 32
     config.data.bag_size = 16
     config.model.backbone = "test_resnet"

@@ -73,7 +73,7 @@ def test_the_same_slide_images_with_0_and_2_workers(slide_csv: Path) -> None:
     table = SlideTable.from_csv(slide_csv)
     got = {}
     for workers in (0, 2):
-        images = SlideImageDataset(table, image_size=96, mpp=4.0, augment=True, seed=1)
+        images = SlideImageDataset(table, image_size=96, target_mpp=4.0, augment=True, seed=1)
         with BatchLoader(images, workers=workers) as loader:
             loader.plan([[1, 3], [0, 2]])
             got[workers] = loader.take([1, 3]) + loader.take([0, 2])

@@ -51,7 +51,7 @@ def table_of(*paths: Path) -> SlideTable:
 
 def tiles_by_micron(path: Path, mpp: float, tile: int = 32) -> dict[tuple[int, int], np.ndarray]:
     """Every tissue tile at `mpp`, keyed by its top-left corner in µm."""
-    bags = BagDataset(table_of(path), tile_size=tile, mpp=mpp, bag_size=0, min_tissue=0.3)
+    bags = BagDataset(table_of(path), tile_size=tile, target_mpp=mpp, bag_size=0, min_tissue=0.3)
     sample = bags[0]
     slide_mpp = bags.slides.open(path).mpp
     assert slide_mpp is not None
@@ -113,14 +113,25 @@ def test_read_squares_matches_read_region_and_resize(scans: dict[float, Path]) -
         assert slide.pixels_read[0] - read_before == len(files) * th * tw
 
 
-def test_magnification_is_an_alias_of_mpp() -> None:
-    assert DataConfig(magnification=40).mpp == 0.25
-    assert DataConfig(magnification=20, mpp=0.5).mpp == 0.5
-    assert DataConfig().mpp == 0.5
+def test_magnification_is_an_alias_of_target_mpp() -> None:
+    assert DataConfig(magnification=40).target_mpp == 0.25
+    assert DataConfig(magnification=20, target_mpp=0.5).target_mpp == 0.5
+    assert DataConfig().target_mpp == 0.5
     with pytest.raises(ConfigError, match="disagree"):
-        DataConfig(magnification=40, mpp=0.5)
+        DataConfig(magnification=40, target_mpp=0.5)
     round_trip = TrainConfig.from_dict(TrainConfig(data=DataConfig(magnification=10)).to_dict())
-    assert round_trip.data.mpp == 1.0
+    assert round_trip.data.target_mpp == 1.0
+
+
+def test_an_old_config_with_data_mpp_reads_as_target_mpp(tmp_path: Path) -> None:
+    old = tmp_path / "config.yaml"
+    old.write_text("data:\n  mpp: 1.0\n  slide_mpp: 0.25\n")
+    with pytest.warns(FutureWarning, match=r"data\.mpp is now data\.target_mpp"):
+        config = TrainConfig.from_yaml(old)
+    assert (config.data.target_mpp, config.data.slide_mpp) == (1.0, 0.25)
+    old.write_text("data:\n  mpp: 1.0\n  target_mpp: 0.5\n")
+    with pytest.raises(ConfigError, match=r"drop data\.mpp"):
+        TrainConfig.from_yaml(old)
 
 
 def test_predict_reads_every_scan_at_the_checkpoints_mpp(scans: dict[float, Path], tmp_path: Path) -> None:
@@ -155,6 +166,6 @@ def test_a_slide_without_mpp_predicts_with_a_given_pixel_size(
     cache = SlideCache(slide_mpp=0.5)
     grid = cache.grid(SlideEntry(path, "tumor"), 32, 0.5, 0.3)
     cache.close()
-    reference = BagDataset(table_of(scans[0.5]), tile_size=32, mpp=0.5, min_tissue=0.3)
+    reference = BagDataset(table_of(scans[0.5]), tile_size=32, target_mpp=0.5, min_tissue=0.3)
     np.testing.assert_array_equal(grid.coords, reference.grids[0].coords)
     reference.slides.close()

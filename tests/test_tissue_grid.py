@@ -60,7 +60,7 @@ def test_grid_keeps_exactly_the_tissue_tiles(planted: WrittenSlide) -> None:
     np.testing.assert_allclose(grid.tissue, [0.6875, 1.0, 1.0])
     assert grid.coords.dtype == np.int64
     assert (grid.tile_size, grid.tile_size_level0, grid.level, len(grid)) == (T, T, 0, 3)
-    assert grid.mpp == pytest.approx((0.5, 0.5))
+    assert grid.slide_mpp == pytest.approx((0.5, 0.5))
     assert grid.slide_path == str(planted.path)
 
 
@@ -90,7 +90,7 @@ def test_min_tissue_threshold(planted: WrittenSlide, min_tissue: float, kept: in
 
 def test_level1_grid_has_same_footprint(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, 128, mpp=1.0)
+        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0)
     assert (grid.tile_size, grid.tile_size_level0, grid.downsample) == (128, 256, 2.0)
     np.testing.assert_array_equal(grid.coords, [[1280, 0], [512, 256], [0, 512]])
 
@@ -150,7 +150,7 @@ def test_bad_parameters_raise_config_error(planted: WrittenSlide, kwargs: dict, 
 
 def test_save_load_round_trip(planted: WrittenSlide, tmp_path: Path) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, 128, mpp=1.0, min_tissue=0.5)
+        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0, min_tissue=0.5)
     path = grid.save(tmp_path / "planted_grid")
     assert path.name == "planted_grid.npz"
     loaded = TileGrid.load(path)

@@ -33,7 +33,7 @@ class TileGrid:
 
     `tile_size` is the side the model sees (pixels at `target_mpp`, or at `level` when that is None);
     `tile_size_level0` the side in level-0 pixels; `read_size` the side read at `level` (resized to
-    `tile_size` when they differ). `mpp` is the slide's level-0 (x, y) microns per pixel.
+    `tile_size` when they differ). `slide_mpp` is the slide's level-0 (x, y) microns per pixel.
     """
 
     coords: np.ndarray
@@ -42,7 +42,7 @@ class TileGrid:
     tile_size_level0: int
     level: int
     downsample: float
-    mpp: tuple[float, float] | None
+    slide_mpp: tuple[float, float] | None
     slide_path: str
     slide_dimensions: tuple[int, int]
     min_tissue: float = DEFAULT_MIN_TISSUE
@@ -78,9 +78,9 @@ class TileGrid:
         regions: Sequence[Region] | None = None,
         *,
         filter: TileFilter = "rule",
-        mpp: float | None = None,
+        target_mpp: float | None = None,
     ) -> TileGrid:
-        """Tile `slide` at `mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
+        """Tile `slide` at `target_mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
         >= `min_tissue` whose centre is in `regions`.
 
         filter "rule": Big-Layers rule (greyscale in [3, 230]); "otsu": the Otsu tissue mask;
@@ -93,11 +93,15 @@ class TileGrid:
             raise ConfigError(f"min_tissue must lie in [0, 1], got {min_tissue}")
         if filter not in ("rule", "otsu", "none"):
             raise ConfigError(f"filter must be 'rule', 'otsu' or 'none', got {filter!r}")
-        plan = plan_read(slide, tile_size, mpp) if mpp is not None else plan_level(slide, tile_size, level)
+        plan = (
+            plan_read(slide, tile_size, target_mpp)
+            if target_mpp is not None
+            else plan_level(slide, tile_size, level)
+        )
         level, downsample, size0 = plan.level, plan.downsample, plan.size_level0
         level_w, level_h = slide.level_dimensions[level]
         if plan.read_size > min(level_w, level_h):
-            at = f" read at {mpp} µm/px as {plan.read_size} px" if mpp is not None else ""
+            at = f" read at {target_mpp} µm/px as {plan.read_size} px" if target_mpp is not None else ""
             raise SlideError(
                 f"{slide.path}: a tile of {tile_size} px does not fit the slide ({level_w} x {level_h} px "
                 f"at level {level}){at}; choose a smaller tile size or a finer resolution"
@@ -123,7 +127,7 @@ class TileGrid:
             tile_size_level0=int(size0),
             level=int(level),
             downsample=float(downsample),
-            mpp=slide.mpp,
+            slide_mpp=slide.mpp,
             slide_path=str(slide.path),
             slide_dimensions=slide.dimensions,
             min_tissue=float(min_tissue),
@@ -141,7 +145,7 @@ class TileGrid:
             "level": self.level,
             "level_dim": list(self.slide_dimensions),
             "downsample": self.downsample,
-            "mpp": list(self.mpp) if self.mpp is not None else None,
+            "mpp": list(self.slide_mpp) if self.slide_mpp is not None else None,
             "slide_path": self.slide_path,
             "min_tissue": self.min_tissue,
             "filter": self.filter,
@@ -174,7 +178,7 @@ class TileGrid:
                 tile_size_level0=int(attrs["patch_size_level0"]),
                 level=int(attrs["level"]),
                 downsample=float(attrs["downsample"]),
-                mpp=(float(mpp[0]), float(mpp[1])) if mpp is not None else None,
+                slide_mpp=(float(mpp[0]), float(mpp[1])) if mpp is not None else None,
                 slide_path=str(attrs["slide_path"]),
                 slide_dimensions=(int(attrs["level_dim"][0]), int(attrs["level_dim"][1])),
                 min_tissue=float(attrs.get("min_tissue", DEFAULT_MIN_TISSUE)),

@@ -63,10 +63,15 @@ def slide_mpp(slide: Slide) -> float:
     return float(slide.mpp[0])
 
 
+def check_mpp(value: float | None, name: str) -> None:
+    """A pixel size is a positive, finite number of µm (None: not given); else a `ConfigError` naming it."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a positive number of µm per pixel, got {value}")
+
+
 def plan_read(slide: Slide, size: int, target_mpp: float) -> ReadPlan:
     """Where and how to read `size` px at `target_mpp` µm/px from `slide`."""
-    if not (math.isfinite(target_mpp) and target_mpp > 0):
-        raise ConfigError(f"data.mpp must be a positive number of µm per pixel, got {target_mpp}")
+    check_mpp(target_mpp, "data.target_mpp")
     base = slide_mpp(slide)
     level_mpps = [base * ds for ds in slide.level_downsamples]
     close = [lv for lv, m in enumerate(level_mpps) if abs(m / target_mpp - 1) <= TOLERANCE]

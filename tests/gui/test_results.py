@@ -29,7 +29,7 @@ def lesion_grid(slide_path: str, lesions: list[shapely.Polygon]) -> tuple[ScoreG
     x, y = grid.coords[:, 0].astype(float), grid.coords[:, 1].astype(float)
     boxes = shapely.box(x, y, x + TILE, y + TILE)
     fraction = shapely.area(shapely.intersection(boxes, union)) / TILE**2
-    return ScoreGrid.from_tiles(grid.coords, fraction, TILE, mpp=grid.mpp), grid
+    return ScoreGrid.from_tiles(grid.coords, fraction, TILE, mpp=grid.slide_mpp), grid
 
 
 @pytest.mark.parametrize("shift", [(0.0, 0.0), (1234.5, -321.0)])

@@ -87,7 +87,9 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     with open_slide(unstated.path) as slide:
         slide.mpp = (0.25, 0.25)
         expected = len(
-            TileGrid.from_slide(slide, 64, mpp=panel.session.target_mpp, min_tissue=panel.session.min_tissue)
+            TileGrid.from_slide(
+                slide, 64, target_mpp=panel.session.target_mpp, min_tissue=panel.session.min_tissue
+            )
         )
     assert panel.session.rows[0].tiles == expected > 0
 

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     )
     # the same slide listed once per bag: bag i samples with (seed, epoch, i), so the bags differ
     table = SlideTable([SlideEntry(path, "a", "train") for _ in range(args.bags)], ["a", "b"])
-    bags = BagDataset(table, tile_size=args.tile_size, mpp=MPP, bag_size=args.bag_size, seed=1)
+    bags = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=args.bag_size, seed=1)
     coords = [bags.grids[i].coords[bags.tile_indices(i)] for i in range(args.bags)]
     n_tiles = sum(len(c) for c in coords)
     slide = bags.slides.open(path)
@@ -170,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
             missed.append(name)
 
     if not args.no_step:
-        step_bags = BagDataset(table, tile_size=args.tile_size, mpp=MPP, bag_size=args.step_bag_size, seed=2)
+        step_bags = BagDataset(
+            table, tile_size=args.tile_size, target_mpp=MPP, bag_size=args.step_bag_size, seed=2
+        )
         missed += step_comparison(args, step_bags, counts, rates)
         step_bags.slides.close()
     bags.slides.close()

@@ -135,7 +135,7 @@ def slide_config(
     config.data.csv = str(csv)
     # Tumour: 1 µm/px (10x) tiles of 32 px. Subtle: a chromatin change needs full resolution (0.5 µm/px),
     # and tiles holding several nuclei (a 32 px tile at 0.5 µm/px holds one or two).
-    config.data.mpp = 1.0 if kind == "tumour" else SUBTLE_MPP
+    config.data.target_mpp = 1.0 if kind == "tumour" else SUBTLE_MPP
     config.data.tile_size = 32 if kind == "tumour" else args.subtle_tile
     config.data.bag_size = 24 if kind == "tumour" else args.subtle_bag
     config.data.image_size = args.image_size
@@ -208,7 +208,7 @@ def lesion_tiles(csv: Path, split: str, tile_size: int) -> tuple[np.ndarray, np.
     """Every tissue tile of a split's slides at the subtle resolution, (N, H, W, 3) uint8, and its label:
     1 for tiles >= 50 % lesion, 0 for tiles with none (tiles in between are left out)."""
     table, lesions = SlideTable.from_csv(csv), load_lesions(csv.parent / "lesions.json")
-    bags = BagDataset(table.subset(split), tile_size=tile_size, mpp=SUBTLE_MPP, bag_size=0)
+    bags = BagDataset(table.subset(split), tile_size=tile_size, target_mpp=SUBTLE_MPP, bag_size=0)
     images, labels = [], []
     for i, entry in enumerate(bags.table.entries):
         bag = bags[i]

@@ -34,7 +34,7 @@ def demo_config(out: Path, method: str, epochs: int, backbone: str = DEMO_BACKBO
     config.data.tile_size = 32
     config.data.bag_size = 24
     config.data.image_size = 256
-    config.data.mpp = 2.0 if get_method(method).kind == "image" else 1.0
+    config.data.target_mpp = 2.0 if get_method(method).kind == "image" else 1.0
     config.model.backbone = backbone
     config.method.name = method
     config.optim.epochs = epochs

@@ -29,6 +29,23 @@ BENCHES = (
     "io",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
+TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"
+AMBIGUOUS_MPP = (
+    "--mpp is ambiguous and no longer taken: give --slide-mpp (level-0 µm/px of slides whose files state "
+    "none) or, for train, --target-mpp (µm/px the model reads tiles at)"
+)
+
+
+class _Refuse(argparse.Action):
+    """A flag that only says which flags to use instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        parser.error(AMBIGUOUS_MPP)
+
+
+def add_mpp_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slide-mpp", type=float, help=SLIDE_MPP_HELP)
+    p.add_argument("--mpp", action=_Refuse, help=argparse.SUPPRESS)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -67,8 +84,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         values["run"]["out_dir"] = args.out
     if args.device:
         values["run"]["device"] = args.device
-    if args.mpp is not None:
-        values["data"]["slide_mpp"] = args.mpp
+    if args.slide_mpp is not None:
+        values["data"]["slide_mpp"] = args.slide_mpp
+    if args.target_mpp is not None:
+        values["data"]["target_mpp"] = args.target_mpp
+        values["data"]["magnification"] = None  # the resolution given here wins over the config's
     return TrainConfig.from_dict(values, source="command line")
 
 
@@ -94,7 +114,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # labels are optional here, but one the model does not know is a typo
     table = SlideTable.from_csv(args.slides, classes=classes, labels_required=False)
     preds, _ = predict_slides(
-        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.mpp
+        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.slide_mpp
     )
     path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps)
     print(f"predictions: {path}")
@@ -106,7 +126,11 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     from bigslide.engine import predict_slide
 
     pred = predict_slide(
-        args.checkpoint, args.slide, regions=args.regions, device=args.device or "auto", slide_mpp=args.mpp
+        args.checkpoint,
+        args.slide,
+        regions=args.regions,
+        device=args.device or "auto",
+        slide_mpp=args.slide_mpp,
     )
     for path in write_heatmaps(pred, Path(args.out)):
         print(path)
@@ -155,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. optim.lr=1e-4 (repeatable)"
     )
-    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
+    add_mpp_flags(p)
+    p.add_argument("--target-mpp", type=float, help=TARGET_MPP_HELP)
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -167,14 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-heatmaps", action="store_true")
-    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
+    add_mpp_flags(p)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--slide", required=True)
     p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
-    p.add_argument("--slide-mpp", "--mpp", dest="mpp", type=float, help=SLIDE_MPP_HELP)
+    add_mpp_flags(p)
     p.add_argument("--out", default="heatmaps")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=cmd_heatmap)

@@ -45,7 +45,7 @@ class BagDataset(Dataset[Sample]):
         table: SlideTable,
         *,
         tile_size: int,
-        mpp: float = DEFAULT_MPP,
+        target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
         augment: bool = False,
@@ -54,7 +54,7 @@ class BagDataset(Dataset[Sample]):
     ) -> None:
         self.table = table
         self.tile_size = tile_size
-        self.mpp = mpp
+        self.target_mpp = target_mpp
         self.bag_size = bag_size
         self.augment = augment
         self.seed = seed
@@ -62,11 +62,11 @@ class BagDataset(Dataset[Sample]):
         self.slides = slides or SlideCache()
         self.grids: list[TileGrid] = []
         for entry in table.entries:
-            grid = self.slides.grid(entry, tile_size, mpp, min_tissue)
+            grid = self.slides.grid(entry, tile_size, target_mpp, min_tissue)
             if len(grid) == 0:
                 raise DataError(
-                    f"{entry.path}: no tile of {tile_size} px at {mpp} µm/px has tissue >= {min_tissue}"
-                    + (f" inside the regions of {entry.regions}" if entry.regions else "")
+                    f"{entry.path}: no tile of {tile_size} px at {target_mpp} µm/px has tissue "
+                    f">= {min_tissue}" + (f" inside the regions of {entry.regions}" if entry.regions else "")
                 )
             self.grids.append(grid)
 

@@ -55,14 +55,14 @@ class SlideImageDataset(Dataset[Sample]):
         table: SlideTable,
         *,
         image_size: int,
-        mpp: float = DEFAULT_MPP,
+        target_mpp: float = DEFAULT_MPP,
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
     ) -> None:
         self.table = table
         self.image_size = image_size
-        self.mpp = mpp
+        self.target_mpp = target_mpp
         self.augment = augment
         self.seed = seed
         self.epoch = 0
@@ -83,7 +83,7 @@ class SlideImageDataset(Dataset[Sample]):
             if entry.regions:
                 geometry = union_all([r.geometry for r in load_regions(entry.regions)])
                 bounds = tuple(float(v) for v in geometry.bounds)
-            plan = plan_read(slide, self.image_size, self.mpp)
+            plan = plan_read(slide, self.image_size, self.target_mpp)
             box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
             # a copy: the cache keeps it for the run, and a worker's buffer is reused once let go
             image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0].copy()

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from pathlib import Path
 
 from bigslide.data.table import SlideEntry
-from bigslide.errors import ConfigError, RegionError
+from bigslide.errors import RegionError
 from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
-from bigslide.resolution import slide_mpp
+from bigslide.resolution import check_mpp, slide_mpp
 from bigslide.slide import Slide, open_slide
 
 
@@ -34,8 +33,7 @@ class SlideCache:
     resolution). Safe to use from the loader's threads."""
 
     def __init__(self, *, slide_mpp: float | None = None) -> None:
-        if slide_mpp is not None and not (math.isfinite(slide_mpp) and slide_mpp > 0):
-            raise ConfigError(f"data.slide_mpp must be a positive number of µm per pixel, got {slide_mpp}")
+        check_mpp(slide_mpp, "data.slide_mpp")
         self.slide_mpp = slide_mpp
         self._slides: dict[Path, Slide] = {}
         self._grids: dict[tuple, TileGrid] = {}
@@ -49,14 +47,16 @@ class SlideCache:
                 self._slides[path] = slide
             return slide
 
-    def grid(self, entry: SlideEntry, tile_size: int, mpp: float, min_tissue: float) -> TileGrid:
-        key = (entry.path, entry.regions, tile_size, mpp, min_tissue)
+    def grid(self, entry: SlideEntry, tile_size: int, target_mpp: float, min_tissue: float) -> TileGrid:
+        key = (entry.path, entry.regions, tile_size, target_mpp, min_tissue)
         grid = self._grids.get(key)
         if grid is None:
             regions = load_regions(entry.regions) if entry.regions else None
             slide = self.open(entry.path)
             try:
-                grid = TileGrid.from_slide(slide, tile_size, min_tissue=min_tissue, regions=regions, mpp=mpp)
+                grid = TileGrid.from_slide(
+                    slide, tile_size, min_tissue=min_tissue, regions=regions, target_mpp=target_mpp
+                )
             except RegionError as err:  # the message names the slide; name the regions file too
                 raise RegionError(f"{entry.regions}: {err}") from None
             self._grids[key] = grid

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +12,7 @@ import yaml
 
 from bigslide.coerce import build_dataclass, check_ranges
 from bigslide.errors import ConfigError
-from bigslide.resolution import DEFAULT_MPP, magnification_to_mpp
+from bigslide.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
 
 @dataclass
@@ -37,8 +37,10 @@ class DataConfig:
     ultramnist_canvas: int = field(
         default=0, metadata={"help": "side digits are drawn at, shrunk to data.image_size (0 = that size)"}
     )
-    tile_size: int = field(default=64, metadata={"min": 1, "help": "MIL tile side, pixels at data.mpp"})
-    mpp: float | None = field(
+    tile_size: int = field(
+        default=64, metadata={"min": 1, "help": "MIL tile side, pixels at data.target_mpp"}
+    )
+    target_mpp: float | None = field(
         default=None,
         metadata={
             "help": "µm per pixel tiles and images are read at, whatever the scanner "
@@ -74,7 +76,7 @@ class DataConfig:
     )
     image_size: int = field(
         default=256,
-        metadata={"min": 1, "help": "side of the image read per slide at data.mpp (image methods)"},
+        metadata={"min": 1, "help": "side of the image read per slide at data.target_mpp (image methods)"},
     )
     batch_size: int = field(
         default=1, metadata={"min": 1, "help": "images per batch (image methods; bags come one at a time)"}
@@ -88,23 +90,22 @@ class DataConfig:
         # resolved here so the stored config (and so every checkpoint) names the resolution it used
         if self.magnification is not None:
             from_magnification = magnification_to_mpp(self.magnification)
-            if self.mpp is not None and abs(self.mpp / from_magnification - 1) > 1e-6:
+            if self.target_mpp is not None and abs(self.target_mpp / from_magnification - 1) > 1e-6:
                 raise ConfigError(
-                    f"data.mpp={self.mpp:g} and data.magnification={self.magnification:g} disagree "
-                    f"({self.magnification:g}x is {from_magnification:g} µm/px); give one of them"
+                    f"data.target_mpp={self.target_mpp:g} and data.magnification={self.magnification:g} "
+                    f"disagree ({self.magnification:g}x is {from_magnification:g} µm/px); give one of them"
                 )
-            self.mpp = from_magnification
-        if self.mpp is None:
-            self.mpp = DEFAULT_MPP
-        for name in ("mpp", "slide_mpp"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"data.{name} must be a positive number of µm per pixel, got {value}")
+            self.target_mpp = from_magnification
+        if self.target_mpp is None:
+            self.target_mpp = DEFAULT_MPP
+        for name in ("target_mpp", "slide_mpp"):
+            check_mpp(getattr(self, name), f"data.{name}")
         check_ranges(self, "data")
 
     @property
-    def target_mpp(self) -> float:
-        return float(self.mpp if self.mpp is not None else DEFAULT_MPP)
+    def read_mpp(self) -> float:
+        """`target_mpp` once resolved (always, after construction): the µm/px every slide is read at."""
+        return float(self.target_mpp if self.target_mpp is not None else DEFAULT_MPP)
 
 
 @dataclass
@@ -207,7 +208,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
-        return build_dataclass(cls, values, source)
+        return build_dataclass(cls, migrate(values, source), source)
 
     def to_yaml(self, path: str | Path) -> Path:
         path = Path(path)
@@ -226,7 +227,25 @@ class TrainConfig:
             raise ConfigError(f"{path}: not valid YAML ({err})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-        config = build_dataclass(cls, values, str(path))
+        config = build_dataclass(cls, migrate(values, str(path)), str(path))
         if config.data.csv and not Path(config.data.csv).is_absolute():
             config.data.csv = str((path.parent / config.data.csv).resolve())
         return config
+
+
+def migrate(values: Any, source: str) -> Any:
+    """A config written before `data.mpp` became `data.target_mpp` reads as the new one, with a notice."""
+    data = values.get("data") if isinstance(values, dict) else None
+    if not isinstance(data, dict) or "mpp" not in data:
+        return values
+    if "target_mpp" in data:
+        raise ConfigError(
+            f"{source}: data.mpp (the old name) and data.target_mpp both given; drop data.mpp"
+        )
+    warnings.warn(
+        f"{source}: data.mpp is now data.target_mpp (the µm/px tiles and images are read at); read as such",
+        FutureWarning,
+        stacklevel=3,
+    )
+    data = {("target_mpp" if k == "mpp" else k): v for k, v in data.items()}
+    return {**values, "data": data}

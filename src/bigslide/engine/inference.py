@@ -147,7 +147,7 @@ def predict_slides(
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
 
-    Every slide is read at the checkpoint's resolution (its data.mpp and tile or image size), whatever
+    Every slide is read at the checkpoint's resolution (its data.target_mpp and tile or image size), whatever
     its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none.
     """
     method, config, classes, epochs = load_trained(checkpoint, device=device)

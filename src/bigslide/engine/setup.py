@@ -103,7 +103,7 @@ def build_dataset(
         return BagDataset(
             table,
             tile_size=d.tile_size,
-            mpp=d.target_mpp,
+            target_mpp=d.read_mpp,
             bag_size=d.bag_size if train else (0 if d.inference_repeats == 0 else d.bag_size),
             min_tissue=d.min_tissue,
             augment=d.augment and train,
@@ -113,7 +113,7 @@ def build_dataset(
     return SlideImageDataset(
         table,
         image_size=d.image_size,
-        mpp=d.target_mpp,
+        target_mpp=d.read_mpp,
         augment=d.augment and train,
         seed=config.run.seed,
         slides=slides,

@@ -106,6 +106,7 @@ class BigImageModel(nn.Module):
 _STAGES = {"min": 0, "max": 4, "help": _STAGES_HELP}
 _BUDGET = {"min": 0.001, "help": _BUDGET_HELP}
 
+
 @dataclass
 class BigLayerMILParams(MILParams):
     """The MIL head's settings (shared with the other bag methods) plus the Big-Layer ones."""

@@ -226,10 +226,12 @@ class RegionsWidget(QWidget):
 
 @thread_worker(ignore_errors=True)
 def _tile_grid(
-    path: str, tile_size: int, mpp: float, min_tissue: float, regions: Any, slide_mpp: float | None
+    path: str, tile_size: int, target_mpp: float, min_tissue: float, regions: Any, slide_mpp: float | None
 ) -> Any:
     from bigslide.data.slides import open_with_mpp
     from bigslide.grid import TileGrid
 
     with open_with_mpp(path, slide_mpp) as slide:
-        return TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)
+        return TileGrid.from_slide(
+            slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
+        )

@@ -101,7 +101,7 @@ def write_run_folder(
     data = DataConfig(
         csv="slides.csv",
         tile_size=session.tile_size,
-        mpp=session.target_mpp,
+        target_mpp=session.target_mpp,
         slide_mpp=session.slide_mpp,
         min_tissue=session.min_tissue,
         **data_values,

@@ -45,7 +45,7 @@ class Session:
         defaults = DataConfig()
         self.rows: list[SlideRow] = []
         self.tile_size = defaults.tile_size
-        self.target_mpp = defaults.target_mpp  # µm/px tiles are read at
+        self.target_mpp = defaults.read_mpp  # µm/px tiles are read at
         self._slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
         self.min_tissue = defaults.min_tissue
 

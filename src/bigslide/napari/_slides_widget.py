@@ -267,12 +267,18 @@ class SlidesWidget(QWidget):
 
 @thread_worker(ignore_errors=True)
 def _count_tiles(
-    jobs: list[tuple[Path, Any]], tile_size: int, mpp: float, min_tissue: float, slide_mpp: float | None
+    jobs: list[tuple[Path, Any]],
+    tile_size: int,
+    target_mpp: float,
+    min_tissue: float,
+    slide_mpp: float | None,
 ) -> Generator[tuple[Path, int], None, None]:
     from bigslide.data.slides import open_with_mpp
     from bigslide.grid import TileGrid
 
     for path, regions in jobs:
         with open_with_mpp(path, slide_mpp) as slide:
-            grid = TileGrid.from_slide(slide, tile_size, mpp=mpp, min_tissue=min_tissue, regions=regions)
+            grid = TileGrid.from_slide(
+                slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
+            )
         yield path, len(grid)
