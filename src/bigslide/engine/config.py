@@ -239,9 +239,7 @@ def migrate(values: Any, source: str) -> Any:
     if not isinstance(data, dict) or "mpp" not in data:
         return values
     if "target_mpp" in data:
-        raise ConfigError(
-            f"{source}: data.mpp (the old name) and data.target_mpp both given; drop data.mpp"
-        )
+        raise ConfigError(f"{source}: data.mpp (the old name) and data.target_mpp both given; drop data.mpp")
     warnings.warn(
         f"{source}: data.mpp is now data.target_mpp (the µm/px tiles and images are read at); read as such",
         FutureWarning,
