@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -361,3 +362,18 @@ def test_huge_slide_without_pyramid_works_through_a_streamed_thumbnail(
     # level 0 was read once, in strips far smaller than the level, never whole
     assert sum(reads) == w * h
     assert max(reads) <= w * 1024
+
+
+def test_a_bad_method_parameter_fails_before_a_large_table_is_read(
+    base: Base, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1,000 slides, none opened: the parameter is checked when the config is read
+    rows = [(f"missing/slide_{i:04d}.svs", "tumor" if i % 2 else "normal", "") for i in range(1000)]
+    table = write_csv(tmp_path, rows)
+    start = time.perf_counter()
+    code = main(["train", str(base.config), "--set", f"data.csv={table}", "--set", "method.params.hidden=0"])
+    elapsed = time.perf_counter() - start
+    assert code != 0
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert "method.params.hidden: must be >= 1" in line
+    assert elapsed < 1.0, f"the error took {elapsed:.2f} s"

@@ -128,6 +128,12 @@ class MethodConfig:
         },
     )
 
+    def __post_init__(self) -> None:
+        # checked here, before any slide is opened: a wrong name or value fails in a second, not minutes
+        from bigslide.methods.base import make_params
+
+        make_params(self.name, self.params)
+
 
 @dataclass
 class OptimConfig:

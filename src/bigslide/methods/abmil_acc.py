@@ -150,9 +150,6 @@ def accumulated_bag_backward(
     the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
     it is not already) so the chunk copies are asynchronous.
     """
-    if chunk_size < 1:
-        raise ConfigError(f"method.params.chunk_size: must be >= 1, got {chunk_size}")
-
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
         logits, attention = split_head_output(aggregator(Z))
         loss = bag_loss(aggregator, logits, target, loss_fn)
