@@ -150,6 +150,7 @@ def accumulated_bag_backward(
     the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
     it is not already) so the chunk copies are asynchronous.
     """
+
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
         logits, attention = split_head_output(aggregator(Z))
         loss = bag_loss(aggregator, logits, target, loss_fn)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -158,17 +159,27 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+ENTRY_POINT_GROUP = "bigslide.methods"
+"""Installed packages add methods under this entry-point group: `name = "package.module:MethodClass"`
+(or a module whose import registers its methods with `@register`)."""
+_PLUGIN_ERRORS: dict[str, str] = {}
+_plugins_loaded = False
+
+
 def available_methods() -> list[str]:
-    _load_builtin()
+    _load_methods()
     return sorted(_REGISTRY)
 
 
 def get_method(name: str) -> type[Method]:
-    _load_builtin()
+    _load_methods()
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"method: unknown method {name!r}; choose one of {sorted(_REGISTRY)}") from None
+        broken = f"; {name!r} failed to load: {_PLUGIN_ERRORS[name]}" if name in _PLUGIN_ERRORS else ""
+        raise ConfigError(
+            f"method: unknown method {name!r}; choose one of {sorted(_REGISTRY)}{broken}"
+        ) from None
 
 
 def make_params(name: str, values: dict[str, Any] | None = None) -> MethodParams:
@@ -183,6 +194,19 @@ def make_params(name: str, values: dict[str, Any] | None = None) -> MethodParams
     return params
 
 
-def _load_builtin() -> None:
-    # Importing the package registers the built-in methods.
+def _load_methods() -> None:
+    """The built-in methods (importing the package registers them), then, once, installed packages'."""
+    global _plugins_loaded
     import bigslide.methods  # noqa: F401
+
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry.load()
+        except Exception as err:  # a broken plugin must not take bigslide down; its name says why
+            _PLUGIN_ERRORS[entry.name] = f"{entry.value}: {type(err).__name__}: {err}"
+            continue
+        if isinstance(loaded, type) and issubclass(loaded, Method) and loaded.name not in _REGISTRY:
+            register(loaded)
