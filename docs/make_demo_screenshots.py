@@ -32,7 +32,7 @@ def save(shot: np.ndarray, name: str) -> None:
 
 
 def main(run: Path) -> None:
-    from bigslide.engine.setup import demo_dir
+    from bigslide.data.sources import demo_dir
     from bigslide.explain.heatmap import ScoreGrid
     from bigslide.napari._layers import add_heatmap, slide_layer_data
     from bigslide.napari._sample_data import _lesion_layer

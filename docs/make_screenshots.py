@@ -71,8 +71,8 @@ def unstated_copy(source: Path, out: Path) -> Path:
 def main() -> None:
     import napari
 
+    from bigslide.data.sources import demo_dir
     from bigslide.data.table import SlideTable
-    from bigslide.engine.setup import demo_dir
     from bigslide.napari._layers import slide_layers
     from bigslide.synthetic.slide_set import make_slide_set
     from bigslide.synthetic.slides import make_synthetic_slide

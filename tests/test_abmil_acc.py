@@ -13,7 +13,7 @@ import torch
 from timm.layers import DropPath
 from torch import nn
 
-from bigslide.engine.stepper import OptimStepper
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods import replay
 from bigslide.methods.abmil_acc import ABMILACC, ABMILACCParams, accumulated_bag_backward, bag_backward
 from bigslide.methods.base import Batch, ModelSpec, Sample

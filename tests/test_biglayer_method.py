@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bigslide.engine.stepper import OptimStepper
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.biglayer import BigLayerImage, BigLayerImageParams, BigLayerMIL, BigLayerMILParams
 from bigslide.nn.backbones import create_encoder

@@ -185,7 +185,7 @@ def test_every_method_trains_through_the_engine_and_gives_slide_heatmaps(
 
 def test_patchgd_trains_on_in_memory_arrays(tmp_path: Path) -> None:
     from bigslide.data.arrays import ArrayImageDataset
-    from bigslide.engine.setup import RunData
+    from bigslide.data.sources import RunData
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (4, 64, 96, 3), dtype=np.uint8)  # non-square: a 2 x 3 patch grid

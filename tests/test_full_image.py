@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bigslide.engine.stepper import OptimStepper
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.full_image import FullImage, FullImageParams
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bigslide.engine.stepper import OptimStepper
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.mil_baselines import FeatureCache, FrozenABMIL, FrozenParams, FullBag
 

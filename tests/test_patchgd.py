@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import ConfigError
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.patchgd import PatchGD, PatchGDParams, fill_z, sample_positions, zblock_maps
 from bigslide.methods.replay import InexactGradientWarning

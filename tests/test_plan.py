@@ -15,10 +15,10 @@ from bigslide.bench.plan_check import (
     patchgd_check,
 )
 from bigslide.errors import ConfigError
-from bigslide.plan.calibrate import Settings
-from bigslide.plan.memory import parse_size
-from bigslide.plan.model import LinearFit
-from bigslide.plan.recommend import Candidate, Target, override_string, recommend
+from bigslide.memory.meter import parse_size
+from bigslide.memory.model import LinearFit
+from bigslide.memory.targets import Candidate, Settings, Target
+from bigslide.plan.recommend import override_string, recommend
 
 TOLERANCE = 0.15  # relative error of a predicted peak against the measured one
 BACKBONE = "resnet18"

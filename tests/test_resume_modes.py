@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bigslide.engine import TrainConfig, run_to_end, train
-from bigslide.engine import stepper as stepper_module
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.events import Progress
+from bigslide.memory import stepper as stepper_module
 from bigslide.synthetic.slide_set import make_slide_set
 from tests.test_engine import TINY, small_config
 

@@ -13,11 +13,11 @@ import tiffslide
 from scipy import ndimage
 from skimage import draw
 
+from bigslide.data.ultramnist import UltraMNIST
 from bigslide.errors import DataError
 from bigslide.regions import load_regions
 from bigslide.synthetic import (
     SlideInfo,
-    UltraMNIST,
     he,
     lesion_fraction,
     lesion_tiles,

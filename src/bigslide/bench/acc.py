@@ -279,7 +279,7 @@ def _build(name: str, config: dict[str, Any], device: Any) -> tuple[Any, Any]:
 
     import bigslide.methods.abmil_acc
     import bigslide.methods.mil_baselines  # noqa: F401  (registers the methods)
-    from bigslide.engine.stepper import OptimStepper
+    from bigslide.memory.stepper import OptimStepper
     from bigslide.methods.base import ModelSpec, get_method, make_params
 
     values: dict[str, Any] = {"aggregator": config["aggregator"]}

@@ -192,7 +192,7 @@ def step_comparison(
     from bigslide.engine import setup
     from bigslide.engine.config import TrainConfig
     from bigslide.engine.loop import collate
-    from bigslide.engine.stepper import OptimStepper
+    from bigslide.memory.stepper import OptimStepper
 
     config = TrainConfig()
     config.method.name = "abmil_acc"

@@ -39,14 +39,15 @@ from bigslide.bench.memory import MEASURE_MEMORY, MEASURE_TIME, peak_rss_delta, 
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.sample import Batch, as_float
+from bigslide.data.sources import RunData
 from bigslide.data.table import SlideTable
 from bigslide.engine import RunResult, TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.loop import checkpoint_path
 from bigslide.engine.metrics import classification_metrics
-from bigslide.engine.setup import RunData, build_method, build_optimizer
-from bigslide.engine.stepper import OptimStepper
+from bigslide.engine.setup import build_method, build_optimizer
 from bigslide.explain.localisation import lesion_cell_auc
+from bigslide.memory.stepper import OptimStepper
 from bigslide.nn.backbones import create_encoder
 from bigslide.synthetic.slide_set import load_lesions, make_slide_set
 from bigslide.synthetic.slides import LesionKind, lesion_fraction

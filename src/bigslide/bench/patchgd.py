@@ -197,7 +197,7 @@ def _build_step(config: dict[str, Any]) -> tuple[Callable[[Any, Any], int], Call
     import torch
 
     from bigslide.bench.patchgd_reference import reference_step
-    from bigslide.engine.stepper import OptimStepper
+    from bigslide.memory.stepper import OptimStepper
     from bigslide.methods.base import Batch, ModelSpec
     from bigslide.methods.full_image import FullImage, FullImageParams
     from bigslide.methods.patchgd import PatchGD, PatchGDParams

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 
 from bigslide.bench.targets import Targets, add_target_argument, machine_line
+from bigslide.memory.model import BigLayerModel
 from bigslide.methods.base import Batch
-from bigslide.plan.calibrate import (
+from bigslide.methods.calibration import (
     Settings,
     bag_batch,
     calibrate_abmil_acc,
@@ -29,7 +30,6 @@ from bigslide.plan.calibrate import (
     measured_peak,
     runner,
 )
-from bigslide.plan.model import BigLayerModel
 
 TOLERANCE = 0.15
 

@@ -15,10 +15,10 @@ import numpy as np
 
 from bigslide.cli.progress import run_with_progress
 from bigslide.cli.report import write_heatmaps
+from bigslide.data.sources import demo_dir
 from bigslide.data.table import SlideTable
 from bigslide.engine import TrainConfig, predict_slides, train
 from bigslide.engine.metrics import classification_metrics
-from bigslide.engine.setup import demo_dir
 from bigslide.explain.localisation import lesion_cell_auc
 from bigslide.methods import get_method
 from bigslide.synthetic.slide_set import load_lesions, make_slide_set

@@ -17,12 +17,12 @@ from bigslide.data.loader import default_workers, load_item
 from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
-from bigslide.synthetic.ultramnist import UltraMNIST
 
 SlideDataset = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
 

@@ -37,8 +37,8 @@ from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metric
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import classification_metrics
-from bigslide.engine.stepper import OptimStepper
 from bigslide.errors import TrainingError
+from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, get_method
 
 

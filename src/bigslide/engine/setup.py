@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 
 import torch
 
-from bigslide.data.arrays import ArrayImageDataset
+from bigslide.data import sources
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
+from bigslide.data.sources import RunData, TrainData, demo_dir
 from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Method, ModelSpec, get_method, make_params
-from bigslide.synthetic.ultramnist import UltraMNIST
+
+__all__ = ["RunData", "TrainData", "build_data", "build_method", "demo_dir", "resolve_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,58 +27,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def demo_dir() -> Path:
-    return Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide")) / "demo-slides"
-
-
-def load_table(config: TrainConfig) -> SlideTable:
-    if config.data.source == "demo":
-        from bigslide.synthetic.slide_set import make_slide_set
-
-        return SlideTable.from_csv(make_slide_set(demo_dir()))
-    if not config.data.csv:
-        raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
-    return SlideTable.from_csv(config.data.csv)
-
-
-TrainData = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
-
-
-@dataclass
-class RunData:
-    """What a run trains and validates on; scripts may pass their own to `train(config, data=...)`."""
-
-    classes: list[str]
-    train: TrainData
-    val: TrainData | None
-
-
 def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
     """The train and validation datasets for a method of `kind` ("bag" or "image")."""
-    d = config.data
-    if d.source == "ultramnist":
-        if kind != "image":
-            raise ConfigError(f"data.source: ultramnist gives images; method {config.method.name} needs bags")
-        n_val = max(1, d.ultramnist_count // 4)
-        canvases = partial(
-            UltraMNIST,
-            size=d.image_size,
-            seed=config.run.seed,
-            task=d.ultramnist_task,
-            scale=(d.ultramnist_smallest_digit, d.ultramnist_largest_digit),
-            canvas=d.ultramnist_canvas,
-        )
-        train = canvases(d.ultramnist_count, split="train")
-        return RunData(train.classes, train, canvases(n_val, split="val"))
-    table = load_table(config).with_splits(seed=config.run.seed)
-    train_table, val_table = table.subset("train"), table.subset("val")
-    if len(train_table) == 0:
-        raise ConfigError("data: no slide is in the train split")
-    return RunData(
-        table.classes,
-        build_dataset(config, kind, train_table, train=True, slides=slides),
-        build_dataset(config, kind, val_table, train=False, slides=slides) if len(val_table) else None,
-    )
+    return sources.build_data(config.data, kind, config.run.seed, slides)
 
 
 def build_method(config: TrainConfig, classes: list[str], device: torch.device) -> Method:
@@ -98,26 +47,7 @@ def build_method(config: TrainConfig, classes: list[str], device: torch.device) 
 def build_dataset(
     config: TrainConfig, kind: str, table: SlideTable, *, train: bool, slides: SlideCache
 ) -> BagDataset | SlideImageDataset:
-    d = config.data
-    if kind == "bag":
-        return BagDataset(
-            table,
-            tile_size=d.tile_size,
-            target_mpp=d.read_mpp,
-            bag_size=d.bag_size if train else (0 if d.inference_repeats == 0 else d.bag_size),
-            min_tissue=d.min_tissue,
-            augment=d.augment and train,
-            seed=config.run.seed,
-            slides=slides,
-        )
-    return SlideImageDataset(
-        table,
-        image_size=d.image_size,
-        target_mpp=d.read_mpp,
-        augment=d.augment and train,
-        seed=config.run.seed,
-        slides=slides,
-    )
+    return sources.slide_dataset(config.data, kind, table, train=train, seed=config.run.seed, slides=slides)
 
 
 def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimizer:

@@ -50,8 +50,7 @@ from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss, make_aggregator
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 BNMode = Literal["eval", "frozen", "batch"]
 
@@ -332,8 +331,8 @@ class ABMILACC(MILMethod):
 
     @classmethod
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
-        from bigslide.plan.calibrate import calibrate_abmil_acc
-        from bigslide.plan.recommend import Candidate
+        from bigslide.memory.targets import Candidate
+        from bigslide.methods.calibration import calibrate_abmil_acc
 
         chunks = [c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c <= target.bag]
         model = calibrate_abmil_acc(settings, target.tile, chunks[0], name=cls.name)

@@ -25,8 +25,7 @@ from bigslide.data.sample import Batch, Sample
 from bigslide.errors import ConfigError
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 Kind = Literal["bag", "image"]
 

@@ -56,8 +56,7 @@ from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 _STAGES_HELP = "ResNet stages after the stem that run as Big-Layers (activations in host RAM); 0 = stem only"
 _BUDGET_HELP = "Device memory one partition of a Big-Layer may use, in MiB (input rows, output rows, weights)"
@@ -214,8 +213,8 @@ class BigLayerImage(Method):
 
 def plan_big_layers(name: str, target: Target, settings: Settings, *, image: bool) -> list[Candidate]:
     """Candidates over big stages 1-2 and device budgets; the activations live in host RAM."""
-    from bigslide.plan.calibrate import calibrate_biglayer
-    from bigslide.plan.recommend import Candidate
+    from bigslide.memory.targets import Candidate
+    from bigslide.methods.calibration import calibrate_biglayer
 
     side = target.image if image else target.tile
     px = target.batch * target.image**2 if image else target.bag * target.tile**2

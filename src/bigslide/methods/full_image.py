@@ -31,8 +31,7 @@ from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, frozen_b
 from bigslide.nn.backbones import create_encoder
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 __all__ = ["FullImage", "FullImageParams"]
 
@@ -64,8 +63,8 @@ class FullImage(Method):
 
     @classmethod
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
-        from bigslide.plan.calibrate import calibrate_full_image
-        from bigslide.plan.recommend import Candidate
+        from bigslide.memory.targets import Candidate
+        from bigslide.methods.calibration import calibrate_full_image
 
         model = calibrate_full_image(settings, target.image, name=cls.name)
         px = target.batch * target.image**2

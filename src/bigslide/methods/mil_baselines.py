@@ -23,8 +23,7 @@ from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 
 def full_bag_backward(
@@ -63,8 +62,8 @@ class FullBag(MILMethod):
 
     @classmethod
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
-        from bigslide.plan.calibrate import calibrate_full_bag
-        from bigslide.plan.recommend import Candidate
+        from bigslide.memory.targets import Candidate
+        from bigslide.methods.calibration import calibrate_full_bag
 
         model = calibrate_full_bag(settings, target.tile, target.bag, name=cls.name)
         peak = model.peak(input_bytes=12 * target.bag * target.tile**2, tiles=target.bag)

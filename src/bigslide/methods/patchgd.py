@@ -70,8 +70,7 @@ from bigslide.nn.backbones import Encoder, create_encoder, normalised_in_place
 from bigslide.nn.patchgd_heads import make_head
 
 if TYPE_CHECKING:
-    from bigslide.plan.calibrate import Settings
-    from bigslide.plan.recommend import Candidate, Target
+    from bigslide.memory.targets import Candidate, Settings, Target
 
 __all__ = ["PatchGD", "PatchGDModel", "PatchGDParams", "fill_z", "sample_positions", "zblock_maps"]
 
@@ -235,8 +234,8 @@ class PatchGD(Method):
 
     @classmethod
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
-        from bigslide.plan.calibrate import calibrate_patchgd
-        from bigslide.plan.recommend import Candidate, powers_of_two
+        from bigslide.memory.targets import Candidate, powers_of_two
+        from bigslide.methods.calibration import calibrate_patchgd
 
         patch = min(target.tile, target.image)
         side = math.ceil(target.image / patch)

@@ -4,56 +4,17 @@ requested size and recommend the fastest one that fits the memory limit with a s
 from __future__ import annotations
 
 import argparse
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from bigslide.errors import ConfigError
+from bigslide.memory.meter import format_bytes, parse_size
+from bigslide.memory.targets import CUDA_CONTEXT_BYTES, Candidate, Settings, Target
 from bigslide.methods.base import available_methods, get_method
 from bigslide.plan.arguments import add_arguments
-from bigslide.plan.calibrate import Settings
-from bigslide.plan.memory import format_bytes, parse_size
 
 __all__ = ["Candidate", "Target", "add_arguments", "plan_candidates", "recommend", "run"]
-
-CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context and library handles: device memory no tensor counts
-
-
-@dataclass(frozen=True)
-class Target:
-    gpu_bytes: int
-    backbone: str = "resnet50"
-    image: int = 0  # image side (image methods)
-    batch: int = 1  # images per batch
-    tile: int = 256  # PatchGD patch side / MIL tile side
-    bag: int = 0  # tiles per bag (bag methods)
-    method: str = "auto"
-    dtype: str = "fp32"
-    device: str = "auto"
-    margin: float = 0.2
-    cap_px: int = 0  # largest calibration input; 0 = by device
-
-    @property
-    def usable_bytes(self) -> int:
-        return int(self.gpu_bytes * (1 - self.margin)) - CUDA_CONTEXT_BYTES
-
-
-@dataclass
-class Candidate:
-    method: str
-    params: dict[str, Any]
-    peak: int
-    fits: bool = False
-    note: str = ""
-    rank: int = 0  # lower = faster among settings of one method
-    host: int = 0  # host RAM the method needs besides the device (Big-Layer activations)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
 
 
 def methods_for(target: Target) -> list[str]:
@@ -90,11 +51,6 @@ def settings_for(target: Target) -> Settings:
 
 
 NO_CALIBRATION = "no calibration: this method does not describe its memory, so no peak is predicted"
-
-
-def powers_of_two(limit: int) -> list[int]:
-    values = [2**i for i in range(int(math.log2(max(limit, 1))) + 1)]
-    return sorted({*values, limit})
 
 
 def plan_candidates(target: Target, settings: Settings) -> list[Candidate]:

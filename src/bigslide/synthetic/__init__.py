@@ -1,4 +1,4 @@
-"""Synthetic data made on the fly: pyramidal TIFF writing, slides with planted lesions, UltraMNIST.
+"""Synthetic data made on the fly: pyramidal TIFF writing, slides with planted lesions, UltraMNIST canvases.
 
 Names are imported lazily so `bigslide.synthetic.pyramid` stays cheap (UltraMNIST pulls in torch).
 """
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
         synthesize_slide,
     )
     from bigslide.synthetic.ultramnist import (
-        UltraMNIST,
         UltraMNISTCanvas,
         make_ultramnist,
         render_canvas,
@@ -36,14 +35,13 @@ _SOURCES = {
         "synthesize_slide",
     ),
     "slide_set": ("load_lesions", "make_slide_set"),
-    "ultramnist": ("UltraMNIST", "UltraMNISTCanvas", "make_ultramnist", "render_canvas", "ultramnist_label"),
+    "ultramnist": ("UltraMNISTCanvas", "make_ultramnist", "render_canvas", "ultramnist_label"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
     "SlideImage",
     "SlideInfo",
-    "UltraMNIST",
     "UltraMNISTCanvas",
     "lesion_fraction",
     "lesion_tiles",

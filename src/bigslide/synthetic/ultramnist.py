@@ -6,8 +6,9 @@ target sum is drawn first (uniform over 0..9) and the digits are a uniform compo
 are balanced. Task "digit" (not in the paper; learnable from a few hundred canvases on a CPU) draws 3-5
 glyphs of one digit, the label, so reading any one small digit suffices. Every canvas is made from
 (seed, split, index) alone, so large sets cost no memory. Train and val draw digit images from disjoint
-halves of the digit pool. `UltraMNIST(..., canvas=c)` draws at side c and shrinks to `size`, as the paper
-shrinks its canvases for low-resolution GD.
+halves of the digit pool. The dataset over them is `bigslide.data.ultramnist.UltraMNIST`; with
+`canvas=c` it draws at side c and shrinks to `size`, as the paper shrinks its canvases for low-resolution
+GD.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-import torch
 from skimage import transform
 from sklearn.datasets import load_digits
-from torch.utils.data import Dataset
 
-from bigslide.data.sample import Sample
 from bigslide.errors import DataError
 
 Split = Literal["train", "val"]
@@ -73,7 +71,9 @@ def _draw_digits(rng: np.random.Generator, task: Task = "sum") -> tuple[int, ...
     return tuple(int(d) for d in np.diff(edges) - 1)
 
 
-def _check(split: str, size: int, task: str = "sum", scale: tuple[float, float] = PAPER_SCALE) -> None:
+def check_ultramnist(
+    split: str, size: int, task: str = "sum", scale: tuple[float, float] = PAPER_SCALE
+) -> None:
     if split not in _SPLIT_CODE:
         raise DataError(f"split={split!r}: must be 'train' or 'val'")
     if task not in ("sum", "digit"):
@@ -103,7 +103,7 @@ def render_canvas(
     scale: tuple[float, float] = PAPER_SCALE,
 ) -> UltraMNISTCanvas:
     """Render canvas `index` deterministically: black background, white digits, label by `task`."""
-    _check(split, size, task, scale)
+    check_ultramnist(split, size, task, scale)
     rng = _rng(seed, split, index)
     digits = _draw_digits(rng, task)
     images, _ = _digit_pool()
@@ -150,7 +150,7 @@ def make_ultramnist(
     n: int, *, size: int = 512, seed: int = 0, split: Split = "train"
 ) -> tuple[np.ndarray, np.ndarray]:
     """`n` canvases as RGB uint8 (n, size, size, 3) and their labels (n,) int64."""
-    _check(split, size)
+    check_ultramnist(split, size)
     images = np.empty((n, size, size, 3), np.uint8)
     labels = np.empty(n, np.int64)
     for i in range(n):
@@ -158,51 +158,3 @@ def make_ultramnist(
         images[i] = np.round(canvas.image * 255).astype(np.uint8)[..., None]
         labels[i] = canvas.label
     return images, labels
-
-
-class UltraMNIST(Dataset[Sample]):
-    """`n` UltraMNIST canvases of `size`², rendered on access; items are image-kind `Sample`s."""
-
-    def __init__(
-        self,
-        n: int,
-        size: int = 512,
-        seed: int = 0,
-        split: Split = "train",
-        *,
-        task: Task = "sum",
-        scale: tuple[float, float] = PAPER_SCALE,
-        canvas: int = 0,
-    ) -> None:
-        self.canvas_size = canvas or size
-        _check(split, self.canvas_size, task, scale)
-        if n < 1:
-            raise DataError(f"n={n}: must be >= 1")
-        if not 8 <= size <= self.canvas_size:
-            raise DataError(f"size={size}: must be between 8 and the canvas side {self.canvas_size}")
-        self.n, self.size, self.seed, self.split, self.task, self.scale = n, size, seed, split, task, scale
-        self.labels = np.array(
-            [ultramnist_label(i, seed=seed, split=split, task=task) for i in range(n)], np.int64
-        )
-        self.classes = [str(c) for c in range(NUM_CLASSES)]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def set_epoch(self, epoch: int) -> None:
-        """Canvases are fixed per index; present so the engine treats every dataset alike."""
-
-    def canvas(self, index: int) -> UltraMNISTCanvas:
-        if not 0 <= index < self.n:
-            raise IndexError(f"index {index} out of range for {self.n} canvases")
-        return render_canvas(
-            index, size=self.canvas_size, seed=self.seed, split=self.split, task=self.task, scale=self.scale
-        )
-
-    def __getitem__(self, index: int) -> Sample:
-        canvas = self.canvas(index)
-        image = canvas.image
-        if self.size != self.canvas_size:  # shrunk with anti-aliasing, as a low-resolution scan would be
-            image = transform.resize(image, (self.size, self.size), anti_aliasing=True).astype(np.float32)
-        x = torch.from_numpy(image)[None].expand(3, -1, -1).contiguous()
-        return Sample(x=x, y=canvas.label, slide=f"ultramnist:{index}")

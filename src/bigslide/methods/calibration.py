@@ -1,5 +1,5 @@
 """Calibration: run the real methods' training steps (and their pieces) on a few small inputs of the
-requested backbone, measure their peaks with `PeakMeter`, and fit the models of `bigslide.plan.model`.
+requested backbone, measure their peaks with `PeakMeter`, and fit the models of `bigslide.memory.model`.
 
 Calibration inputs grow up to `cap_px` pixels through the encoder with grad (the largest that runs in
 seconds), but never past the target: the fit is then an interpolation whenever the target is small.
@@ -16,19 +16,11 @@ import torch
 from torch import nn
 
 from bigslide.data.sample import Batch, Sample
+from bigslide.memory.meter import MeasuringStepper, PeakMeter, PhasePeaks, state_bytes
+from bigslide.memory.model import AccModel, BigLayerModel, LinearFit, PatchGDModel, StepModel
+from bigslide.memory.targets import Settings
 from bigslide.methods.base import Method, ModelSpec, get_method, make_params
 from bigslide.nn.big.convert import split_stages
-from bigslide.plan.memory import MeasuringStepper, PeakMeter, PhasePeaks, state_bytes
-from bigslide.plan.model import AccModel, BigLayerModel, LinearFit, PatchGDModel, StepModel
-
-
-@dataclass(frozen=True)
-class Settings:
-    backbone: str = "resnet18"
-    device: str = "cpu"
-    autocast_dtype: torch.dtype | None = None
-    cap_px: int = 320 * 320  # largest calibration input (pixels with grad)
-    num_classes: int = 2
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""What data a run reads and how: the `data` section of the run configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bigslide.coerce import check_ranges
+from bigslide.errors import ConfigError
+from bigslide.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
+
+
+@dataclass
+class DataConfig:
+    csv: str | None = field(default=None, metadata={"help": "slide table: slide,label[,split][,regions]"})
+    source: Literal["csv", "demo", "ultramnist"] = field(
+        default="csv",
+        metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
+    )
+    ultramnist_count: int = field(
+        default=200, metadata={"min": 1, "help": "training canvases (validation: a quarter)"}
+    )
+    ultramnist_task: Literal["sum", "digit"] = field(
+        default="sum", metadata={"help": "label: sum of the 3-5 digits (paper), or 'digit': 3-5 of one digit"}
+    )
+    ultramnist_smallest_digit: float = field(
+        default=1 / 16, metadata={"help": "smallest digit side, a fraction of the canvas side"}
+    )
+    ultramnist_largest_digit: float = field(
+        default=1 / 2, metadata={"help": "largest digit side, a fraction of the canvas side"}
+    )
+    ultramnist_canvas: int = field(
+        default=0, metadata={"help": "side digits are drawn at, shrunk to data.image_size (0 = that size)"}
+    )
+    tile_size: int = field(
+        default=64, metadata={"min": 1, "help": "MIL tile side, pixels at data.target_mpp"}
+    )
+    target_mpp: float | None = field(
+        default=None,
+        metadata={
+            "help": "µm per pixel tiles and images are read at, whatever the scanner "
+            "(null = from data.magnification, else 0.5)"
+        },
+    )
+    magnification: float | None = field(
+        default=None, metadata={"help": "the same as a magnification: 20 = 0.5 µm/px, 40 = 0.25"}
+    )
+    slide_mpp: float | None = field(
+        default=None,
+        metadata={"help": "level-0 µm per pixel of slides whose files state none (else they are an error)"},
+    )
+    workers: int | None = field(
+        default=None,
+        metadata={
+            "min": 0,
+            "help": "processes decoding tiles ahead of the step (null = min(cores, 8); 0 = none)",
+        },
+    )
+    prefetch: int = field(
+        default=2,
+        metadata={
+            "min": 1,
+            "help": "bags or image batches decoded ahead of the step (raised to data.workers + 1)",
+        },
+    )
+    bag_size: int = field(
+        default=32, metadata={"min": 0, "help": "tiles sampled per slide for training (0 = all)"}
+    )
+    min_tissue: float = field(
+        default=0.6, metadata={"min": 0, "max": 1, "help": "minimum tissue fraction of a tile"}
+    )
+    image_size: int = field(
+        default=256,
+        metadata={"min": 1, "help": "side of the image read per slide at data.target_mpp (image methods)"},
+    )
+    batch_size: int = field(
+        default=1, metadata={"min": 1, "help": "images per batch (image methods; bags come one at a time)"}
+    )
+    augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
+    inference_repeats: int = field(
+        default=1, metadata={"min": 0, "help": "sampled bags averaged at inference (0 = all tiles)"}
+    )
+
+    def __post_init__(self) -> None:
+        # resolved here so the stored config (and so every checkpoint) names the resolution it used
+        if self.magnification is not None:
+            from_magnification = magnification_to_mpp(self.magnification)
+            if self.target_mpp is not None and abs(self.target_mpp / from_magnification - 1) > 1e-6:
+                raise ConfigError(
+                    f"data.target_mpp={self.target_mpp:g} and data.magnification={self.magnification:g} "
+                    f"disagree ({self.magnification:g}x is {from_magnification:g} µm/px); give one of them"
+                )
+            self.target_mpp = from_magnification
+        if self.target_mpp is None:
+            self.target_mpp = DEFAULT_MPP
+        for name in ("target_mpp", "slide_mpp"):
+            check_mpp(getattr(self, name), f"data.{name}")
+        check_ranges(self, "data")
+
+    @property
+    def read_mpp(self) -> float:
+        """`target_mpp` once resolved (always, after construction): the µm/px every slide is read at."""
+        return float(self.target_mpp if self.target_mpp is not None else DEFAULT_MPP)

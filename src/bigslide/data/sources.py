@@ -1,0 +1,112 @@
+"""Where a run's data comes from, by `data.source`: a slide table (`csv`), the bundled synthetic slides
+(`demo`) or UltraMNIST canvases (`ultramnist`). Scripts hand in their own (`RunData`, e.g. in-memory
+`ArrayImageDataset`s) to `train(config, data=...)`. The engine asks here and names no dataset."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from bigslide.data.arrays import ArrayImageDataset
+from bigslide.data.bags import BagDataset
+from bigslide.data.config import DataConfig
+from bigslide.data.images import SlideImageDataset
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideTable
+from bigslide.data.ultramnist import UltraMNIST
+from bigslide.errors import ConfigError
+
+TrainData = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
+
+
+@dataclass
+class RunData:
+    """What a run trains and validates on; scripts may pass their own to `train(config, data=...)`."""
+
+    classes: list[str]
+    train: TrainData
+    val: TrainData | None
+
+
+Source = Callable[[DataConfig, str, int, SlideCache], RunData]
+"""(data config, method kind "bag" | "image", run seed, the run's slide cache) -> the run's data."""
+
+
+def demo_dir() -> Path:
+    return Path(os.environ.get("BIGSLIDE_CACHE", Path.home() / ".cache" / "bigslide")) / "demo-slides"
+
+
+def load_table(data: DataConfig) -> SlideTable:
+    """The slide table a slide source reads: the bundled demo set, or `data.csv`."""
+    if data.source == "demo":
+        from bigslide.synthetic.slide_set import make_slide_set
+
+        return SlideTable.from_csv(make_slide_set(demo_dir()))
+    if not data.csv:
+        raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
+    return SlideTable.from_csv(data.csv)
+
+
+def slide_dataset(
+    data: DataConfig, kind: str, table: SlideTable, *, train: bool, seed: int, slides: SlideCache
+) -> BagDataset | SlideImageDataset:
+    """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`."""
+    if kind == "bag":
+        return BagDataset(
+            table,
+            tile_size=data.tile_size,
+            target_mpp=data.read_mpp,
+            bag_size=data.bag_size if train else (0 if data.inference_repeats == 0 else data.bag_size),
+            min_tissue=data.min_tissue,
+            augment=data.augment and train,
+            seed=seed,
+            slides=slides,
+        )
+    return SlideImageDataset(
+        table,
+        image_size=data.image_size,
+        target_mpp=data.read_mpp,
+        augment=data.augment and train,
+        seed=seed,
+        slides=slides,
+    )
+
+
+def from_slides(data: DataConfig, kind: str, seed: int, slides: SlideCache) -> RunData:
+    table = load_table(data).with_splits(seed=seed)
+    train_table, val_table = table.subset("train"), table.subset("val")
+    if len(train_table) == 0:
+        raise ConfigError("data: no slide is in the train split")
+    make = partial(slide_dataset, data, kind, seed=seed, slides=slides)
+    return RunData(
+        table.classes, make(train_table, train=True), make(val_table, train=False) if len(val_table) else None
+    )
+
+
+def from_ultramnist(data: DataConfig, kind: str, seed: int, _slides: SlideCache) -> RunData:
+    if kind != "image":
+        raise ConfigError("data.source: ultramnist gives whole images; this method reads bags of tiles")
+    canvases = partial(
+        UltraMNIST,
+        size=data.image_size,
+        seed=seed,
+        task=data.ultramnist_task,
+        scale=(data.ultramnist_smallest_digit, data.ultramnist_largest_digit),
+        canvas=data.ultramnist_canvas,
+    )
+    train = canvases(data.ultramnist_count, split="train")
+    return RunData(train.classes, train, canvases(max(1, data.ultramnist_count // 4), split="val"))
+
+
+SOURCES: dict[str, Source] = {"csv": from_slides, "demo": from_slides, "ultramnist": from_ultramnist}
+
+
+def build_data(data: DataConfig, kind: str, seed: int, slides: SlideCache) -> RunData:
+    """The train and validation datasets of `data.source` for a method of `kind`."""
+    source = SOURCES.get(data.source)
+    if source is None:
+        raise ConfigError(f"data.source: {data.source!r} is not one of {sorted(SOURCES)}")
+    return source(data, kind, seed, slides)

@@ -1,0 +1,36 @@
+"""The package's import graph: each layer imports only the layers below it, no cycles between packages,
+Qt only in bigslide.napari (the contracts in .importlinter, checked with import-linter)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT), "--no-cache", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_every_import_contract_is_kept() -> None:
+    result = lint(ROOT / ".importlinter")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 kept, 0 broken" in result.stdout
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    # the same layers upside down must break: the engine imports the methods, the methods the data
+    upside_down = tmp_path / ".importlinter"
+    upside_down.write_text(
+        "[importlinter]\nroot_package = bigslide\n\n[importlinter:contract:reversed]\n"
+        "name = reversed\ntype = layers\nlayers =\n    bigslide.data\n    bigslide.methods\n    bigslide.engine\n"
+    )
+    result = lint(upside_down)
+    assert result.returncode != 0
+    assert "BROKEN" in result.stdout
+    assert "bigslide.engine" in result.stdout
