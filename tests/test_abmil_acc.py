@@ -429,3 +429,29 @@ def test_abmil_acc_trains_and_predicts() -> None:
     assert prediction.instance_scores is not None
     assert prediction.instance_scores.shape == (9,)
     assert prediction.instance_scores.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+class _BareLogits(nn.Module):
+    """A head that scores the bag but no instance: mean-pooled features through a linear layer."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, 2)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fc(z.mean(dim=0))
+
+
+def test_a_head_without_attention_predicts_and_gives_no_heatmap() -> None:
+    from bigslide.engine.inference import sample_grids
+
+    acc, _ = _methods("abmil")
+    acc.model.aggregator = _BareLogits(acc.model.encoder.dim)
+    acc.model.eval()
+    sample = _batch(6, 0, seed=3).samples[0]
+    sample.coords = np.array([[i * 32, 0] for i in range(6)])
+    sample.tile_size_level0 = 32
+    prediction = acc.predict(sample)
+    assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-6)
+    assert prediction.instance_scores is None  # no made-up uniform attention
+    assert sample_grids(sample, prediction, (0.5, 0.5)) == {}

@@ -28,7 +28,8 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     upside_down = tmp_path / ".importlinter"
     upside_down.write_text(
         "[importlinter]\nroot_package = bigslide\n\n[importlinter:contract:reversed]\n"
-        "name = reversed\ntype = layers\nlayers =\n    bigslide.data\n    bigslide.methods\n    bigslide.engine\n"
+        "name = reversed\ntype = layers\nlayers =\n"
+        "    bigslide.data\n    bigslide.methods\n    bigslide.engine\n"
     )
     result = lint(upside_down)
     assert result.returncode != 0

@@ -14,7 +14,7 @@ import importlib.metadata
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -84,9 +84,13 @@ class ModelSpec:
     num_classes: int = 2
 
 
-class Method(ABC):
-    """A training method. Besides training and inference it describes itself to the engine (batching,
-    memory knobs), the planner (`plan`) and the viewers (`map_titles`), so none of them names a method."""
+P = TypeVar("P", bound=MethodParams)
+
+
+class Method(ABC, Generic[P]):
+    """A training method, generic over its parameters' dataclass (`Method[MyParams]`). Besides training
+    and inference it describes itself to the engine (batching, memory knobs), the planner (`plan`) and
+    the viewers (`map_titles`), so none of them names a method."""
 
     name: ClassVar[str]
     kind: ClassVar[Kind]
@@ -102,8 +106,8 @@ class Method(ABC):
     # float32's transfer). False: the engine hands it floats in [0, 1].
     takes_uint8: ClassVar[bool] = False
 
-    def __init__(self, params: MethodParams, spec: ModelSpec, device: torch.device) -> None:
-        self.params = params
+    def __init__(self, params: P, spec: ModelSpec, device: torch.device) -> None:
+        self.params: P = params
         self.spec = spec
         self.device = device
         self.model: nn.Module = self.build_model()
@@ -147,10 +151,11 @@ class Method(ABC):
         return None
 
 
-_REGISTRY: dict[str, type[Method]] = {}
+_REGISTRY: dict[str, type[Method[Any]]] = {}
+M = TypeVar("M", bound="Method[Any]")
 
 
-def register(cls: type[Method]) -> type[Method]:
+def register(cls: type[M]) -> type[M]:
     """Class decorator adding a method to the registry under `cls.name`."""
     if cls.name in _REGISTRY:
         raise ValueError(f"method {cls.name!r} is registered twice")
@@ -170,7 +175,7 @@ def available_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_method(name: str) -> type[Method]:
+def get_method(name: str) -> type[Method[Any]]:
     _load_methods()
     try:
         return _REGISTRY[name]

@@ -33,7 +33,6 @@ from torch import nn
 
 from bigslide.data.sample import as_float
 from bigslide.errors import ConfigError
-from bigslide.methods.abmil_acc import MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.base import (
     Batch,
     Method,
@@ -50,6 +49,7 @@ from bigslide.methods.batchnorm import (
     freeze_batchnorm_affine,
     frozen_batchnorm,
 )
+from bigslide.methods.mil import MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
@@ -128,7 +128,7 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
 
 
 @register
-class BigLayerMIL(Method):
+class BigLayerMIL(Method[BigLayerMILParams]):
     name = "biglayer_mil"
     kind = "bag"
     takes_uint8 = True
@@ -142,7 +142,6 @@ class BigLayerMIL(Method):
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
         return plan_big_layers(cls.name, target, settings, image=False)
 
-    params: BigLayerMILParams
     model: BigMILModel
 
     def build_model(self) -> nn.Module:
@@ -174,7 +173,7 @@ class BigLayerMIL(Method):
 
 
 @register
-class BigLayerImage(Method):
+class BigLayerImage(Method[BigLayerImageParams]):
     name = "biglayer_image"
     kind = "image"
     takes_uint8 = True
@@ -187,7 +186,6 @@ class BigLayerImage(Method):
     def plan(cls, target: Target, settings: Settings) -> list[Candidate]:
         return plan_big_layers(cls.name, target, settings, image=True)
 
-    params: BigLayerImageParams
     model: BigImageModel
 
     def build_model(self) -> nn.Module:

@@ -52,7 +52,7 @@ class FullImageParams(MethodParams):
 
 
 @register
-class FullImage(Method):
+class FullImage(Method[FullImageParams]):
     name = "full_image"
     kind = "image"
     takes_uint8 = True
@@ -70,8 +70,6 @@ class FullImage(Method):
         px = target.batch * target.image**2
         peak = model.peak(input_bytes=12 * px, px=px)
         return [Candidate(cls.name, {}, peak, note="whole image in one graph")]
-
-    params: FullImageParams
 
     def build_model(self) -> nn.Module:
         extra: dict[str, object] = {"img_size": self.params.img_size} if self.params.img_size else {}

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from bigslide.data.sample import to_device
-from bigslide.methods.abmil_acc import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
+from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
 from bigslide.nn.mil import Aggregator, LossFn, bag_loss
 
@@ -54,7 +54,7 @@ def full_bag_backward(
 
 
 @register
-class FullBag(MILMethod):
+class FullBag(MILMethod[EndToEndParams]):
     name = "full_bag"
     Params = EndToEndParams
     summary = "End-to-end attention MIL with the whole bag in one graph (memory grows with the bag)."
@@ -71,7 +71,6 @@ class FullBag(MILMethod):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params
-        assert isinstance(p, EndToEndParams)
         model = self.mil_model
         step = full_bag_backward(
             model.encoder,
@@ -127,7 +126,7 @@ class FeatureCache:
 
 
 @register
-class FrozenABMIL(MILMethod):
+class FrozenABMIL(MILMethod[FrozenParams]):
     name = "frozen_abmil"
     Params = FrozenParams
     summary = "Frozen encoder features (cached per tile), only the attention-MIL head trains."
@@ -136,7 +135,6 @@ class FrozenABMIL(MILMethod):
         model = super().build_model()
         self._freeze_encoder(model)
         p = self.params
-        assert isinstance(p, FrozenParams)
         self.cache = FeatureCache(p.cache_mb * 2**20)
         return model
 
@@ -148,7 +146,6 @@ class FrozenABMIL(MILMethod):
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         p = self.params
-        assert isinstance(p, FrozenParams)
         encoder = self.mil_model.encoder
         encoder.eval()  # the engine's model.train() must not switch the frozen encoder's BN/dropout on
         chunk = max(1, p.inference_chunk_size)

@@ -218,7 +218,7 @@ def sample_positions(
 
 
 @register
-class PatchGD(Method):
+class PatchGD(Method[PatchGDParams]):
     name = "patchgd"
     kind = "image"
     takes_uint8 = True
@@ -257,7 +257,6 @@ class PatchGD(Method):
             )
         return out
 
-    params: PatchGDParams
     model: PatchGDModel
 
     def __init__(self, params: MethodParams, spec: ModelSpec, device: torch.device) -> None:

@@ -1,0 +1,196 @@
+"""What the attention-MIL methods share: the encoder + head model, the head's parameters, the
+encoder BatchNorm policy, and chunked, gradient-free prediction. ABMIL-ACC, the full-bag and
+frozen-encoder baselines and Big-Layer MIL build on it."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bigslide.errors import ConfigError
+from bigslide.methods.base import Method, MethodParams, Prediction, Sample
+from bigslide.methods.batchnorm import freeze_batchnorm_affine
+from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.mil import Aggregator, make_aggregator
+
+BNMode = Literal["eval", "frozen", "batch"]
+
+
+class BagStep(NamedTuple):
+    loss: torch.Tensor  # detached scalar
+    logits: torch.Tensor  # (1, C), detached
+    attention: torch.Tensor | None  # (N,), detached; None when the aggregator returns bare logits
+
+
+def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(logits (1, C), attention or None)` from a MIL head's output: `(logits, attention)` or bare logits.
+
+    A head that gives no per-instance scores gets None, not made-up uniform scores: a flat heatmap would
+    look like a result. Bare (C,) logits get the bag axis.
+    """
+    if isinstance(output, tuple | list) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+        logits, attention = output
+        if attention is not None and not isinstance(attention, torch.Tensor):
+            raise TypeError(f"aggregator output: attention must be a tensor or None, got {type(attention)}")
+    elif isinstance(output, torch.Tensor):
+        logits, attention = output, None
+    else:
+        raise TypeError(
+            f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
+        )
+    return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
+
+
+@contextlib.contextmanager
+def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterator[None]:
+    """Puts the encoder's BatchNorm layers in the state `mode` asks for, and restores them after.
+
+    "eval": running statistics (exact); "frozen": running statistics and no gradient to the BN
+    affine parameters (exact); "batch": leave the layers as they are (train mode = batch statistics;
+    inexact when `chunked`, which warns).
+    """
+    if mode not in ("eval", "frozen", "batch"):
+        raise ConfigError(f"method.params.bn_mode: {mode!r} is not one of 'eval', 'frozen', 'batch'")
+    layers = batchnorm_layers(encoder)
+    if mode == "batch":
+        if chunked and any(layer.training for layer in layers):
+            warnings.warn(
+                "bn_mode='batch': encoder BatchNorm uses per-chunk batch statistics, so the accumulated "
+                "gradient differs from the full-bag gradient; bn_mode='eval' or 'frozen' is exact",
+                InexactGradientWarning,
+                stacklevel=3,
+            )
+        yield
+        return
+    training = [layer.training for layer in layers]
+    frozen = (
+        [p for layer in layers for p in layer.parameters() if p.requires_grad] if mode == "frozen" else []
+    )
+    try:
+        for layer in layers:
+            layer.eval()
+        for p in frozen:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for layer, was_training in zip(layers, training):
+            layer.train(was_training)
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+class MILModel(nn.Module):
+    """Encoder and MIL head; `forward` is the plain full-bag graph."""
+
+    def __init__(self, encoder: nn.Module, aggregator: Aggregator) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.aggregator = aggregator
+
+    def forward(self, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.aggregator(self.encoder(bag))
+
+
+@dataclass
+class MILParams(MethodParams):
+    aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
+        default="abmil", metadata={"help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL"}
+    )
+    hidden: int = field(
+        default=256, metadata={"min": 1, "help": "size of the head's projection of the features"}
+    )
+    attention_dim: int = field(
+        default=128,
+        metadata={
+            "shown_with": {"aggregator": ("abmil", "abmil_gated", "dtfd")},
+            "min": 1,
+            "help": "hidden size of the attention scorer",
+        },
+    )
+    dropout: float = field(
+        default=0.0, metadata={"min": 0, "max": 0.99, "help": "dropout after the head's projection"}
+    )
+    heads: int = field(
+        default=8,
+        metadata={"shown_with": {"aggregator": ("transmil",)}, "min": 1, "help": "TransMIL: attention heads"},
+    )
+    pseudo_bags: int = field(
+        default=4,
+        metadata={"shown_with": {"aggregator": ("dtfd",)}, "min": 1, "help": "DTFD: pseudo-bags per bag"},
+    )
+    distill: Literal["afs", "maxs"] = field(
+        default="afs",
+        metadata={
+            "shown_with": {"aggregator": ("dtfd",)},
+            "help": "DTFD: tier-2 features (attention-pooled or max-scoring instance)",
+        },
+    )
+    inference_chunk_size: int = field(
+        default=128, metadata={"min": 1, "help": "tiles per encoder call at prediction"}
+    )
+
+
+@dataclass
+class EndToEndParams(MILParams):
+    bn_mode: Literal["eval", "frozen", "batch"] = field(
+        default="eval",
+        metadata={"help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)"},
+    )
+
+
+def aggregator_kwargs(p: MILParams) -> dict[str, Any]:
+    if p.aggregator == "transmil":
+        return {"hidden": p.hidden, "heads": p.heads, "dropout": p.dropout}
+    kwargs: dict[str, Any] = {"hidden": p.hidden, "attention_dim": p.attention_dim, "dropout": p.dropout}
+    if p.aggregator == "dtfd":
+        kwargs.update(pseudo_bags=p.pseudo_bags, distill=p.distill)
+    return kwargs
+
+
+P = TypeVar("P", bound=MILParams)
+
+
+class MILMethod(Method[P]):
+    """Shared parts of the bag methods: model building and chunked, gradient-free prediction."""
+
+    kind = "bag"
+    takes_uint8 = True
+    map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
+    Params: ClassVar[type[MethodParams]] = MILParams
+
+    @property
+    def mil_model(self) -> MILModel:
+        assert isinstance(self.model, MILModel)
+        return self.model
+
+    def build_model(self) -> nn.Module:
+        p = self.params
+        encoder = create_encoder(
+            self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
+        )
+        aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.num_classes, **aggregator_kwargs(p))
+        if getattr(p, "bn_mode", None) == "frozen":
+            freeze_batchnorm_affine(encoder)
+        return MILModel(encoder, aggregator)
+
+    def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
+        """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
+        chunk = max(1, self.params.inference_chunk_size)
+        return encode_chunks(self.mil_model.encoder, bag, chunk, device=self.device)
+
+    def predict(self, sample: Sample) -> Prediction:
+        # The bag stays on the host: `features` moves one chunk at a time.
+        with torch.no_grad():
+            logits, attention = split_head_output(self.mil_model.aggregator(self.features(sample, sample.x)))
+            probs = F.softmax(logits.float(), dim=-1)[0]
+        # a head that scores no instance gives no heatmap, rather than a flat one that looks like a result
+        scores = None if attention is None else attention.float().reshape(-1).cpu().numpy()
+        return Prediction(probs=probs.cpu().numpy(), instance_scores=scores)
