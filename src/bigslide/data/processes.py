@@ -5,8 +5,8 @@ gave 1.2x one thread's rate where two processes gave 1.8x (`bigslide bench io`).
 each item's squares to a pool of forked processes: a process opens its own copy of the slide (the
 parent's open files share their offsets and locks with a forked child), decodes every file tile the
 item touches once (`read_squares`), and writes the squares into a shared buffer. The parent hands out
-a view of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (its
-storage's use count says so): a copy into fresh memory cost the parent a page fault per 4 KiB and a
+a view of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (a
+weak reference to the array every handed-out view derives from says so): a copy into fresh memory cost the parent a page fault per 4 KiB and a
 pass over the bag, which on two cores took the time of a third of a worker. Buffers are kept (one per
 item in flight or still held, grown to the largest item): fresh shared memory would cost the workers
 the same faults. Worker processes ignore Ctrl-C (the parent catches it and shuts the pool down), drop
@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -61,7 +62,8 @@ class DecodeProcesses:
         self._pool.submit(os.getpid).result()
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
         self._lock = threading.Lock()
-        self._buffers: list[tuple[torch.Tensor, int]] = []  # by number: (buffer, its use count when idle)
+        # by number: (buffer, the array last lent from it, alive while any view of it is)
+        self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None]] = []
         self._reading: set[int] = set()
 
     def read(self, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray) -> np.ndarray:
@@ -73,7 +75,10 @@ class DecodeProcesses:
             try:
                 task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
                 self._pool.submit(_read, *task).result()
-                return channels_first(_squares(buffer, shape))
+                lent = buffer.numpy()  # a new array object: every view handed out keeps it alive
+                with self._lock:
+                    self._buffers[number] = (buffer, weakref.ref(lent))
+                return channels_first(lent[: math.prod(shape)].reshape(shape))
             except BrokenProcessPool:
                 raise DataError(
                     f"{path}: a decode worker process died while reading {len(coords)} tiles "
@@ -93,8 +98,8 @@ class DecodeProcesses:
         with self._lock:
             idle = [
                 n
-                for n, (buffer, uses) in enumerate(self._buffers)
-                if n not in self._reading and _uses(buffer) == uses
+                for n, (_buffer, lent) in enumerate(self._buffers)
+                if n not in self._reading and (lent is None or lent() is None)
             ]
             fits = [n for n in idle if self._buffers[n][0].numel() >= size]
             if fits:
@@ -102,18 +107,13 @@ class DecodeProcesses:
             else:
                 number = idle[0] if idle else len(self._buffers)
                 buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
-                entry = (buffer, _uses(buffer))
+                entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None] = (buffer, None)
                 if number == len(self._buffers):
                     self._buffers.append(entry)
                 else:
                     self._buffers[number] = entry  # the worker drops the smaller one when this comes
             self._reading.add(number)
             return number, self._buffers[number][0]
-
-
-def _uses(buffer: torch.Tensor) -> int:
-    """How many references the buffer's memory has (views of it, arrays and tensors made from them)."""
-    return int(torch._C._storage_Use_Count(buffer.untyped_storage()._cdata))
 
 
 Pool = Executor | DecodeProcesses | None
