@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bigslide.bench import learning
+from bigslide.bench import learning, learning_runs
 from bigslide.bench.learning import _update, render_tables
 from bigslide.data.slides import SlideCache
 from bigslide.engine import CheckpointSaved, TrainConfig, train
@@ -93,7 +93,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint_only_under_the_same_se
         resumed.append(resume)
         return train(config, resume=resume, **kw)
 
-    monkeypatch.setattr(learning, "train", recording_train)
+    monkeypatch.setattr(learning_runs, "train", recording_train)
     assert len(learning.train_run(config).history) == 2
     changed = learning.ultramnist_config(args, "full_image", 16, 0, "um")
     changed.run.out_dir = config.run.out_dir

@@ -3,14 +3,15 @@
 Threads decoding JPEG tiles share one interpreter, and on this project's own measurements two threads
 gave 1.2x one thread's rate where two processes gave 1.8x (`bigslide bench io`). So the loader hands
 each item's squares to a pool of forked processes: a process opens its own copy of the slide (the
-parent's open files share their offsets and locks with a forked child), decodes every file tile the
-item touches once (`read_squares`), and writes the squares into a shared buffer. The parent hands out
-a view of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (a
-weak reference to the array every handed-out view derives from says so): a copy into fresh memory cost the parent a page fault per 4 KiB and a
-pass over the bag, which on two cores took the time of a third of a worker. Buffers are kept (one per
-item in flight or still held, grown to the largest item): fresh shared memory would cost the workers
-the same faults. Worker processes ignore Ctrl-C (the parent catches it and shuts the pool down), drop
-the signal handlers they inherit, and exit on their own when the parent dies, even by SIGKILL.
+parent's open files share their offsets and locks with a forked child), decodes every file tile the item
+touches once (`read_squares`), and writes the squares into a shared buffer. The parent hands out a view
+of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (a weak
+reference to the array every handed-out view derives from says so): a copy into fresh memory cost the
+parent a page fault per 4 KiB and a pass over the bag, which on two cores took the time of a third of a
+worker. Buffers are kept (one per item in flight or still held, grown to the largest item): fresh shared
+memory would cost the workers the same faults. Worker processes ignore Ctrl-C (the parent catches it and
+shuts the pool down), drop the signal handlers they inherit, and exit on their own when the parent dies,
+even by SIGKILL.
 """
 
 from __future__ import annotations

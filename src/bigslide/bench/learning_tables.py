@@ -1,0 +1,99 @@
+"""The learning bench's tables, rendered from its results file (`--docs` writes them into the docs)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bigslide.bench.learning_runs import BEGIN, END, SUBTLE_LR, ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH
+
+
+def mean_sd(values: list[float]) -> str:
+    values = [v for v in values if np.isfinite(v)]
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}" if len(values) > 1 else f"{values[0]:.3f} (1 seed)"
+
+
+def _table(runs: dict[str, dict[str, float]], part: str, columns: dict[str, str]) -> list[str]:
+    names: dict[str, list[dict[str, float]]] = {}
+    for key, value in runs.items():
+        p, name, _seed = key.split("/")
+        if p == part:
+            names.setdefault(name, []).append(value)
+    if not names:
+        return ["(not measured)", ""]
+    lines = ["| run | seeds | " + " | ".join(columns.values()) + " |", "|---|---:|" + "---:|" * len(columns)]
+    for name, rows in names.items():
+        cells = [mean_sd([r.get(k, float("nan")) for r in rows]) for k in columns]
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def render_tables(state: dict[str, Any]) -> str:
+    """The Markdown tables (mean ± sd over seeds) of every part measured so far."""
+    runs, meta = state.get("runs", {}), state.get("meta", {})
+    slide_cols = {"auc": "test AUC", "balanced_accuracy": "balanced accuracy", "cell_auc": "map cell AUC"}
+    lines = [
+        f"Machine: 2-core CPU VM, shared; torch {meta.get('torch')}, Python "
+        f"{meta.get('python')}. Commands: "
+        + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
+        + f". {meta.get('slides')} (tumour) and {meta.get('subtle_slides')} (subtle) slides of 1024² per set "
+        f"(half train, a quarter validation, a quarter test), backbone "
+        f"`{meta.get('backbone')}` from random weights; epochs: "
+        + ", ".join(
+            f"{meta[key]} ({what})"
+            for key, what in (
+                ("epochs", "tumour MIL"),
+                ("image_epochs", "tumour image methods"),
+                ("ultramnist_epochs", "UltraMNIST"),
+                ("subtle_epochs", "subtle"),
+            )
+            if key in meta
+        )
+        + ". "
+        "Mean ± sd over the seeds measured; *map cell AUC* is "
+        "the AUC of the attention (MIL) or Z-block class-evidence (PatchGD) cells, lesion (> 10 % lesion) "
+        "against other tissue cells, averaged over the tumour test slides.",
+        "",
+        "### Tumour lesions, MIL methods (tiles of 32 px at 1 µm/px, bag 24)",
+        "",
+        *_table(runs, "tumour_mil", slide_cols),
+        f"### Tumour lesions, whole-slide image methods ({meta.get('image_size')}² per slide at 1 µm/px)",
+        "",
+        *_table(runs, "tumour_image", slide_cols),
+        f"### Subtle lesions (enlarged, pale, vesicular nuclei; same density and mean colour; tiles of "
+        f"{meta.get('subtle_tile')} px at 0.5 µm/px, bag {meta.get('subtle_bag')}, learning rate "
+        f"{SUBTLE_LR}. Controls, tile AUC on the test slides' tiles with labels from the lesion masks: "
+        "*tile_labels*, ABMIL-ACC's encoder trained on single tiles for "
+        f"{meta.get('tile_label_epochs')} epochs; *frozen_probe*, a logistic regression on the features "
+        "of a frozen random encoder of the same backbone, drawn from the run's seed)",
+        "",
+        *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
+        "### UltraMNIST: PatchGD vs GD at equal memory"
+        + (
+            f" ({meta['canvases']} training canvases, digits of {ULTRAMNIST_DIGITS[0] * meta['canvas']:g}-"
+            f"{ULTRAMNIST_DIGITS[1] * meta['canvas']:g} px on {meta['canvas']}², backbone "
+            f"`{meta.get('ultramnist_backbone')}`; PatchGD: {ULTRAMNIST_PATCH} px patches, k "
+            f"{meta.get('ultramnist_k')}, pool head; validation accuracy, chance 0.1)"
+            if "canvases" in meta
+            else ""
+        ),
+        "",
+        *_table(runs, "ultramnist", {"accuracy": "accuracy", "qwk": "QWK", "step_mb": "step MB"}),
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(state: dict[str, Any], path: Path) -> None:
+    """Replace the text between the bench's markers in `path` with freshly rendered tables."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no '{BEGIN}' ... '{END}' markers to write between")
+    head, rest = text.split(BEGIN, 1)
+    _old, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{render_tables(state)}\n{END}{tail}")
