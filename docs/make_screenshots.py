@@ -73,7 +73,7 @@ def main() -> None:
 
     from bigslide.data.sources import demo_dir
     from bigslide.data.table import SlideTable
-    from bigslide.napari._layers import slide_layers
+    from bigslide.napari._roles import slide_layers
     from bigslide.synthetic.slide_set import make_slide_set
     from bigslide.synthetic.slides import make_synthetic_slide
 

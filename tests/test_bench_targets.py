@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bigslide.bench import acc, biglayer, biglayer_capacity, patchgd, plan_check
+from bigslide.bench import acc, biglayer, biglayer_capacity, patchgd_report, plan_check
 from bigslide.bench.targets import Targets, add_target_argument, min_median
 from bigslide.cli.main import main as cli_main
 
@@ -128,10 +128,10 @@ def test_patchgd_reference_targets(
 ) -> None:
     args = argparse.Namespace(backbone="resnet18", device="cpu", amp="none", rounds=2)
     targets = Targets()
-    patchgd._print_reference(args, size, _reference_results(ours, loop), targets)
+    patchgd_report.print_reference(args, size, _reference_results(ours, loop), targets)
     assert targets.exit_code() == code
     failed = Targets()
-    patchgd._print_reference(
+    patchgd_report.print_reference(
         args, size, {**_reference_results(ours, loop), "upstream loop": {"error": "x"}}, failed
     )
     assert failed.exit_code() == 1  # a side that failed is not a met target
@@ -157,7 +157,7 @@ def test_patchgd_size_table_checks_memory_at_2048() -> None:
         targets = Targets()
         rows = [(1024, {"full-image GD": row(480), "PatchGD, x": row(400)})]  # no target below 2048²
         rows.append((2048, {"full-image GD": row(gd_mb), "PatchGD, x": row(patchgd_mb)}))
-        patchgd._print_sizes(args, rows, targets)
+        patchgd_report.print_sizes(args, rows, targets)
         assert targets.exit_code() == code
         assert len(targets.verdicts) == 1
 

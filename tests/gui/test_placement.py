@@ -17,7 +17,8 @@ import pytest
 from PIL import Image
 
 from bigslide.explain.heatmap import ScoreGrid
-from bigslide.napari._layers import placement_of, slide_layers
+from bigslide.napari._placement import placement_of
+from bigslide.napari._roles import slide_layers
 from bigslide.slide import open_slide
 from tests.gui.test_results import tiny_checkpoint  # imports torch before any viewer exists (Mesa/triton)
 

@@ -9,7 +9,6 @@ user's fallback for a file that states none) or the slide is moved, its overlays
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,8 @@ import shapely
 from shapely.geometry import MultiPolygon, Polygon
 
 from bigslide.explain.placement import Placement
+from bigslide.napari._placement import place_layer, placement_of
+from bigslide.napari._roles import ROLE, find_layer, layers_with_role, remove_layers
 
 if TYPE_CHECKING:
     import napari
@@ -25,16 +26,10 @@ if TYPE_CHECKING:
     from bigslide.explain.heatmap import Normalisation, ScoreGrid
     from bigslide.slide import Slide
 
-ROLE = "bigslide_role"
-"""Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles" or "heatmap"."""
-OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
 
 HEATMAP_COLORMAPS = ("inferno", "viridis", "magma", "turbo", "plasma", "gray")
 MAX_TILE_BOXES = 4000
 """Above this many tiles the preview is drawn as a mask image: thousands of Shapes are slow to edit."""
-_UNIT_NAMES = {"um": "micrometer", "pixel": "pixel"}
-SLIDE_GAP = 0.05
-"""Gap between slides opened side by side, a fraction of the wider one's width."""
 
 
 def slide_layer_data(
@@ -75,120 +70,6 @@ def slide_display_name(path: str | Path) -> str:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return Path(path).stem
-
-
-# -- placement -------------------------------------------------------------------------------------------
-
-
-def placement_of(slide_layer: napari.layers.Image) -> Placement:
-    """Where the slide layer puts its level-0 pixels: its effective µm/px and its world offset."""
-    mpp = slide_layer.metadata.get("mpp")
-    offset = tuple(float(v) for v in slide_layer.translate[-2:])
-    return Placement((float(mpp[0]), float(mpp[1])) if mpp else None, (offset[0], offset[1]))
-
-
-def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallback: float | None) -> bool:
-    """Give a slide whose file states no µm/px the user's fallback (None: back to level-0 pixels).
-
-    Its overlays follow. Returns whether anything changed; slides that state their µm/px keep it."""
-    meta = slide_layer.metadata
-    if meta.get("stated_mpp"):
-        return False
-    mpp = (float(fallback), float(fallback)) if fallback else None
-    old = meta.get("mpp")
-    if (tuple(old) if old else None) == mpp:
-        return False
-    meta["mpp"] = mpp
-    placement = placement_of(slide_layer)
-    slide_layer.units = placement.units
-    slide_layer.scale = placement.raster()[0]
-    place_overlays(viewer, slide_layer)
-    return True
-
-
-def place_layer(layer: Any, slide_layer: napari.layers.Image) -> None:
-    """Put one overlay where its slide says: rasters cell by cell, shapes vertex by vertex."""
-    placement = placement_of(slide_layer)
-    if layer.metadata.get("shapes", False):
-        scale, translate = placement.vertices()
-    else:
-        cell = float(layer.metadata.get("cell_size_level0", 1.0))
-        origin = tuple(layer.metadata.get("origin", (0.0, 0.0)))
-        scale, translate = placement.raster(cell, (float(origin[0]), float(origin[1])))
-    # each setter refreshes the layer: set only what changed (a followed run redraws every epoch)
-    if [str(u) for u in layer.units[-2:]] != [_UNIT_NAMES[placement.units]] * 2:
-        layer.units = placement.units
-    if not np.allclose(layer.scale[-2:], scale):
-        layer.scale = scale
-    if not np.allclose(layer.translate[-2:], translate):
-        layer.translate = translate
-
-
-def place_overlays(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> None:
-    path = slide_layer.metadata.get("path")
-    for layer in viewer.layers:
-        if layer.metadata.get(ROLE) in OVERLAY_ROLES and layer.metadata.get("slide") == path:
-            place_layer(layer, slide_layer)
-
-
-def slide_of(viewer: napari.Viewer, layer: Any) -> Any:
-    """The slide layer an overlay belongs to, or None."""
-    path = layer.metadata.get("slide")
-    return next((s for s in slide_layers(viewer) if s.metadata.get("path") == path), None)
-
-
-def beside_slides(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> tuple[float, float] | None:
-    """World offset to the right of the other slides (none there: None), so slides never hide each other."""
-    others = [
-        s for s in slide_layers(viewer) if s.name != slide_layer.name
-    ]  # names: plugins see proxies, not layers
-    if not others:
-        return None
-    right = max(float(s.extent.world[1][-1]) for s in others)
-    top = min(float(s.extent.world[0][-2]) for s in others)
-    width = max(float(np.ptp(s.extent.world[:, -1])) for s in [*others, slide_layer])
-    sy, sx = placement_of(slide_layer).pixel_scale
-    return (top + sy / 2, right + SLIDE_GAP * width + sx / 2)
-
-
-_FOLLOWED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def keep_in_place(viewer: napari.Viewer) -> None:
-    """From now on: a slide opened beside others is put to their right, an overlay added for a slide is
-    placed on it, and moving a slide moves its overlays."""
-    if viewer in _FOLLOWED:
-        return
-    _FOLLOWED.add(viewer)
-    ref = weakref.ref(viewer)
-
-    def on_inserted(event: Any) -> None:
-        view = ref()
-        layer = event.value
-        if view is None:
-            return
-        role = layer.metadata.get(ROLE)
-        if role == "slide":
-            if not any(float(v) for v in layer.translate[-2:]):
-                offset = beside_slides(view, layer)
-                if offset is not None:
-                    layer.translate = offset
-            layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
-        elif role in OVERLAY_ROLES:
-            slide = slide_of(view, layer)
-            if slide is not None:
-                place_layer(layer, slide)
-
-    viewer.layers.events.inserted.connect(on_inserted)
-    for layer in list(viewer.layers):
-        if layer.metadata.get(ROLE) == "slide":
-            layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
-
-
-def _follow(ref: weakref.ref[Any], slide_layer: Any) -> None:
-    view = ref()
-    if view is not None and slide_layer in view.layers:
-        place_overlays(view, slide_layer)
 
 
 # -- polygons <-> Shapes data --------------------------------------------------------------------------
@@ -432,27 +313,3 @@ def _limits(values: np.ndarray) -> tuple[float, float]:
     finite = values[np.isfinite(values)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     return (low, high if high > low else low + 1.0)
-
-
-# -- lookups ---------------------------------------------------------------------------------------------
-
-
-def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:
-    return [layer for layer in viewer.layers if layer.metadata.get(ROLE) == "slide"]
-
-
-def layers_with_role(viewer: napari.Viewer, role: str, slide: str | None = None) -> list[Any]:
-    return [
-        layer
-        for layer in viewer.layers
-        if layer.metadata.get(ROLE) == role and (slide is None or layer.metadata.get("slide") == slide)
-    ]
-
-
-def remove_layers(viewer: napari.Viewer, *, role: str, slide: str | None = None) -> None:
-    for layer in layers_with_role(viewer, role, slide):
-        viewer.layers.remove(layer)
-
-
-def find_layer(viewer: napari.Viewer, name: str) -> Any:
-    return next((layer for layer in viewer.layers if layer.name == name), None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bigslide.napari._layers import layers_with_role, shapes_to_polygons
+from bigslide.napari._layers import shapes_to_polygons
+from bigslide.napari._roles import layers_with_role
 
 if TYPE_CHECKING:
     import napari

@@ -22,16 +22,10 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.errors import BigslideError
-from bigslide.napari._layers import (
-    add_tile_preview,
-    layers_with_role,
-    polygons_to_shapes,
-    regions_layer_kwargs,
-    remove_layers,
-    slide_layers,
-)
+from bigslide.napari._layers import add_tile_preview, polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
+from bigslide.napari._roles import layers_with_role, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
 from bigslide.napari._session import session_for
 

@@ -21,17 +21,10 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.errors import BigslideError
-from bigslide.napari._layers import (
-    HEATMAP_COLORMAPS,
-    add_heatmap,
-    layers_with_role,
-    renormalise,
-    show_legend,
-    show_only,
-    slide_layers,
-)
+from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
 from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import percent_slider, scrolled, set_items
+from bigslide.napari._roles import layers_with_role, slide_layers
 from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from bigslide.napari._layers import ROLE, polygons_to_shapes, slide_display_name, slide_layer_data
+from bigslide.napari._layers import polygons_to_shapes, slide_display_name, slide_layer_data
+from bigslide.napari._roles import ROLE
 
 LayerData = tuple[Any, dict[str, Any], str]
 

@@ -140,7 +140,8 @@ def session_for(viewer: napari.Viewer) -> Session:
 
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
-    from bigslide.napari._layers import ROLE, keep_in_place, set_slide_mpp, slide_layers
+    from bigslide.napari._placement import keep_in_place, set_slide_mpp
+    from bigslide.napari._roles import ROLE, slide_layers
 
     keep_in_place(viewer)
     ref = weakref.ref(viewer)

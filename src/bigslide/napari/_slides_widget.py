@@ -24,9 +24,9 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.errors import BigslideError
-from bigslide.napari._layers import ROLE
 from bigslide.napari._qt import float_box, scrolled, spin_box
 from bigslide.napari._regions import slide_regions
+from bigslide.napari._roles import ROLE
 from bigslide.napari._run import in_panel_words
 from bigslide.napari._session import SPLIT_CHOICES, Session, session_for
 

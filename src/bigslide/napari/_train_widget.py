@@ -34,9 +34,9 @@ from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig, TrainCo
 from bigslide.engine.events import CheckpointSaved, Loss, Message, Metrics, Progress
 from bigslide.errors import BigslideError
 from bigslide.napari._forms import DataclassForm
-from bigslide.napari._layers import slide_layers
 from bigslide.napari._plot import LinePlot
 from bigslide.napari._qt import combo_box, float_box, spin_box
+from bigslide.napari._roles import slide_layers
 from bigslide.napari._run import check_before_start, drive, in_panel_words, new_run_folder, write_run_folder
 from bigslide.napari._session import session_for
 

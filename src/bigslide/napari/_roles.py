@@ -1,0 +1,33 @@
+"""Telling our layers apart: each carries its role (and the slide it belongs to) in its metadata."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import napari
+
+ROLE = "bigslide_role"
+"""Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles" or "heatmap"."""
+OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
+
+
+def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:
+    return [layer for layer in viewer.layers if layer.metadata.get(ROLE) == "slide"]
+
+
+def layers_with_role(viewer: napari.Viewer, role: str, slide: str | None = None) -> list[Any]:
+    return [
+        layer
+        for layer in viewer.layers
+        if layer.metadata.get(ROLE) == role and (slide is None or layer.metadata.get("slide") == slide)
+    ]
+
+
+def remove_layers(viewer: napari.Viewer, *, role: str, slide: str | None = None) -> None:
+    for layer in layers_with_role(viewer, role, slide):
+        viewer.layers.remove(layer)
+
+
+def find_layer(viewer: napari.Viewer, name: str) -> Any:
+    return next((layer for layer in viewer.layers if layer.name == name), None)
