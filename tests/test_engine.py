@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,11 @@ def test_run_yields_progress_metrics_and_checkpoints_and_saves_its_config(
         (0, "val"),
         (1, "train"),
         (1, "val"),
+        (2, "test"),  # the table's test slides, scored once after training
     }
+    assert result.test is not None
+    assert set(result.test) == {"accuracy", "balanced_accuracy", "qwk", "auc"}
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())[-1] == {"test": result.test}
     assert [e.step for e in events if isinstance(e, CheckpointSaved)] == [n_train, 2 * n_train]
     assert all(np.isfinite(losses(events)))
     assert result.checkpoint == tmp_path / "run" / "checkpoints" / "last.pt"
@@ -197,3 +202,22 @@ def test_patchgd_trains_on_in_memory_arrays(tmp_path: Path) -> None:
     assert {(e.epoch, e.split) for e in events if isinstance(e, Metrics)} == {(0, "train"), (0, "val")}
     assert result.method is not None
     assert result.method.predict(data.train[0]).maps["norm"].shape == (2, 3)
+
+
+def test_a_run_writes_tensorboard_events_read_back_by_tensorboard(slide_csv: Path, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = run_to_end(train(small_config(slide_csv, tmp_path / "run")))
+    events = EventAccumulator(str(result.out_dir), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, result.steps + 1))
+    logged = [float(line.split(",")[2]) for line in (result.out_dir / "losses.csv").read_text().split()[1:]]
+    assert losses == pytest.approx(logged, rel=1e-6)
+    assert "train/learning_rate" in tags["scalars"]
+    assert [e.step for e in events.Scalars("val/auc")] == [0, 1]
+    assert events.Scalars("val/auc")[-1].value == pytest.approx(result.history[-1]["val"]["auc"])
+    (image_tag,) = tags["images"]
+    assert "attention" in image_tag
+    assert len(events.Images(image_tag)) == 2  # one per epoch

@@ -1,4 +1,4 @@
-"""`bigslide` command line: train, predict, heatmap, demo, bench, plan."""
+"""`bigslide` command line: train, cv, predict, heatmap, demo, bench, plan."""
 
 from __future__ import annotations
 
@@ -106,18 +106,28 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from bigslide.cli.report import write_predictions
+    from bigslide.data.endpoint import Endpoint
     from bigslide.data.table import SlideTable
     from bigslide.engine import predict_slides
     from bigslide.engine.checkpoint import load_checkpoint
 
-    classes = [str(c) for c in load_checkpoint(args.checkpoint)["classes"]]
-    # labels are optional here, but one the model does not know is a typo
-    table = SlideTable.from_csv(args.slides, classes=classes, labels_required=False)
+    state = load_checkpoint(args.checkpoint)
+    classes = [str(c) for c in state["classes"]]
+    endpoint = Endpoint.from_state(state.get("endpoint"), classes)
+    # the task's columns are optional here, but a label the model does not know is a typo
+    table = SlideTable.from_csv(
+        args.slides,
+        classes=classes if endpoint.task == "classification" else None,
+        labels_required=False,
+        task=endpoint.task,
+    )
     preds, _ = predict_slides(
         args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.slide_mpp
     )
-    path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps)
+    path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps, table=table)
     print(f"predictions: {path}")
+    if (path.parent / "km.png").is_file():
+        print(f"Kaplan-Meier plot: {path.parent / 'km.png'}")
     return 0
 
 
@@ -164,11 +174,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bigslide", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="train a model (YAML config, or --demo)")
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `train`, which `cv` takes too."""
     p.add_argument("config", nargs="?", help="YAML config (as written to <out>/config.yaml by any run)")
     p.add_argument("--demo", action="store_true", help="train on the bundled synthetic slides")
     p.add_argument("--method", help="method name (see `bigslide methods`)")
@@ -183,7 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-mpp", type=float, help=TARGET_MPP_HELP)
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
     p.add_argument("--quiet", action="store_true")
+
+
+def cmd_cv(args: argparse.Namespace) -> int:
+    from bigslide.cli.cv import run_cv
+
+    return run_cv(args, config_from_args(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigslide", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (YAML config, or --demo)")
+    add_train_flags(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("cv", help="k-fold cross-validation by case: one run per fold and a summary")
+    add_train_flags(p)
+    p.add_argument("--folds", type=int, default=5, help="number of folds (K)")
+    p.set_defaults(func=cmd_cv)
 
     p = sub.add_parser("predict", help="predict slides from a CSV with a checkpoint")
     p.add_argument("--slides", required=True, help="CSV with a slide column (label optional)")

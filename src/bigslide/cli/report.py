@@ -1,12 +1,18 @@
-"""Write inference results: a predictions CSV and, per slide, heatmaps as npz + PNG overlay + GeoJSON."""
+"""Write inference results: a predictions CSV (and a Kaplan-Meier plot for survival) and, per slide,
+heatmaps as npz + PNG overlay + GeoJSON."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+import numpy as np
+
+from bigslide.data.endpoint import Endpoint
+from bigslide.data.table import SlideTable
 from bigslide.engine.inference import SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
+from bigslide.explain.survival import km_plot, risk_groups
+from bigslide.files import atomic_write_text
 from bigslide.slide import open_slide
 
 
@@ -22,15 +28,43 @@ def write_heatmaps(pred: SlidePrediction, out: Path) -> list[Path]:
     return paths
 
 
-def write_predictions(preds: list[SlidePrediction], out: Path, *, heatmaps: bool = True) -> Path:
+def write_predictions(
+    preds: list[SlidePrediction], out: Path, *, heatmaps: bool = True, table: SlideTable | None = None
+) -> Path:
+    """`predictions.csv`: per slide the class and its probabilities, the predicted number, or the risk
+    (higher = earlier event) with the survival curve. With the table's survival times and events, the
+    Kaplan-Meier plot of the median-split risk groups with its log-rank p-value (`km.png`)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "predictions.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        classes = preds[0].classes if preds else []
-        writer.writerow(["slide", "predicted", *[f"p_{c}" for c in classes]])
-        for p in preds:
-            writer.writerow([str(p.slide), p.label, *[f"{v:.6f}" for v in p.probs]])
-            if heatmaps:
-                write_heatmaps(p, out / "heatmaps")
+    endpoint = (preds[0].endpoint if preds else None) or Endpoint(classes=preds[0].classes if preds else [])
+    lines = [["slide", *_columns(endpoint.task), *endpoint.output_names]]
+    for p in preds:
+        outputs = [f"{v:.6f}" for v in np.atleast_1d(p.probs)] if endpoint.output_names else []
+        lines.append([str(p.slide), *_values(p), *outputs])
+        if heatmaps:
+            write_heatmaps(p, out / "heatmaps")
+    text = "".join(",".join(_quoted(v) for v in line) + "\n" for line in lines)
+    path = atomic_write_text(out / "predictions.csv", text)
+    if endpoint.task == "survival" and table is not None:
+        known = {e.path: e for e in table.entries if e.time is not None and e.event is not None}
+        rows = [(known[p.slide], p.risk) for p in preds if p.slide in known]
+        if len(rows) >= 2:
+            time = np.array([e.time for e, _ in rows], dtype=float)
+            event = np.array([e.event for e, _ in rows], dtype=float)
+            km_plot(risk_groups(time, event, np.array([r for _, r in rows])), out / "km.png")
     return path
+
+
+def _columns(task: str) -> list[str]:
+    return {"classification": ["predicted"], "regression": ["predicted"], "survival": ["risk"]}[task]
+
+
+def _values(p: SlidePrediction) -> list[str]:
+    if p.task == "survival":
+        return [f"{p.risk:.6f}"]
+    if p.task == "regression":
+        return [f"{float(p.probs[0]):.6g}"]
+    return [p.label]
+
+
+def _quoted(value: str) -> str:
+    return f'"{value}"' if "," in value or '"' in value else value

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample, as_float
 from bigslide.data.slides import SlideCache
@@ -51,8 +52,10 @@ class BagDataset(Dataset[Sample]):
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         self.table = table
+        self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.tile_size = tile_size
         self.target_mpp = target_mpp
         self.bag_size = bag_size
@@ -92,7 +95,7 @@ class BagDataset(Dataset[Sample]):
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
         return Sample(
             x=x,
-            y=self.table.encode(entry.label),
+            y=self.endpoint.target(entry),
             slide=str(entry.path),
             coords=grid.coords[indices],
             tile_size_level0=grid.tile_size_level0,

@@ -12,7 +12,36 @@ from bigslide.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
 @dataclass
 class DataConfig:
-    csv: str | None = field(default=None, metadata={"help": "slide table: slide,label[,split][,regions]"})
+    csv: str | None = field(
+        default=None,
+        metadata={
+            "help": "slide table: slide, label (or time,event / target), optional split, regions, case"
+        },
+    )
+    task: Literal["classification", "survival", "regression"] = field(
+        default="classification",
+        metadata={
+            "help": "what is predicted: classes (label column), survival (time,event columns: event 1 = "
+            "observed, 0 = censored) or a number (target column)"
+        },
+    )
+    survival_loss: Literal["nll", "cox"] = field(
+        default="nll",
+        metadata={
+            "shown_with": {"task": ("survival",)},
+            "help": "survival: discrete-time likelihood with censoring (works one bag per step) or Cox "
+            "partial likelihood over a batch (data.batch_size >= 2)",
+        },
+    )
+    time_bins: int = field(
+        default=4,
+        metadata={
+            "shown_with": {"task": ("survival",)},
+            "min": 2,
+            "max": 64,
+            "help": "survival nll: time intervals, cut at quantiles of the training set's event times",
+        },
+    )
     source: Literal["csv", "demo", "ultramnist"] = field(
         default="csv",
         metadata={"help": "csv: the slide table; demo: bundled synthetic slides; ultramnist: digit canvases"},
@@ -74,7 +103,7 @@ class DataConfig:
         metadata={"min": 1, "help": "side of the image read per slide at data.target_mpp (image methods)"},
     )
     batch_size: int = field(
-        default=1, metadata={"min": 1, "help": "images per batch (image methods; bags come one at a time)"}
+        default=1, metadata={"min": 1, "help": "images, or bags of tiles, per optimizer step"}
     )
     augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
     inference_repeats: int = field(
@@ -96,6 +125,11 @@ class DataConfig:
         for name in ("target_mpp", "slide_mpp"):
             check_mpp(getattr(self, name), f"data.{name}")
         check_ranges(self, "data")
+        if self.task == "survival" and self.survival_loss == "cox" and self.batch_size < 2:
+            raise ConfigError(
+                "data.survival_loss: cox compares the bags of a batch; set data.batch_size >= 2 "
+                "(or use nll, which works one bag per step)"
+            )
 
     @property
     def read_mpp(self) -> float:

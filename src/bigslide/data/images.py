@@ -7,6 +7,7 @@ import torch
 from shapely import union_all
 from torch.utils.data import Dataset
 
+from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
@@ -59,8 +60,10 @@ class SlideImageDataset(Dataset[Sample]):
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         self.table = table
+        self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.image_size = image_size
         self.target_mpp = target_mpp
         self.augment = augment
@@ -104,7 +107,7 @@ class SlideImageDataset(Dataset[Sample]):
         entry = self.table.entries[i]
         return Sample(
             x=t,
-            y=self.table.encode(entry.label),
+            y=self.endpoint.target(entry),
             slide=str(entry.path),
             origin=(x, y),
             downsample=side / self.image_size,

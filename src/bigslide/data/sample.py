@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bigslide.data.endpoint import Target
+
 
 @dataclass
 class Sample:
@@ -20,7 +22,7 @@ class Sample:
     """
 
     x: torch.Tensor
-    y: int
+    y: Target  # the class index, the number, or (time, event, interval): see `Endpoint.target`
     slide: str
     coords: np.ndarray | None = None
     tile_size_level0: int = 0
@@ -30,7 +32,8 @@ class Sample:
 
 @dataclass
 class Batch:
-    """Collated samples: bags come one per batch (N varies), images are stacked (B, 3, H, W).
+    """Collated samples: images are stacked (B, 3, H, W); bags (N varies) are concatenated tile-wise,
+    (sum N, 3, t, t) with `sizes` the tiles of each bag in order.
 
     `x` stays in host memory (pinned on CUDA); each method moves what it needs to its device.
     """
@@ -38,6 +41,7 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor
     samples: list[Sample]
+    sizes: list[int] | None = None  # bags: tiles per bag
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from pathlib import Path
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.config import DataConfig
+from bigslide.data.endpoint import Endpoint, fit_endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
@@ -29,6 +30,12 @@ class RunData:
     classes: list[str]
     train: TrainData
     val: TrainData | None
+    test: TrainData | None = None  # scored once, after training
+    endpoint: Endpoint | None = None  # None: classification into `classes`
+
+    def __post_init__(self) -> None:
+        if self.endpoint is None:
+            self.endpoint = Endpoint(classes=list(self.classes))
 
 
 Source = Callable[[DataConfig, str, int, SlideCache], RunData]
@@ -44,14 +51,21 @@ def load_table(data: DataConfig) -> SlideTable:
     if data.source == "demo":
         from bigslide.synthetic.slide_set import make_slide_set
 
-        return SlideTable.from_csv(make_slide_set(demo_dir()))
+        return SlideTable.from_csv(make_slide_set(demo_dir()), task=data.task)
     if not data.csv:
         raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
-    return SlideTable.from_csv(data.csv)
+    return SlideTable.from_csv(data.csv, task=data.task)
 
 
 def slide_dataset(
-    data: DataConfig, kind: str, table: SlideTable, *, train: bool, seed: int, slides: SlideCache
+    data: DataConfig,
+    kind: str,
+    table: SlideTable,
+    *,
+    train: bool,
+    seed: int,
+    slides: SlideCache,
+    endpoint: Endpoint | None = None,
 ) -> BagDataset | SlideImageDataset:
     """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`."""
     if kind == "bag":
@@ -64,6 +78,7 @@ def slide_dataset(
             augment=data.augment and train,
             seed=seed,
             slides=slides,
+            endpoint=endpoint,
         )
     return SlideImageDataset(
         table,
@@ -72,17 +87,23 @@ def slide_dataset(
         augment=data.augment and train,
         seed=seed,
         slides=slides,
+        endpoint=endpoint,
     )
 
 
 def from_slides(data: DataConfig, kind: str, seed: int, slides: SlideCache) -> RunData:
     table = load_table(data).with_splits(seed=seed)
-    train_table, val_table = table.subset("train"), table.subset("val")
+    train_table, val_table, test_table = (table.subset(s) for s in ("train", "val", "test"))
     if len(train_table) == 0:
         raise ConfigError("data: no slide is in the train split")
-    make = partial(slide_dataset, data, kind, seed=seed, slides=slides)
+    endpoint = fit_endpoint(table, survival_loss=data.survival_loss, time_bins=data.time_bins)
+    make = partial(slide_dataset, data, kind, seed=seed, slides=slides, endpoint=endpoint)
     return RunData(
-        table.classes, make(train_table, train=True), make(val_table, train=False) if len(val_table) else None
+        table.classes,
+        make(train_table, train=True),
+        make(val_table, train=False) if len(val_table) else None,
+        make(test_table, train=False) if len(test_table) else None,
+        endpoint,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,23 +14,52 @@ from sklearn.model_selection import train_test_split
 from bigslide.errors import DataError
 
 SPLITS = ("train", "val", "test")
+TASKS = ("classification", "survival", "regression")
+# What each task reads from the table, besides `slide` (and the optional split, regions, case).
+TASK_COLUMNS = {"classification": ("label",), "survival": ("time", "event"), "regression": ("target",)}
 
 
 @dataclass
 class SlideEntry:
+    """One row of the slide table. `case` groups a patient's slides (None: the slide is its own case);
+    `time`/`event` are the survival endpoint (event 1 = observed, 0 = censored), `target` a number."""
+
     path: Path
     label: str
     split: str | None = None
     regions: Path | None = None
+    case: str | None = None
+    time: float | None = None
+    event: int | None = None
+    target: float | None = None
+
+    @property
+    def case_id(self) -> str:
+        return self.case if self.case is not None else str(self.path)
+
+    def outcome(self, task: str) -> tuple[object, ...]:
+        """What the task learns from this row (slides of one case must agree on it)."""
+        return {"classification": (self.label,), "survival": (self.time, self.event)}.get(
+            task, (self.target,)
+        )
+
+
+def implied_task(columns: list[str] | set[str]) -> str:
+    """The task a table's columns imply: survival with time and event, regression with target, else
+    classification (for viewers that show what a table holds)."""
+    if {"time", "event"} <= set(columns):
+        return "survival"
+    return "regression" if "target" in columns else "classification"
 
 
 @dataclass
 class SlideTable:
     entries: list[SlideEntry]
     classes: list[str] = field(default_factory=list)
+    task: str = "classification"
 
     def __post_init__(self) -> None:
-        if not self.classes:
+        if not self.classes and self.task == "classification":
             self.classes = sorted({e.label for e in self.entries})
 
     def __len__(self) -> int:
@@ -40,8 +71,35 @@ class SlideTable:
         except ValueError:
             raise DataError(f"label {label!r} is not one of the classes {self.classes}") from None
 
+    def like(self, entries: list[SlideEntry]) -> SlideTable:
+        """Another table of the same task and classes."""
+        return SlideTable(entries, list(self.classes), self.task)
+
     def subset(self, split: str) -> SlideTable:
-        return SlideTable([e for e in self.entries if e.split == split], list(self.classes))
+        return self.like([e for e in self.entries if e.split == split])
+
+    def cases(self) -> dict[str, list[int]]:
+        """Row indices of each case, in table order."""
+        out: dict[str, list[int]] = {}
+        for i, e in enumerate(self.entries):
+            out.setdefault(e.case_id, []).append(i)
+        return out
+
+    def strata(self, case_rows: list[list[int]]) -> np.ndarray:
+        """What splits are stratified by, one value per case: the class, the event (survival), or
+        nothing (regression)."""
+        first = [self.entries[rows[0]] for rows in case_rows]
+        if self.task == "classification":
+            return np.array([e.label for e in first])
+        if self.task == "survival":
+            return np.array([str(e.event) for e in first])
+        return np.zeros(len(first), dtype=str)
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns this table writes: slide, the task's, split, regions, and case when any is set."""
+        cols = ["slide", *TASK_COLUMNS[self.task], "split", "regions"]
+        return cols + (["case"] if any(e.case is not None for e in self.entries) else [])
 
     @classmethod
     def from_csv(
@@ -51,13 +109,17 @@ class SlideTable:
         classes: list[str] | None = None,
         check_files: bool = True,
         labels_required: bool = True,
+        task: str = "classification",
     ) -> SlideTable:
-        """Read `slide,label[,split][,regions]`. Relative paths are relative to the CSV's folder.
+        """Read `slide` plus the task's columns (`label`; `time,event`; `target`) and the optional
+        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder.
 
         With `classes` given, a label outside them is an error naming the row. For prediction
-        (`labels_required=False`) the label column may be missing or empty.
+        (`labels_required=False`) the task's columns may be missing or empty.
         """
         path = Path(path)
+        if task not in TASKS:
+            raise DataError(f"data.task: {task!r} is not one of {list(TASKS)}")
         try:
             text = path.read_text(encoding="utf-8-sig")
         except FileNotFoundError:
@@ -66,79 +128,136 @@ class SlideTable:
             raise DataError(f"{path}: not a text CSV file") from None
         reader = csv.DictReader(text.splitlines())
         columns = [c.strip() for c in reader.fieldnames or []]
-        missing = ({"slide", "label"} if labels_required else {"slide"}) - set(columns)
+        wanted = TASK_COLUMNS[task]
+        missing = ({"slide", *wanted} if labels_required else {"slide"}) - set(columns)
         if missing:
+            implied = implied_task(columns)
+            hint = f"; its columns suggest data.task: {implied}" if implied != task else ""
             raise DataError(
-                f"{path}: missing column(s) {sorted(missing)}; expected slide,label[,split][,regions]"
+                f"{path}: missing column(s) {sorted(missing)} for data.task {task}; "
+                f"expected slide,{','.join(wanted)}[,split][,regions][,case]{hint}"
             )
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
+        case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
         for row_no, raw in enumerate(reader, start=2):
             row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
             where = f"{path}, row {row_no}"
             if not row.get("slide"):
                 raise DataError(f"{where}: empty slide path")
-            label = row.get("label", "")
-            if not label and labels_required:
-                raise DataError(f"{where}: empty label for {row['slide']}")
             slide = _resolve(path, row["slide"])
             if check_files and not slide.is_file():
                 raise DataError(f"{where}: slide file not found: {slide}")
             if slide in seen:
                 raise DataError(f"{where}: {slide.name} is listed twice (first at row {seen[slide]})")
             seen[slide] = row_no
-            split = row.get("split") or None
-            if split is not None and split not in SPLITS:
-                raise DataError(f"{where}: split {split!r} is not one of {list(SPLITS)}")
-            if classes is not None and label and label not in classes:
-                raise DataError(f"{where}: unknown label {label!r}; known labels: {classes}")
-            regions = _resolve(path, row["regions"]) if row.get("regions") else None
-            if regions is not None and check_files and not regions.is_file():
-                raise DataError(f"{where}: regions file not found: {regions}")
-            entries.append(SlideEntry(slide, label, split, regions))
+            entry = SlideEntry(
+                slide, row.get("label", ""), row.get("split") or None, None, row.get("case") or None
+            )
+            _read_outcome(entry, row, task, labels_required, where)
+            if entry.split is not None and entry.split not in SPLITS:
+                raise DataError(f"{where}: split {entry.split!r} is not one of {list(SPLITS)}")
+            if classes is not None and entry.label and entry.label not in classes:
+                raise DataError(f"{where}: unknown label {entry.label!r}; known labels: {classes}")
+            entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
+            if entry.regions is not None and check_files and not entry.regions.is_file():
+                raise DataError(f"{where}: regions file not found: {entry.regions}")
+            if entry.case is not None and labels_required:
+                first_row, outcome = case_rows.setdefault(entry.case, (row_no, entry.outcome(task)))
+                if outcome != entry.outcome(task):
+                    raise DataError(
+                        f"{where}: case {entry.case!r} has {_said(entry.outcome(task), task)} here but "
+                        f"{_said(outcome, task)} at row {first_row}; a case's slides must agree"
+                    )
+            entries.append(entry)
         if not entries:
             raise DataError(f"{path}: the slide table has no rows")
-        return cls(entries, list(classes) if classes else [])
+        return cls(entries, list(classes) if classes else [], task)
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the table; paths are stored relative to the CSV when they lie below its folder."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         base = path.parent.resolve()
+        columns = self.columns
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["slide", "label", "split", "regions"])
+            writer.writerow(columns)
             for e in self.entries:
-                writer.writerow(
-                    [
-                        _relative(e.path, base),
-                        e.label,
-                        e.split or "",
-                        _relative(e.regions, base) if e.regions else "",
-                    ]
-                )
+                values = {
+                    "slide": _relative(e.path, base),
+                    "label": e.label,
+                    "time": "" if e.time is None else f"{e.time:g}",
+                    "event": "" if e.event is None else str(e.event),
+                    "target": "" if e.target is None else repr(e.target),
+                    "split": e.split or "",
+                    "regions": _relative(e.regions, base) if e.regions else "",
+                    "case": e.case or "",
+                }
+                writer.writerow([values[c] for c in columns])
         return path
 
     def with_splits(self, *, val_fraction: float = 0.25, seed: int = 0) -> SlideTable:
-        """Fill missing splits with a stratified train/val split; existing splits are kept."""
-        todo = [i for i, e in enumerate(self.entries) if e.split is None]
+        """Fill missing splits with a train/val split by case (a case's slides stay on one side),
+        stratified by class or event; existing splits are kept."""
+        cases = self.cases()
+        todo = [rows for rows in cases.values() if all(self.entries[i].split is None for i in rows)]
         if not todo:
             return self
-        labels = np.array([self.entries[i].label for i in todo])
+        entries = [dataclasses.replace(e) for e in self.entries]
         n_val = round(len(todo) * val_fraction)
-        entries = [SlideEntry(e.path, e.label, e.split, e.regions) for e in self.entries]
         if n_val == 0 or len(todo) - n_val == 0:
-            for i in todo:
-                entries[i].split = "train"
-            return SlideTable(entries, list(self.classes))
-        counts = np.unique(labels, return_counts=True)[1]
-        stratify = labels if counts.min() >= 2 and n_val >= len(counts) else None
-        train_idx, val_idx = train_test_split(todo, test_size=n_val, random_state=seed, stratify=stratify)
-        for i in train_idx:
-            entries[i].split = "train"
-        for i in val_idx:
-            entries[i].split = "val"
-        return SlideTable(entries, list(self.classes))
+            for rows in todo:
+                for i in rows:
+                    entries[i].split = "train"
+            return self.like(entries)
+        strata = self.strata(todo)
+        counts = np.unique(strata, return_counts=True)[1]
+        stratify = strata if counts.min() >= 2 and n_val >= len(counts) else None
+        train_idx, val_idx = train_test_split(
+            np.arange(len(todo)), test_size=n_val, random_state=seed, stratify=stratify
+        )
+        for side, picked in (("train", train_idx), ("val", val_idx)):
+            for k in picked:
+                for i in todo[k]:
+                    entries[i].split = side
+        return self.like(entries)
+
+
+def _read_outcome(entry: SlideEntry, row: dict[str, str], task: str, required: bool, where: str) -> None:
+    """The row's task columns into `entry`, with one-line errors naming the row."""
+    if task == "classification":
+        if not entry.label and required:
+            raise DataError(f"{where}: empty label for {row['slide']}")
+        return
+    if task == "regression":
+        value = row.get("target", "")
+        if value or required:
+            entry.target = _number(value, "target", where)
+        return
+    time, event = row.get("time", ""), row.get("event", "")
+    if not (time or event or required):
+        return
+    entry.time = _number(time, "time", where)
+    if entry.time <= 0:
+        raise DataError(f"{where}: time must be > 0 (time to event or censoring), got {time}")
+    if event not in ("0", "1", "0.0", "1.0"):
+        raise DataError(f"{where}: event must be 1 (observed) or 0 (censored), got {event!r}")
+    entry.event = int(float(event))
+
+
+def _number(value: str, column: str, where: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise DataError(f"{where}: {column} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise DataError(f"{where}: {column} must be a finite number, got {value!r}")
+    return number
+
+
+def _said(outcome: tuple[object, ...], task: str) -> str:
+    return ", ".join(f"{c} {v}" for c, v in zip(TASK_COLUMNS[task], outcome))
 
 
 def _resolve(csv_path: Path, value: str) -> Path:

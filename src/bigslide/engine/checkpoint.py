@@ -95,7 +95,10 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
     if missing:
         raise TrainingError(f"{path}: not a complete bigslide checkpoint: missing {', '.join(missing)}")
     classes = state["classes"]
-    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+    classifier = (state.get("endpoint") or {}).get("task", "classification") == "classification"
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or not (
+        classes or not classifier
+    ):
         raise TrainingError(f"{path}: 'classes' must be a non-empty list of class names")
     if not isinstance(state["model"], dict):
         raise TrainingError(f"{path}: 'model' is not a state dict")

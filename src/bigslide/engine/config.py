@@ -101,6 +101,10 @@ class RunConfig:
     deterministic: bool = field(
         default=False, metadata={"help": "deterministic algorithms where torch has them (slower)"}
     )
+    tensorboard: bool = field(
+        default=True,
+        metadata={"help": "write TensorBoard event files in the run folder (tensorboard --logdir runs/)"},
+    )
     dist_timeout: float = field(
         default=1800.0,
         metadata={

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.engine import setup
+from bigslide.engine.board import RunBoard
 from bigslide.engine.checkpoint import (
     RESUME_KEYS,
     load_checkpoint,
@@ -36,8 +38,9 @@ from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
-from bigslide.engine.metrics import classification_metrics
-from bigslide.errors import TrainingError
+from bigslide.engine.metrics import endpoint_metrics
+from bigslide.errors import ConfigError, TrainingError
+from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, get_method
 
@@ -49,20 +52,27 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     steps: int = 0
     method: Method | None = None  # the trained method (its modules are `method.model`)
+    test: dict[str, float] | None = None  # metrics on the table's test split, after training
 
 
 def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) -> Batch:
-    """`uint8=False`: pixels as floats in [0, 1] (for methods that do not scale them themselves)."""
-    x = torch.stack([s.x for s in samples]) if len(samples) > 1 else samples[0].x
+    """Images are stacked, bags concatenated tile-wise (`Batch.sizes`). `uint8=False`: pixels as floats
+    in [0, 1] (for methods that do not scale them themselves)."""
+    bags = samples[0].coords is not None
+    sizes = [s.x.shape[0] for s in samples] if bags else None
+    if len(samples) == 1:
+        x = samples[0].x
+    else:
+        x = torch.cat([s.x for s in samples]) if bags else torch.stack([s.x for s in samples])
     if not uint8:
         x = as_float(x)
-    if samples[0].coords is None and x.ndim == 3:  # one image: add the batch axis
+    if not bags and x.ndim == 3:  # one image: add the batch axis
         x = x.unsqueeze(0)
-    y = torch.tensor([s.y for s in samples], dtype=torch.long)
+    y = torch.tensor([s.y for s in samples])  # class indices (int64), numbers or (time, event, interval)
     # Inputs stay in host memory: methods move what they need (Big-Layer never moves a whole bag).
     if device.type == "cuda":
         x = x.pin_memory()
-    return Batch(x=x, y=y.to(device), samples=samples)
+    return Batch(x=x, y=y.to(device), samples=samples, sizes=sizes)
 
 
 def checkpoint_path(config: TrainConfig) -> Path:
@@ -84,18 +94,24 @@ def train(
     method_kind = get_method(config.method.name).kind
     slides = SlideCache(slide_mpp=config.data.slide_mpp)
     data = data or setup.build_data(config, method_kind, slides)
-    train_ds, val_ds = data.train, data.val
+    train_ds, val_ds, test_ds = data.train, data.val, data.test
+    endpoint = data.endpoint or Endpoint(classes=list(data.classes))
+    method = setup.build_method(config, endpoint, device)
+    batch_size = method.batch_size(config.data.batch_size)
+    if endpoint.survival_loss == "cox" and endpoint.task == "survival" and batch_size < 2:
+        raise ConfigError(
+            f"data.survival_loss: cox compares the bags of a batch, and {method.name} takes one bag per "
+            "step; use data.survival_loss: nll"
+        )
     loader = BatchLoader(train_ds, workers=config.data.workers, prefetch=config.data.prefetch)
-    method = setup.build_method(config, data.classes, device)
     ranks.broadcast_module(method.model)
     if not ranks.is_main:
-        val_ds = None  # rank 0 validates and saves; the others only train
+        val_ds = test_ds = None  # rank 0 validates and saves; the others only train
     n_val = len(val_ds) if val_ds is not None else 0
     yield Message(
-        f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, classes {data.classes}"
+        f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, {_predicts(endpoint)}"
     )
 
-    batch_size = method.batch_size(config.data.batch_size)
     batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(train_ds)))) / batch_size)
     total = config.optim.epochs * batches_per_epoch
     if config.optim.max_steps:
@@ -127,8 +143,11 @@ def train(
         set_rng_state(saved["rng"])
         yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
     loss_log = LossLog(out / "losses.csv")
+    board = None
     if ranks.is_main:
         loss_log.start(resume_step=state["step"] if resumed else None)
+        if config.run.tensorboard:
+            board = RunBoard(out, resume_step=state["step"] if resumed else None)
 
     def save() -> CheckpointSaved:
         if not ranks.is_main:
@@ -136,6 +155,7 @@ def train(
         payload = {
             "config": config.to_dict(),
             "classes": data.classes,
+            "endpoint": endpoint.state(),
             "method": method.name,
             "model": method.model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -155,7 +175,7 @@ def train(
             order = ranks.shard(np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds)))
             batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
             loader.plan(batches[state["batch"] : state["batch"] + total - state["step"]])
-            seen_y: list[int] = []
+            seen_y: list[Any] = []
             seen_p: list[np.ndarray] = []
             while state["batch"] < len(batches) and state["step"] < total:
                 batch = collate(loader.take(batches[state["batch"]]), device, uint8=method.takes_uint8)
@@ -177,8 +197,10 @@ def train(
                 state["batch"] += 1
                 state["step"] += 1
                 loss_log.write(state["step"], epoch, result.loss)
+                if board is not None:
+                    board.step(state["step"], result.loss, float(schedule.get_last_lr()[0]))
                 seen_y.extend(batch.y.tolist())
-                seen_p.extend(torch.softmax(result.logits.float(), dim=1).cpu().numpy())
+                seen_p.extend(method.outputs(result.logits).cpu().numpy())
                 yield Loss(state["step"], result.loss)
                 yield Progress(state["step"], total, epoch)
                 epoch_ends = state["batch"] >= len(batches) or state["step"] >= total  # saved below
@@ -187,14 +209,16 @@ def train(
                     saved_at = state["step"]
                     yield save()
             record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
-            train_metrics = classification_metrics(np.array(seen_y), np.array(seen_p))
+            train_metrics = endpoint_metrics(endpoint, np.array(seen_y), np.array(seen_p))
             record["train"] = train_metrics
             yield Metrics(epoch, "train", train_metrics)
             if val_ds is not None:
                 preds = predict_dataset(method, val_ds, repeats=config.data.inference_repeats)
-                val_metrics = classification_metrics(preds.labels, preds.probs)
+                val_metrics = endpoint_metrics(endpoint, preds.labels, preds.probs)
                 record["val"] = val_metrics
                 yield Metrics(epoch, "val", val_metrics)
+            if board is not None:
+                board.epoch(record, method, val_ds)
             history.append(record)
             if state["batch"] >= len(batches):
                 state["epoch"] += 1
@@ -208,11 +232,31 @@ def train(
     finally:
         loader.close()
         loss_log.close()
+        if board is not None:
+            board.close()
         slides.close()
         ranks.close()
+    test = None
+    if test_ds is not None:
+        preds = predict_dataset(method, test_ds, repeats=config.data.inference_repeats)
+        test = endpoint_metrics(endpoint, preds.labels, preds.probs)
+        yield Metrics(state["epoch"], "test", test)
     if ranks.is_main:
-        (out / "metrics.json").write_text(json.dumps(history, indent=2))
-    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"], method)
+        records = history + ([{"test": test}] if test is not None else [])
+        atomic_write_text(out / "metrics.json", json.dumps(records, indent=2))
+    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"], method, test)
+
+
+def _predicts(endpoint: Endpoint) -> str:
+    if endpoint.task == "classification":
+        return f"classes {endpoint.classes}"
+    if endpoint.task == "regression":
+        return f"regression (target mean {endpoint.mean:.3g}, sd {endpoint.sd:.3g})"
+    if endpoint.survival_loss == "cox":
+        return "survival (Cox partial likelihood)"
+    return (
+        f"survival ({len(endpoint.bins) + 1} time intervals, cut at {[round(b, 3) for b in endpoint.bins]})"
+    )
 
 
 def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:

@@ -1,11 +1,59 @@
-"""Slide-level metrics (scikit-learn): accuracy, balanced accuracy, ROC-AUC, quadratic weighted kappa."""
+"""Slide- or case-level metrics per endpoint.
+
+classification (scikit-learn): accuracy, balanced accuracy, ROC-AUC, quadratic weighted kappa.
+regression: MAE, RMSE, Pearson r. survival (scikit-survival, which also gives the Kaplan-Meier curves
+and the log-rank test of the report): Harrell's C-index with censoring, and the cumulative/dynamic AUC
+at the quartiles of the event times (mean over those times), NaN where it is not defined.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
+
+from bigslide.data.endpoint import Endpoint
+
+
+def endpoint_metrics(endpoint: Endpoint, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+    """Metrics of `outputs` (n, K) (`Method.outputs`) against the targets `y` as datasets give them."""
+    if len(y) == 0:
+        return {}
+    if endpoint.task == "classification":
+        return classification_metrics(y, outputs)
+    if endpoint.task == "regression":
+        return regression_metrics(np.asarray(y, dtype=np.float64), np.asarray(outputs)[:, 0])
+    y = np.asarray(y, dtype=np.float64).reshape(-1, 3)
+    return survival_metrics(y[:, 0], y[:, 1], endpoint.risk(np.asarray(outputs)))
+
+
+def regression_metrics(y_true: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    error = np.asarray(predicted, dtype=np.float64) - y_true
+    r = float("nan")
+    if len(y_true) > 1 and np.std(y_true) > 0 and np.std(predicted) > 0:
+        r = float(np.corrcoef(y_true, predicted)[0, 1])
+    return {"mae": float(np.abs(error).mean()), "rmse": float(np.sqrt((error**2).mean())), "pearson_r": r}
+
+
+def survival_metrics(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> dict[str, float]:
+    """Harrell's C-index (NaN without a comparable pair) and the mean time-dependent AUC."""
+    from sksurv.metrics import concordance_index_censored, cumulative_dynamic_auc
+    from sksurv.util import Surv
+
+    observed = np.asarray(event) > 0.5
+    out = {"c_index": float("nan"), "td_auc": float("nan")}
+    if observed.any() and len(time) > 1:
+        with contextlib.suppress(ValueError):  # every pair is incomparable
+            out["c_index"] = float(concordance_index_censored(observed, time, risk)[0])
+    times = np.quantile(time[observed], [0.25, 0.5, 0.75]) if observed.sum() >= 2 else np.array([])
+    times = np.unique(times[(times >= time.min()) & (times < time.max())])
+    if len(times):
+        survival = Surv.from_arrays(observed, time)
+        with contextlib.suppress(ValueError):  # censoring leaves a time without cases or controls
+            out["td_auc"] = float(cumulative_dynamic_auc(survival, survival, risk, times)[1])
+    return out
 
 
 def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, float]:

@@ -8,6 +8,7 @@ import torch
 
 from bigslide.data import sources
 from bigslide.data.bags import BagDataset
+from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.sources import RunData, TrainData, demo_dir
@@ -32,22 +33,33 @@ def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
     return sources.build_data(config.data, kind, config.run.seed, slides)
 
 
-def build_method(config: TrainConfig, classes: list[str], device: torch.device) -> Method:
+def build_method(config: TrainConfig, target: list[str] | Endpoint, device: torch.device) -> Method:
+    """The configured method predicting `target`: an endpoint, or a list of classes."""
     cls = get_method(config.method.name)
     params = make_params(config.method.name, config.method.params)
+    endpoint = target if isinstance(target, Endpoint) else Endpoint(classes=list(target))
     spec = ModelSpec(
         backbone=config.model.backbone,
         pretrained=config.model.pretrained,
         weights=config.model.weights,
-        num_classes=len(classes),
+        num_classes=endpoint.n_outputs,
+        endpoint=endpoint,
     )
     return cls(params, spec, device)
 
 
 def build_dataset(
-    config: TrainConfig, kind: str, table: SlideTable, *, train: bool, slides: SlideCache
+    config: TrainConfig,
+    kind: str,
+    table: SlideTable,
+    *,
+    train: bool,
+    slides: SlideCache,
+    endpoint: Endpoint | None = None,
 ) -> BagDataset | SlideImageDataset:
-    return sources.slide_dataset(config.data, kind, table, train=train, seed=config.run.seed, slides=slides)
+    return sources.slide_dataset(
+        config.data, kind, table, train=train, seed=config.run.seed, slides=slides, endpoint=endpoint
+    )
 
 
 def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimizer:

@@ -32,6 +32,23 @@ def overlay_png(
     alpha: float = 0.5,
 ) -> Path:
     """Blend the heatmap over the slide thumbnail (cells drawn as blocks, exactly on their tiles)."""
+    out = overlay_image(grid, slide, max_size=max_size, normalisation=normalisation, cmap=cmap, alpha=alpha)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(out).save(path)
+    return path
+
+
+def overlay_image(
+    grid: ScoreGrid,
+    slide: Slide,
+    *,
+    max_size: int = 1024,
+    normalisation: Normalisation = "rank",
+    cmap: str = "inferno",
+    alpha: float = 0.5,
+) -> np.ndarray:
+    """`overlay_png`'s picture as an (H, W, 3) uint8 array."""
     thumb = slide.thumbnail(max_size).astype(np.float32) / 255.0
     th, tw = thumb.shape[:2]
     w0, h0 = slide.dimensions
@@ -53,10 +70,7 @@ def overlay_png(
     layer[np.ix_(inside_y, inside_x)] = rgba[np.ix_(yi, xi)]
     a = layer[..., 3:4] * alpha
     out = thumb * (1 - a) + layer[..., :3] * a
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.round(out * 255).astype(np.uint8)).save(path)
-    return path
+    return np.round(out * 255).astype(np.uint8)
 
 
 def heatmap_png(grid: ScoreGrid, path: str | Path, *, scale: int = 8, cmap: str = "inferno") -> Path:

@@ -16,6 +16,7 @@ saved in pass 1 and restored for its replay, so the replay draws the same masks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +29,15 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
-from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, bn_policy, split_head_output
+from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, bn_policy
 from bigslide.methods.replay import (
     AutocastFactory,
     BackwardFn,
     batchnorm_layers,
     replay_backward,
 )
-from bigslide.nn.mil import LossFn, bag_loss
+from bigslide.nn.mil import LossFn
+from bigslide.nn.mil.base import batch_loss
 
 if TYPE_CHECKING:
     from bigslide.memory.targets import Candidate, Settings, Target
@@ -49,6 +51,7 @@ def accumulated_bag_backward(
     loss_fn: LossFn | None = None,
     *,
     chunk_size: int,
+    sizes: Sequence[int] | None = None,
     forward_chunk_size: int | None = None,
     autocast: AutocastFactory | None = None,
     backward: BackwardFn | None = None,
@@ -56,7 +59,12 @@ def accumulated_bag_backward(
     stochastic: bool | None = None,
     device: torch.device | None = None,
 ) -> BagStep:
-    """ABMIL-ACC on one bag: leaves the full-bag gradients in `.grad` (accumulating, like `.backward()`).
+    """ABMIL-ACC on one bag, or a batch of bags: leaves the full-batch gradients in `.grad`
+    (accumulating, like `.backward()`).
+
+    `sizes`: the batch's bags lie one after another in `bag`, `sizes[b]` tiles each (None: one bag).
+    The encoder treats every tile on its own, so the bags are encoded together and the head runs on
+    each bag's features; `loss_fn` then sees all the bags' logits at once (Cox over a batch).
 
     `aggregator`: any module mapping the (N, D) features to `(logits, attention)` or to bare logits
     (then `BagStep.attention` is None); an `aux_loss(target)` method, if it has one, adds to the loss.
@@ -74,8 +82,7 @@ def accumulated_bag_backward(
     """
 
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
-        logits, attention = split_head_output(aggregator(Z))
-        loss = bag_loss(aggregator, logits, target, loss_fn)
+        loss, logits, attention = batch_loss(aggregator, Z, sizes or [Z.shape[0]], target, loss_fn)
         return loss, (logits.detach(), None if attention is None else attention.detach())
 
     with bn_policy(encoder, bn_mode):
@@ -145,7 +152,9 @@ class ABMILACC(MILMethod[ABMILACCParams]):
             model.aggregator,
             batch.x,  # host memory (pinned on CUDA): moved chunk by chunk, never whole
             batch.y.to(self.device),
+            self.loss,
             chunk_size=p.chunk_size,
+            sizes=batch.sizes,
             forward_chunk_size=p.forward_chunk_size or 4 * p.chunk_size,
             autocast=stepper.autocast,
             backward=stepper.backward,

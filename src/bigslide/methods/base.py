@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from bigslide.coerce import build_dataclass, check_ranges
+from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
 from bigslide.errors import ConfigError
+from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
 if TYPE_CHECKING:
     from bigslide.memory.targets import Candidate, Settings, Target
@@ -41,13 +43,15 @@ class StepResult:
 class Prediction:
     """What inference gives for one sample.
 
-    `instance_scores`: one score per tile, in the sample's tile order (attention for MIL methods).
+    `instance_scores`: one score per tile, in the sample's tile order (attention for MIL methods);
+    `instance_maps` more of them (each tile's contribution to the risk).
     `maps`: named maps on the image's patch grid, (rows, cols) or (rows, cols, 3) (PatchGD Z-block maps);
     cell (r, c) starts at input pixel (map_offset + r·map_stride, map_offset + c·map_stride).
     """
 
-    probs: np.ndarray
+    probs: np.ndarray  # the endpoint's outputs (`Method.outputs`): class probabilities for classes
     instance_scores: np.ndarray | None = None
+    instance_maps: dict[str, np.ndarray] = field(default_factory=dict)  # more per-tile maps, by name
     maps: dict[str, np.ndarray] = field(default_factory=dict)
     map_stride: float = 0.0  # input pixels between map cells; 0 = input side / map columns
     map_offset: float = 0.0  # input pixels from the image corner to cell (0, 0)'s corner
@@ -81,7 +85,13 @@ class ModelSpec:
     backbone: str = "resnet18"
     pretrained: bool = False
     weights: str | None = None  # a local state-dict file for the backbone
-    num_classes: int = 2
+    num_classes: int = 2  # outputs of a classifier when no endpoint is given
+    endpoint: Endpoint | None = None  # what is predicted (None: `num_classes` classes)
+
+    @property
+    def outputs(self) -> int:
+        """Logits the model gives per item."""
+        return self.endpoint.n_outputs if self.endpoint is not None else self.num_classes
 
 
 P = TypeVar("P", bound=MethodParams)
@@ -125,12 +135,30 @@ class Method(ABC, Generic[P]):
     def predict(self, sample: Sample) -> Prediction:
         """Inference on one sample (the model is put in eval mode by the caller)."""
 
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The endpoint's loss of (B, K) logits against the batch's targets."""
+        return endpoint_loss(self.spec.endpoint, logits, y)
+
+    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
+        """What a prediction reports for (B, K) logits: class probabilities, a number, S(t) or a risk."""
+        return endpoint_outputs(self.spec.endpoint, logits.float())
+
+    @property
+    def explains_score(self) -> bool:
+        """Whether heatmaps explain one score per item (`score`), rather than a class's logit."""
+        return self.spec.endpoint is not None and self.spec.endpoint.task != "classification"
+
+    def score(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B,) what heatmaps explain for survival (the risk) and regression (the standardised value)."""
+        return endpoint_score(self.spec.endpoint, logits.float())
+
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)
 
     def batch_size(self, requested: int) -> int:
-        """Samples per batch for a requested `data.batch_size`: bags come one at a time (sizes differ)."""
-        return 1 if self.kind == "bag" else max(1, requested)
+        """Samples per batch for a requested `data.batch_size` (methods that take one bag at a time
+        override it)."""
+        return max(1, requested)
 
     def memory_knobs(self, data: Mapping[str, Any]) -> dict[str, float]:
         """The settings that bound this method's step memory, by config key, with their values now."""

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bigslide.data.sample import as_float
@@ -144,10 +143,13 @@ class BigLayerMIL(Method[BigLayerMILParams]):
 
     model: BigMILModel
 
+    def batch_size(self, requested: int) -> int:
+        return 1  # the whole bag is the encoder's batch
+
     def build_model(self) -> nn.Module:
         p, spec = self.params, self.spec
         encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
-        aggregator = make_aggregator(p.aggregator, encoder.dim, spec.num_classes, **aggregator_kwargs(p))
+        aggregator = make_aggregator(p.aggregator, encoder.dim, spec.outputs, **aggregator_kwargs(p))
         if p.bn_mode == "frozen":
             freeze_batchnorm_affine(encoder)
         return BigMILModel(encoder, aggregator)
@@ -157,7 +159,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         # The whole bag is one batch, so "batch" statistics are exact: no chunking to warn about.
         with stepper.autocast(), bn_policy(self.model.encoder, self.params.bn_mode, chunked=False):
             logits, _ = self.model(_to_host(batch.x))
-            loss = bag_loss(self.model.aggregator, logits.float(), target)
+            loss = bag_loss(self.model.aggregator, logits.float(), target, self.loss)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
@@ -168,7 +170,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         whole_bag = self.params.bn_mode == "batch"
         with torch.no_grad(), batchnorm_mode(self.model.encoder, whole_bag, keep_statistics=True):
             logits, attention = self.model(_to_host(sample.x))
-        probs = torch.softmax(logits.float(), dim=-1)[0]
+        probs = self.outputs(logits)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
 
 
@@ -191,13 +193,13 @@ class BigLayerImage(Method[BigLayerImageParams]):
     def build_model(self) -> nn.Module:
         p, spec = self.params, self.spec
         encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
-        return BigImageModel(encoder, spec.num_classes)
+        return BigImageModel(encoder, spec.outputs)
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
         with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
             logits = self.model(_to_host(batch.x))
-            loss = F.cross_entropy(logits.float(), target)
+            loss = self.loss(logits.float(), target)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
@@ -205,7 +207,7 @@ class BigLayerImage(Method[BigLayerImageParams]):
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
             logits = self.model(_to_host(sample.x).unsqueeze(0))
-        probs = torch.softmax(logits.float(), dim=-1)[0]
+        probs = self.outputs(logits)[0]
         return Prediction(probs=np.asarray(probs.cpu().numpy()))
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bigslide.data.sample import to_device
@@ -77,7 +76,7 @@ class FullImage(Method[FullImageParams]):
             self.spec.backbone,
             pretrained=self.spec.pretrained,
             weights=self.spec.weights,
-            out_dim=self.spec.num_classes,
+            out_dim=self.spec.outputs,
             **extra,
         )
         if self.params.channels_last:
@@ -92,7 +91,7 @@ class FullImage(Method[FullImageParams]):
         y = batch.y.to(self.device, non_blocking=True).long()
         with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
             logits = self.model(self._inputs(batch.x))
-            loss = F.cross_entropy(logits, y)  # autocast computes it in float32
+            loss = self.loss(logits, y)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
@@ -100,4 +99,4 @@ class FullImage(Method[FullImageParams]):
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
             logits = self.model(self._inputs(sample.x[None]))
-        return Prediction(probs=torch.softmax(logits.float(), dim=1)[0].cpu().numpy())
+        return Prediction(probs=self.outputs(logits)[0].cpu().numpy())

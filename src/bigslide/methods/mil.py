@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Method, MethodParams, Prediction, Sample
@@ -20,6 +19,7 @@ from bigslide.methods.batchnorm import freeze_batchnorm_affine
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.mil import Aggregator, make_aggregator
+from bigslide.nn.mil.base import split_head_output
 
 BNMode = Literal["eval", "frozen", "batch"]
 
@@ -28,25 +28,6 @@ class BagStep(NamedTuple):
     loss: torch.Tensor  # detached scalar
     logits: torch.Tensor  # (1, C), detached
     attention: torch.Tensor | None  # (N,), detached; None when the aggregator returns bare logits
-
-
-def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`(logits (1, C), attention or None)` from a MIL head's output: `(logits, attention)` or bare logits.
-
-    A head that gives no per-instance scores gets None, not made-up uniform scores: a flat heatmap would
-    look like a result. Bare (C,) logits get the bag axis.
-    """
-    if isinstance(output, tuple | list) and len(output) == 2 and isinstance(output[0], torch.Tensor):
-        logits, attention = output
-        if attention is not None and not isinstance(attention, torch.Tensor):
-            raise TypeError(f"aggregator output: attention must be a tensor or None, got {type(attention)}")
-    elif isinstance(output, torch.Tensor):
-        logits, attention = output, None
-    else:
-        raise TypeError(
-            f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
-        )
-    return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
 
 
 @contextlib.contextmanager
@@ -163,7 +144,11 @@ class MILMethod(Method[P]):
 
     kind = "bag"
     takes_uint8 = True
-    map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
+    map_titles: ClassVar[dict[str, str]] = {
+        "attention": "attention",
+        "risk": "tile contribution to the risk",
+        "value": "tile contribution to the value",
+    }
     Params: ClassVar[type[MethodParams]] = MILParams
 
     @property
@@ -176,7 +161,7 @@ class MILMethod(Method[P]):
         encoder = create_encoder(
             self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
         )
-        aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.num_classes, **aggregator_kwargs(p))
+        aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)
         return MILModel(encoder, aggregator)
@@ -188,9 +173,21 @@ class MILMethod(Method[P]):
 
     def predict(self, sample: Sample) -> Prediction:
         # The bag stays on the host: `features` moves one chunk at a time.
+        aggregator = self.mil_model.aggregator
         with torch.no_grad():
-            logits, attention = split_head_output(self.mil_model.aggregator(self.features(sample, sample.x)))
-            probs = F.softmax(logits.float(), dim=-1)[0]
+            z = self.features(sample, sample.x)
+            logits, attention = split_head_output(aggregator(z))
+            probs = self.outputs(logits)[0]
         # a head that scores no instance gives no heatmap, rather than a flat one that looks like a result
         scores = None if attention is None else attention.float().reshape(-1).cpu().numpy()
-        return Prediction(probs=probs.cpu().numpy(), instance_scores=scores)
+        maps = {}
+        contributions = getattr(aggregator, "contributions", None)
+        if self.explains_score and contributions is not None:
+            with torch.no_grad():
+                maps[self.score_map] = contributions(z, self.score).float().cpu().numpy()
+        return Prediction(probs=probs.cpu().numpy(), instance_scores=scores, instance_maps=maps)
+
+    @property
+    def score_map(self) -> str:
+        """The name of the per-tile map of what the endpoint's score owes each tile."""
+        return "risk" if self.spec.endpoint is not None and self.spec.endpoint.task == "survival" else "value"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,8 @@ from bigslide.data.sample import to_device
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
 from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
-from bigslide.nn.mil import Aggregator, LossFn, bag_loss
+from bigslide.nn.mil import Aggregator, LossFn
+from bigslide.nn.mil.base import batch_loss
 
 if TYPE_CHECKING:
     from bigslide.memory.targets import Candidate, Settings, Target
@@ -37,8 +39,10 @@ def full_bag_backward(
     backward: BackwardFn | None = None,
     bn_mode: str = "eval",
     encode_chunk_size: int | None = None,
+    sizes: Sequence[int] | None = None,
 ) -> BagStep:
-    """Forward the whole bag with grad, then one backward; gradients accumulate in `.grad`.
+    """Forward the whole bag (or the batch of bags, `sizes` tiles each) with grad, then one backward;
+    gradients accumulate in `.grad`.
 
     `encode_chunk_size` splits the encoder call (still one graph holding every activation); with
     "batch" BatchNorm that changes the statistics, otherwise only the random-number stream.
@@ -47,10 +51,9 @@ def full_bag_backward(
     step = encode_chunk_size or bag.shape[0]
     with bn_policy(encoder, bn_mode, chunked=False), autocast():
         z = torch.cat([encoder(bag[start : start + step]) for start in range(0, bag.shape[0], step)])
-        logits, attention = aggregator(z)
-        loss = bag_loss(aggregator, logits, target, loss_fn)
+        loss, logits, attention = batch_loss(aggregator, z, sizes or [z.shape[0]], target, loss_fn)
     (backward or torch.Tensor.backward)(loss)
-    return BagStep(loss.detach(), logits.detach(), attention.detach())
+    return BagStep(loss.detach(), logits.detach(), None if attention is None else attention.detach())
 
 
 @register
@@ -77,9 +80,11 @@ class FullBag(MILMethod[EndToEndParams]):
             model.aggregator,
             to_device(batch.x, self.device),
             batch.y.to(self.device),
+            self.loss,
             autocast=stepper.autocast,
             backward=stepper.backward,
             bn_mode=p.bn_mode,
+            sizes=batch.sizes,
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())
@@ -170,11 +175,12 @@ class FrozenABMIL(MILMethod[FrozenParams]):
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         aggregator = self.mil_model.aggregator
         target = batch.y.to(self.device)
-        sample = batch.samples[0] if batch.samples else None
-        z = self.features(sample, batch.x)  # the bag stays on the host; `features` moves chunks
+        sizes = batch.sizes or [batch.x.shape[0]]
+        bags = batch.x.split(sizes)  # they stay on the host; `features` moves chunks
+        samples: list[Sample | None] = list(batch.samples) if len(batch.samples) == len(sizes) else []
+        z = torch.cat([self.features(s, bag) for s, bag in zip(samples or [None] * len(sizes), bags)])
         with stepper.autocast():
-            logits, _ = aggregator(z)
-            loss = bag_loss(aggregator, logits, target)
+            loss, logits, _ = batch_loss(aggregator, z, sizes, target, self.loss)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float())

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bigslide.data.sample import to_device
@@ -277,7 +276,7 @@ class PatchGD(Method[PatchGDParams]):
         head = make_head(
             p.head,
             p.latent_dim,
-            self.spec.num_classes,
+            self.spec.outputs,
             width=p.head_width,
             dropout=p.head_dropout,
             norm=p.head_norm,
@@ -332,7 +331,7 @@ class PatchGD(Method[PatchGDParams]):
                     # Out of place: the gradient flows to this iteration's z only.
                     current = Z.index_put(where, z.to(Z.dtype))  # noqa: B023 (called in this iteration)
                     logits = head(current.view(shape).permute(0, 3, 1, 2))
-                    loss = F.cross_entropy(logits, y)  # autocast computes it in float32
+                    loss = self.loss(logits, y)
                     return loss / group, (loss.detach(), logits.detach(), z.detach())  # noqa: B023
 
                 if chunked:
@@ -381,9 +380,11 @@ class PatchGD(Method[PatchGDParams]):
             channels_last=self.params.channels_last,
         )
         with torch.no_grad():
-            probs = torch.softmax(self.model.head(Z).float(), dim=1)[0]
+            probs = self.outputs(self.model.head(Z))[0]
         target = 1 if len(probs) == 2 else int(probs.argmax())
-        maps = zblock_maps(self.model.head, Z[0], target=target)
+        maps = zblock_maps(
+            self.model.head, Z[0], target=target, score=self.score if self.explains_score else None
+        )
         return Prediction(probs=probs.cpu().numpy(), maps=maps)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,7 +165,12 @@ def fill_z(
 EVIDENCE_STEPS = 32  # steps of the path integral (integrated gradients); the head is small next to the fill
 
 
-def zblock_maps(head: nn.Module, Z: torch.Tensor, target: int | None = None) -> dict[str, np.ndarray]:
+def zblock_maps(
+    head: nn.Module,
+    Z: torch.Tensor,
+    target: int | None = None,
+    score: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, np.ndarray]:
     """Explanations of one image's Z-block (s, rows, cols) or (1, s, rows, cols) for classifier `head`.
 
     - "norm" (rows, cols): L2 norm of each cell's latent vector.
@@ -176,7 +181,8 @@ def zblock_maps(head: nn.Module, Z: torch.Tensor, target: int | None = None) -> 
       over channels. The cells' evidence adds up to logit(Z) - logit(baseline): what this image holds
       beyond uniform typical tissue, shared among the cells that hold it (plain gradient x input spreads a
       lesion's evidence over the grid: pooling lets any one lesion cell stand in for another, so no single
-      cell's gradient is large). `target` None = predicted class; no parameter gradients are left behind.
+      cell's gradient is large). `target` None = predicted class; `score(logits) -> (B,)` explains that
+      instead (a survival risk); no parameter gradients are left behind.
     Runs the head in the mode it is in (callers use eval mode).
     """
     block = Z.detach()
@@ -188,13 +194,17 @@ def zblock_maps(head: nn.Module, Z: torch.Tensor, target: int | None = None) -> 
         )
     with torch.no_grad():
         cls = int(head(block)[0].argmax()) if target is None else int(target)
+
+    def explained(logits: torch.Tensor) -> torch.Tensor:
+        return score(logits)[0] if score is not None else logits[0, cls]
+
     baseline = block.flatten(2).median(dim=2).values[..., None, None].expand_as(block)
     difference = block - baseline
     mean_grad = torch.zeros_like(block)
     with torch.enable_grad():
         for step in range(EVIDENCE_STEPS):  # the midpoint rule: error falls as 1/steps²
             leaf = (baseline + difference * ((step + 0.5) / EVIDENCE_STEPS)).requires_grad_(True)
-            (grad,) = torch.autograd.grad(head(leaf)[0, cls], leaf)
+            (grad,) = torch.autograd.grad(explained(head(leaf)), leaf)
             mean_grad += grad / EVIDENCE_STEPS
     values = block[0].double()
     evidence = (difference[0].double() * mean_grad[0].double()).sum(0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -30,3 +32,15 @@ class ABMIL(Aggregator):
     def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pooled, attention = self.pool(self.project(z))
         return self.classifier(pooled).unsqueeze(0), attention
+
+    def contributions(self, z: torch.Tensor, score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Each instance's share of `score(logits)` (N,): the score minus the score of the bag without
+        that instance. Leaving instance i out renormalises the softmax, so the pooled feature becomes
+        (M - a_i h_i) / (1 - a_i): every instance's leave-one-out score in one batched head call."""
+        h = self.project(z)
+        pooled, attention = self.pool(h)
+        without = (pooled.unsqueeze(0) - attention.unsqueeze(1) * h) / (1 - attention).clamp_min(
+            1e-12
+        ).unsqueeze(1)
+        whole = score(self.classifier(pooled).unsqueeze(0))
+        return whole - score(self.classifier(without))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-# A loss on (logits (1, C), target (1,)) returning a scalar.
+# A loss on (logits (B, C), targets (B, ...)) returning a scalar.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -24,9 +24,28 @@ class Aggregator(nn.Module):
     in_dim: int
     num_classes: int
 
-    def aux_loss(self, target: torch.Tensor) -> torch.Tensor | None:
-        """Extra loss from the last forward pass, or None."""
+    def aux_loss(self, target: torch.Tensor, loss_fn: LossFn = F.cross_entropy) -> torch.Tensor | None:
+        """Extra loss from the last forward pass (`loss_fn` on auxiliary logits), or None."""
         return None
+
+
+def split_head_output(output: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(logits (1, C), attention or None)` from a MIL head's output: `(logits, attention)` or bare logits.
+
+    A head that gives no per-instance scores gets None, not made-up uniform scores: a flat heatmap would
+    look like a result. Bare (C,) logits get the bag axis.
+    """
+    if isinstance(output, tuple | list) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+        logits, attention = output
+        if attention is not None and not isinstance(attention, torch.Tensor):
+            raise TypeError(f"aggregator output: attention must be a tensor or None, got {type(attention)}")
+    elif isinstance(output, torch.Tensor):
+        logits, attention = output, None
+    else:
+        raise TypeError(
+            f"aggregator output: expected logits or (logits, attention) tensors, got {type(output).__name__}"
+        )
+    return (logits.unsqueeze(0) if logits.ndim == 1 else logits), attention
 
 
 def bag_loss(
@@ -37,10 +56,44 @@ def bag_loss(
 ) -> torch.Tensor:
     """`loss_fn(logits, target)` (cross-entropy by default) plus the aggregator's auxiliary loss (DTFD's
     tier 1), when it has an `aux_loss`: a plain head module from a script has none."""
-    loss = (loss_fn or F.cross_entropy)(logits, target)
-    aux_loss = getattr(aggregator, "aux_loss", None)
-    aux = aux_loss(target) if aux_loss is not None else None
+    loss_fn = loss_fn or F.cross_entropy
+    loss = loss_fn(logits, target)
+    aux = _aux_loss(aggregator, target, loss_fn)
     return loss if aux is None else loss + aux
+
+
+def _aux_loss(aggregator: nn.Module, target: torch.Tensor, loss_fn: LossFn) -> torch.Tensor | None:
+    aux_loss = getattr(aggregator, "aux_loss", None)
+    return aux_loss(target, loss_fn) if aux_loss is not None else None
+
+
+def batch_loss(
+    aggregator: nn.Module,
+    features: torch.Tensor,
+    sizes: Sequence[int],
+    target: torch.Tensor,
+    loss_fn: LossFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The head on each bag of a batch: `features` holds the bags' instances one bag after another
+    (`sizes` instances each). Returns the batch loss (`loss_fn` over the stacked bag logits, plus the
+    mean of the heads' auxiliary losses), the (B, C) logits and the instances' attention (None when
+    the head gives none). One bag gives exactly `bag_loss`.
+    """
+    loss_fn = loss_fn or F.cross_entropy
+    logits, attention, aux = [], [], []
+    for b, z in enumerate(features.split(list(sizes))):
+        bag_logits, bag_attention = split_head_output(aggregator(z))
+        logits.append(bag_logits)
+        attention.append(bag_attention)
+        extra = _aux_loss(aggregator, target[b : b + 1], loss_fn)  # from this bag's forward
+        if extra is not None:
+            aux.append(extra)
+    stacked = torch.cat(logits)
+    loss = loss_fn(stacked, target)
+    if aux:
+        loss = loss + torch.stack(aux).mean()
+    scores = None if any(a is None for a in attention) else torch.cat(attention)  # type: ignore[arg-type]
+    return loss, stacked, scores
 
 
 def attention_mlp(in_dim: int, attention_dim: int, gated: bool) -> nn.Module:

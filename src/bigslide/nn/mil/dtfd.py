@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bigslide.nn.mil.base import Aggregator, AttentionPool, projection
+from bigslide.nn.mil.base import Aggregator, AttentionPool, LossFn, projection
 
 Distill = Literal["afs", "maxs"]
 
@@ -82,9 +82,9 @@ class DTFD(Aggregator):
         attention = torch.empty_like(scores).index_copy(0, order, scores)
         return logits, attention
 
-    def aux_loss(self, target: torch.Tensor) -> torch.Tensor | None:
-        """Tier-1 loss: every pseudo-bag is classified as the bag's label (mean cross-entropy)."""
+    def aux_loss(self, target: torch.Tensor, loss_fn: LossFn = F.cross_entropy) -> torch.Tensor | None:
+        """Tier-1 loss: every pseudo-bag gets the bag's target (`loss_fn`, cross-entropy for classes)."""
         if self._tier1_logits is None:
             return None
         logits = self._tier1_logits
-        return F.cross_entropy(logits, target.expand(logits.shape[0]))
+        return loss_fn(logits, target.expand(logits.shape[0], *target.shape[1:]))
