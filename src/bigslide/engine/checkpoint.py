@@ -96,8 +96,10 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
         raise TrainingError(f"{path}: not a complete bigslide checkpoint: missing {', '.join(missing)}")
     classes = state["classes"]
     classifier = (state.get("endpoint") or {}).get("task", "classification") == "classification"
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or not (
-        classes or not classifier
+    if (
+        not isinstance(classes, list)
+        or not all(isinstance(c, str) for c in classes)
+        or not (classes or not classifier)
     ):
         raise TrainingError(f"{path}: 'classes' must be a non-empty list of class names")
     if not isinstance(state["model"], dict):
