@@ -3,6 +3,8 @@ heatmaps as npz + PNG overlay + GeoJSON."""
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +44,9 @@ def write_predictions(
         lines.append([str(p.slide), *_values(p), *outputs])
         if heatmaps:
             write_heatmaps(p, out / "heatmaps")
-    text = "".join(",".join(_quoted(v) for v in line) + "\n" for line in lines)
-    path = atomic_write_text(out / "predictions.csv", text)
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(lines)
+    path = atomic_write_text(out / "predictions.csv", text.getvalue())
     if endpoint.task == "survival" and table is not None:
         known = {e.path: e for e in table.entries if e.time is not None and e.event is not None}
         rows = [(known[p.slide], p.risk) for p in preds if p.slide in known]
@@ -64,7 +67,3 @@ def _values(p: SlidePrediction) -> list[str]:
     if p.task == "regression":
         return [f"{float(p.probs[0]):.6g}"]
     return [p.label]
-
-
-def _quoted(value: str) -> str:
-    return f'"{value}"' if "," in value or '"' in value else value
