@@ -255,28 +255,63 @@ def test_a_decode_process_that_dies_is_an_error_naming_the_slide(slide_csv: Path
     assert not multiprocessing.active_children()
 
 
-def test_worker_processes_exit_when_the_training_process_is_killed(slide_csv: Path) -> None:
+@pytest.mark.parametrize("server", [False, True], ids=["forked", "from-server"])
+def test_worker_processes_exit_when_the_training_process_is_killed(slide_csv: Path, server: bool) -> None:
     script = (
         "import multiprocessing, sys, time\n"
+        "from multiprocessing import forkserver\n"
+        "from bigslide.data import processes\n"
         "from bigslide.data.bags import BagDataset\n"
         "from bigslide.data.loader import BatchLoader\n"
         "from bigslide.data.table import SlideTable\n"
+        f"if {server}: processes.fork_from_server()\n"
         f"bags = BagDataset(SlideTable.from_csv({str(slide_csv)!r}), tile_size=32, bag_size=5)\n"
         "loader = BatchLoader(bags, workers=2)\n"
         "loader.plan([[0], [1]]); loader.take([0])\n"
         "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+        "print(forkserver._forkserver._forkserver_pid or '', flush=True)\n"
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     workers = [int(pid) for pid in proc.stdout.readline().split()]
     assert len(workers) == 2
+    started_by = proc.stdout.readline().split()
+    assert bool(started_by) == server  # the fork server, which must go too
+    workers += [int(pid) for pid in started_by]
     proc.kill()  # SIGKILL: no cleanup runs in the parent
     proc.wait()
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+    while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not [pid for pid in workers if running(pid)]
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs (a zombie has exited; a container's first process may never reap it)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_from_a_server_read_the_same_bags(slide_csv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = SlideTable.from_csv(slide_csv)
+    here = BagDataset(table, tile_size=32, bag_size=7, seed=3)
+    monkeypatch.setattr(processes_module, "_START_METHOD", processes_module._START_METHOD)
+    processes_module.fork_from_server()
+    assert processes_module._START_METHOD == "forkserver"
+    bags = BagDataset(table, tile_size=32, bag_size=7, seed=3)
+    with BatchLoader(bags, workers=2) as loader:
+        loader.plan([[1], [2]])
+        got = [loader.take([i])[0] for i in (1, 2)]
+        assert loader._processes is not None
+        assert loader._processes._pool._mp_context.get_start_method() == "forkserver"
+    for item, i in zip(got, (1, 2), strict=True):
+        assert torch.equal(item.x, here[i].x)
+    assert not multiprocessing.active_children()
+    for b in (bags, here):
+        b.slides.close()
 
 
 def test_bags_come_channels_last_and_workers_yield_to_the_training_process(slide_csv: Path) -> None:

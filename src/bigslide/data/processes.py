@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -36,6 +37,10 @@ from bigslide.errors import DataError
 from bigslide.resolution import ReadPlan
 from bigslide.slide import Slide
 
+# How decode workers start: forked from this process (default), or from a server process
+# (`fork_from_server`, for multi-threaded GUI processes).
+_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
 # In a worker process: the slides it has opened, by (path, fallback mpp), and the shared buffers it was
 # given, by number (holding one keeps it mapped: torch finds it again when the buffer next comes).
 _OPEN: dict[tuple[Path, float | None], Slide] = {}
@@ -50,9 +55,8 @@ class DecodeProcesses:
     """
 
     def __init__(self, workers: int, buffers: int | None = None) -> None:
-        methods = multiprocessing.get_all_start_methods()
         # fork: workers start in milliseconds and need no importable __main__ (scripts, notebooks)
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        context = multiprocessing.get_context(_START_METHOD)
         self.workers = workers
         self._pool = ProcessPoolExecutor(
             workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
@@ -132,6 +136,24 @@ def read_slide_squares(
 WORKER_NICENESS = 10  # the training process comes first; decoding fills the time it leaves
 
 
+def fork_from_server() -> None:
+    """Start decode workers from a small server process, and start that server now.
+
+    For a multi-threaded GUI process (napari): forking it holds the interpreter lock while the kernel
+    copies its page tables (60-120 ms of frozen viewer per worker on two cores, tests/gui/test_train.py)
+    and copies locks that its other threads hold. The server imports this module once (torch with it)
+    in the background, so the first run does not wait for it; it imports no `__main__`.
+    """
+    global _START_METHOD
+    if "forkserver" not in multiprocessing.get_all_start_methods() or _START_METHOD == "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload([__name__])
+    forkserver.ensure_running()
+    _START_METHOD = "forkserver"
+
+
 def _start_worker(parent: int) -> None:
     # On a CPU run the step's threads use every core: a worker at the same priority preempts one of them,
     # and the others wait for it at their next synchronisation (a loader-fed step took 1.13x the in-memory
@@ -144,11 +166,25 @@ def _start_worker(parent: int) -> None:
 
 
 def _exit_with(parent: int) -> None:
-    # A worker waits on a pipe that its own forked copy keeps open, so it would outlive a killed parent
-    # (and hold the parent's stdout open); a child whose parent died is re-parented.
-    while os.getppid() == parent:
-        time.sleep(0.5)
+    # A worker waits on a pipe that its own copy keeps open, so it would outlive a killed parent (and hold
+    # the parent's stdout open). A fork server's children keep the server alive, so neither would exit.
+    try:
+        select.select([os.pidfd_open(parent)], [], [])  # readable once the parent has exited
+    except (AttributeError, OSError):  # no pidfd (not Linux): the parent is gone or we were re-parented
+        started_by = os.getppid()
+        while os.getppid() == started_by and _alive(parent):
+            time.sleep(0.5)
     os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _read(

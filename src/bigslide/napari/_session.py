@@ -131,9 +131,13 @@ _SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
 
 def session_for(viewer: napari.Viewer) -> Session:
     """The viewer's session; the first call also makes the viewer keep every overlay on its slide and
-    give the session's fallback µm/px to slides whose files state none, now and as they are opened."""
+    give the session's fallback µm/px to slides whose files state none, now and as they are opened, and
+    starts the process that runs and predicts will start their decode workers from."""
     session = _SESSIONS.get(viewer)
     if session is None:
+        from bigslide.data.processes import fork_from_server
+
+        fork_from_server()
         session = _SESSIONS[viewer] = Session()
         _wire(viewer, session)
     return session
