@@ -31,18 +31,48 @@ GLASS_OD = 0.035  # background glass transmits ~92 %: RGB ≈ 235-245 after the 
 
 @dataclass(frozen=True)
 class Stain:
-    """Per-slide stain: OD vectors of hematoxylin, eosin and residual (rows), and dye strengths."""
+    """Per-slide stain: OD vectors of hematoxylin, eosin and residual (rows), dye strengths, and an OD
+    added to every pixel per RGB channel (a lab's colour cast: mounting medium, lamp, scanner)."""
 
     vectors: np.ndarray  # (3, 3) float32, unit rows
     h_strength: float
     e_strength: float
+    cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
-def slide_stain(rng: np.random.Generator) -> Stain:
-    """skimage's HED vectors tilted a little and dye strengths scaled, as between labs and batches."""
-    vectors = color.rgb_from_hed.astype(np.float64) + rng.normal(0, 0.04, size=(3, 3))
+@dataclass(frozen=True)
+class Lab:
+    """How a lab stains: its mean stain vectors (rows H, E, residual), dye strengths and colour cast.
+    Slides of one lab vary around these (`slide_stain`)."""
+
+    vectors: np.ndarray  # (3, 3)
+    h_strength: float = 1.0
+    e_strength: float = 1.0
+    cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+LABS: dict[str, Lab] = {
+    # skimage's HED vectors (Ruifrok and Johnston)
+    "A": Lab(np.array(color.rgb_from_hed)),
+    # Stronger, bluer hematoxylin (absorbs more red, less blue), paler eosin, a slight yellow cast.
+    "B": Lab(
+        np.array([[0.76, 0.62, 0.19], [0.10, 0.98, 0.16], color.rgb_from_hed[2]]),
+        h_strength=1.4,
+        e_strength=0.65,
+        cast=(0.0, 0.015, 0.06),
+    ),
+}
+
+
+def slide_stain(rng: np.random.Generator, lab: str = "A") -> Stain:
+    """The lab's stain vectors tilted a little and dye strengths scaled, as between batches of a lab.
+    The random draws do not depend on the lab, so one seed renders the same slide in every lab."""
+    base = LABS[lab]
+    vectors = np.asarray(base.vectors, np.float64)
+    vectors = vectors + rng.normal(0, 0.04, size=(3, 3))
     vectors = np.abs(vectors) / np.linalg.norm(vectors, axis=1, keepdims=True)
-    return Stain(vectors.astype(np.float32), float(rng.uniform(0.8, 1.2)), float(rng.uniform(0.8, 1.2)))
+    h, e = float(rng.uniform(0.8, 1.2)), float(rng.uniform(0.8, 1.2))
+    return Stain(vectors.astype(np.float32), h * base.h_strength, e * base.e_strength, base.cast)
 
 
 def od_to_rgb(h: np.ndarray, e: np.ndarray, stain: Stain, extra: np.ndarray | None = None) -> np.ndarray:
@@ -50,7 +80,7 @@ def od_to_rgb(h: np.ndarray, e: np.ndarray, stain: Stain, extra: np.ndarray | No
     height, width = h.shape
     od = np.empty((height, width, 3), np.float32)
     for c in range(3):
-        od[..., c] = h * stain.vectors[0, c] + e * stain.vectors[1, c] + GLASS_OD
+        od[..., c] = h * stain.vectors[0, c] + e * stain.vectors[1, c] + (GLASS_OD + stain.cast[c])
         if extra is not None:
             od[..., c] += extra
     np.negative(od, out=od)

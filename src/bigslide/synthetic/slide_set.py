@@ -14,6 +14,7 @@ import shapely
 
 from bigslide.errors import DataError
 from bigslide.regions import Region, save_regions
+from bigslide.synthetic.he import LABS
 from bigslide.synthetic.pyramid import Flavour
 from bigslide.synthetic.slides import LesionKind, SlideInfo, make_synthetic_slide
 
@@ -60,11 +61,14 @@ def make_slide_set(
     lesion_diameter: tuple[float, float] | None = None,
     lesion_kind: LesionKind = "tumour",
     lesion_count: tuple[int, int] = (1, 3),
+    lab: str = "A",
 ) -> Path:
     """Write slides, `slides.csv` (slide,label,split), `lesions.json` and per-slide lesion GeoJSON.
 
     `lesion_diameter` = (min, max) in level-0 pixels; None scales the default with the slide size.
     Each positive slide holds `lesion_count` = (min, max) lesions of `lesion_kind`.
+    `lab`: whose staining (`bigslide.synthetic.he.LABS`); another lab with the same other parameters
+    writes the same tissue, lesions, labels and splits in that lab's colours.
 
     Returns the CSV path. A folder already holding a set made with the same parameters is reused as is.
     """
@@ -74,6 +78,8 @@ def make_slide_set(
         raise DataError(f"lesion_count={lesion_count}: need 1 <= min <= max")
     if not 0 <= positive_fraction <= 1:
         raise DataError(f"positive_fraction={positive_fraction}: must be in [0, 1]")
+    if lab not in LABS:
+        raise DataError(f"lab={lab!r}: must be one of {', '.join(LABS)}")
     out = Path(out_dir)
     csv_path = out / "slides.csv"
     params = {
@@ -87,6 +93,8 @@ def make_slide_set(
         "lesion_kind": lesion_kind,
         "lesion_count": list(lesion_count),
     }
+    if lab != "A":  # lab A's sets keep the parameters (and so the caches) they had before labs existed
+        params["lab"] = lab
     names = [f"slide_{i:03d}{_SUFFIX[flavour]}" for i in range(n_slides)]
     if _cached(out, params, names):
         return csv_path
@@ -111,6 +119,7 @@ def make_slide_set(
             flavour=flavour,
             lesion_diameter=lesion_diameter,
             lesion_kind=lesion_kind,
+            lab=lab,
         )
         _write_lesion_geojson(info.lesions, out / f"{name.split('.')[0]}.lesions.geojson")
         return info
@@ -123,8 +132,8 @@ def make_slide_set(
     with csv_path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["slide", "label", "split"])
-        for name, lab, split in zip(names, labels, splits):
-            writer.writerow([name, "tumor" if lab else "normal", split])
+        for name, positive, split in zip(names, labels, splits):
+            writer.writerow([name, "tumor" if positive else "normal", split])
     (out / "lesions.json").write_text(json.dumps(lesions))
     (out / _MANIFEST).write_text(json.dumps({"params": params, "slides": names}, indent=1))
     return csv_path

@@ -99,11 +99,14 @@ def synthesize_slide(
     seed: int,
     lesion_diameter: tuple[float, float] | None = None,
     lesion_kind: LesionKind = "tumour",
+    lab: str = "A",
 ) -> SlideImage:
-    """Render an H&E-like slide of `size` (w, h) with `lesions` lesions of `lesion_kind` inside the tissue.
+    """Render an H&E-like slide of `size` (w, h) with `lesions` lesions of `lesion_kind` inside the tissue,
+    stained as `lab` does (`he.LABS`: "A", or "B": stronger, bluer hematoxylin, paler eosin, a cast).
 
     Each part draws from its own random stream, so the same seed with and without lesions gives the same
-    pixels everywhere outside the lesion mask (the tests rely on this to check the ground truth).
+    pixels everywhere outside the lesion mask (the tests rely on this to check the ground truth), and the
+    same seed in another lab gives the same tissue, masks and lesions in that lab's colours.
     """
     width, height = int(size[0]), int(size[1])
     if width < 64 or height < 64:
@@ -112,13 +115,15 @@ def synthesize_slide(
         raise DataError(f"lesions={lesions}: must be >= 0")
     if lesion_kind not in LESION_KINDS:
         raise DataError(f"lesion_kind={lesion_kind!r}: must be one of {', '.join(LESION_KINDS)}")
+    if lab not in he.LABS:
+        raise DataError(f"lab={lab!r}: must be one of {', '.join(he.LABS)}")
     r_tissue, r_stain, r_stroma, r_nuclei, r_lesion, r_noise = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
     )
     fld, threshold, step = _tissue_field(height, width, r_tissue)
     alpha = np.clip((he.upsample(fld, height, width, step) - threshold) / 0.15, 0, 1)
     tissue = alpha >= 0.5
-    stain = he.slide_stain(r_stain)
+    stain = he.slide_stain(r_stain, lab)
 
     stroma = he.stroma_eosin(height, width, r_stroma)
     parts = he.draw_structures(alpha >= 1, r_stroma)
@@ -236,10 +241,16 @@ def make_synthetic_slide(
     flavour: Flavour = "svs",
     lesion_diameter: tuple[float, float] | None = None,
     lesion_kind: LesionKind = "tumour",
+    lab: str = "A",
 ) -> SlideInfo:
     """Write a 3-level pyramidal tiled TIFF with MPP metadata; label 1 ("tumor") when `lesions` > 0."""
     image = synthesize_slide(
-        size, lesions=lesions, seed=seed, lesion_diameter=lesion_diameter, lesion_kind=lesion_kind
+        size,
+        lesions=lesions,
+        seed=seed,
+        lesion_diameter=lesion_diameter,
+        lesion_kind=lesion_kind,
+        lab=lab,
     )
     path = Path(path)
     write_pyramid(path, downsample_pyramid(image.rgb, 3), mpp=mpp, tile=tile, flavour=flavour)
