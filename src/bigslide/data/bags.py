@@ -8,10 +8,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bigslide.data.colour import SampleStain
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample, as_float
 from bigslide.data.slides import SlideCache
+from bigslide.data.stain import draw_stain_jitter
+from bigslide.data.stain_norm import StainFit, fit_slide_stain
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.grid import TileGrid
@@ -38,7 +41,9 @@ class BagDataset(Dataset[Sample]):
     """Item i = a bag from slide i: `bag_size` tiles sampled without replacement (0 = every tile).
 
     Sampling depends on (seed, epoch, i) only, so runs are reproducible and resumable; call
-    `set_epoch` each epoch for fresh bags.
+    `set_epoch` each epoch for fresh bags. `stain_augment` > 0: a stain perturbation of that strength
+    per slide, drawn from (seed, epoch, i); `stain_normalise`: each sample carries its slide's stain
+    fit (made once per slide), which the method maps onto its reference (`bigslide.data.colour`).
     """
 
     def __init__(
@@ -53,6 +58,8 @@ class BagDataset(Dataset[Sample]):
         seed: int = 0,
         slides: SlideCache | None = None,
         endpoint: Endpoint | None = None,
+        stain_augment: float = 0.0,
+        stain_normalise: str = "none",
     ) -> None:
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
@@ -63,6 +70,10 @@ class BagDataset(Dataset[Sample]):
         self.seed = seed
         self.epoch = 0
         self.slides = slides or SlideCache()
+        self.stain_augment = stain_augment
+        self.stain_normalise = stain_normalise
+        self._stain_fits: dict[int, StainFit] = {}
+        self.min_tissue = min_tissue
         self.grids: list[TileGrid] = []
         for entry in table.entries:
             grid = self.slides.grid(entry, tile_size, target_mpp, min_tissue)
@@ -99,7 +110,30 @@ class BagDataset(Dataset[Sample]):
             slide=str(entry.path),
             coords=grid.coords[indices],
             tile_size_level0=grid.tile_size_level0,
+            stain=self.sample_stain(i),
         )
+
+    def sample_stain(self, i: int) -> SampleStain | None:
+        """Slide i's stain fit (normalisation) and this epoch's perturbation (augmentation), if asked for."""
+        if self.stain_normalise == "none" and self.stain_augment <= 0:
+            return None
+        source = None
+        if self.stain_normalise != "none":
+            if i not in self._stain_fits:
+                self._stain_fits[i] = fit_slide_stain(
+                    self.stain_normalise,
+                    self.table.entries[i].path,
+                    tile_size=self.tile_size,
+                    target_mpp=self.target_mpp,
+                    min_tissue=self.min_tissue,
+                    slides=self.slides,
+                )
+            source = self._stain_fits[i]
+        jitter = None
+        if self.stain_augment > 0:
+            rng = np.random.default_rng([self.seed, self.epoch, i, 4177])
+            jitter = draw_stain_jitter(rng, self.stain_augment)
+        return SampleStain(source, jitter)
 
     def __getitem__(self, i: int) -> Sample:
         return self.read_bag(i, self.tile_indices(i))

@@ -106,6 +106,35 @@ class DataConfig:
         default=1, metadata={"min": 1, "help": "images, or bags of tiles, per optimizer step"}
     )
     augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
+    stain_augment: bool = field(
+        default=False,
+        metadata={
+            "help": "random hematoxylin/eosin amounts, stain vectors, hue and saturation, one draw per "
+            "slide and epoch (recommended for real cohorts: slides from other labs)"
+        },
+    )
+    stain_augment_strength: float = field(
+        default=1.0,
+        metadata={
+            "min": 0,
+            "max": 3,
+            "help": "scales every range of data.stain_augment (1: dye amounts x0.70-1.42, hue ±11°)",
+        },
+    )
+    stain_normalise: Literal["none", "macenko", "reinhard"] = field(
+        default="none",
+        metadata={
+            "help": "map every slide's stain onto a reference's (training, prediction and heatmaps): "
+            "macenko (stain vectors and amounts) or reinhard (colour statistics)"
+        },
+    )
+    stain_reference: str | None = field(
+        default=None,
+        metadata={
+            "help": "slide whose stain data.stain_normalise maps to (null = the bundled H&E reference); "
+            "fitted once when training starts and kept in the checkpoint"
+        },
+    )
     inference_repeats: int = field(
         default=1, metadata={"min": 0, "help": "sampled bags averaged at inference (0 = all tiles)"}
     )
@@ -125,6 +154,14 @@ class DataConfig:
         for name in ("target_mpp", "slide_mpp"):
             check_mpp(getattr(self, name), f"data.{name}")
         check_ranges(self, "data")
+        methods = ["none", "macenko", "reinhard"]
+        if self.stain_normalise not in methods:
+            raise ConfigError(f"data.stain_normalise: {self.stain_normalise!r} is not one of {methods}")
+        if self.stain_reference and self.stain_normalise == "none":
+            raise ConfigError(
+                "data.stain_reference: a reference slide is only used with data.stain_normalise "
+                "macenko or reinhard"
+            )
         if self.task == "survival" and self.survival_loss == "cox" and self.batch_size < 2:
             raise ConfigError(
                 "data.survival_loss: cox compares the bags of a batch; set data.batch_size >= 2 "

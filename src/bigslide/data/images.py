@@ -7,10 +7,13 @@ import torch
 from shapely import union_all
 from torch.utils.data import Dataset
 
+from bigslide.data.colour import SampleStain
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
+from bigslide.data.stain import draw_stain_jitter
+from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.regions import load_regions
 from bigslide.resolution import DEFAULT_MPP, plan_read
@@ -61,6 +64,8 @@ class SlideImageDataset(Dataset[Sample]):
         seed: int = 0,
         slides: SlideCache | None = None,
         endpoint: Endpoint | None = None,
+        stain_augment: float = 0.0,
+        stain_normalise: str = "none",
     ) -> None:
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
@@ -71,6 +76,11 @@ class SlideImageDataset(Dataset[Sample]):
         self.epoch = 0
         self.slides = slides or SlideCache()
         self._cache: dict[int, tuple[torch.Tensor, tuple[int, int, int]]] = {}
+        # stain_augment > 0: a stain perturbation of that strength per slide and epoch; stain_normalise:
+        # each sample carries the stain fitted on its whole image (`bigslide.data.colour`)
+        self.stain_augment = stain_augment
+        self.stain_normalise = stain_normalise
+        self._stain_fits: dict[int, StainFit] = {}
 
     def __len__(self) -> int:
         return len(self.table)
@@ -111,4 +121,23 @@ class SlideImageDataset(Dataset[Sample]):
             slide=str(entry.path),
             origin=(x, y),
             downsample=side / self.image_size,
+            stain=self.sample_stain(i, pool),
         )
+
+    def sample_stain(self, i: int, pool: Pool = None) -> SampleStain | None:
+        """Slide i's stain fit (normalisation) and this epoch's perturbation (augmentation), if asked for."""
+        if self.stain_normalise == "none" and self.stain_augment <= 0:
+            return None
+        source = None
+        if self.stain_normalise != "none":
+            if i not in self._stain_fits:
+                image = self._render(i, pool)[0]
+                where = str(self.table.entries[i].path)
+                self._stain_fits[i] = fit_stain(self.stain_normalise, image.movedim(0, -1).numpy(), where)
+            source = self._stain_fits[i]
+        jitter = None
+        if self.stain_augment > 0:
+            jitter = draw_stain_jitter(
+                np.random.default_rng([self.seed, self.epoch, i, 4177]), self.stain_augment
+            )
+        return SampleStain(source, jitter)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bigslide.data.colour import RowColour, SampleStain
 from bigslide.data.endpoint import Target
 
 
@@ -28,6 +29,7 @@ class Sample:
     tile_size_level0: int = 0
     origin: tuple[int, int] = (0, 0)
     downsample: float = 1.0
+    stain: SampleStain | None = None  # the slide's stain fit and perturbation (`bigslide.data.colour`)
 
 
 @dataclass
@@ -44,11 +46,14 @@ class Batch:
     sizes: list[int] | None = None  # bags: tiles per bag
 
 
-def as_float(x: torch.Tensor) -> torch.Tensor:
-    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged."""
-    return x.float().div_(255) if x.dtype == torch.uint8 else x
+def as_float(x: torch.Tensor, colour: RowColour | None = None) -> torch.Tensor:
+    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged; then the
+    rows' colour maps (stain normalisation and augmentation), when given, where the pixels are."""
+    f = x.float().div_(255) if x.dtype == torch.uint8 else x
+    return f if colour is None else colour(f)
 
 
-def to_device(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """Pixels onto `device` (asynchronously from pinned memory), then as float in [0, 1] there."""
-    return as_float(x.to(device, non_blocking=True))
+def to_device(x: torch.Tensor, device: torch.device | str, colour: RowColour | None = None) -> torch.Tensor:
+    """Pixels onto `device` (asynchronously from pinned memory), then as float in [0, 1] there, through
+    `colour` (the rows' colour maps) when given."""
+    return as_float(x.to(device, non_blocking=True), colour)

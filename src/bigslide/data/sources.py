@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
@@ -68,6 +69,10 @@ def slide_dataset(
     endpoint: Endpoint | None = None,
 ) -> BagDataset | SlideImageDataset:
     """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`."""
+    stain: dict[str, Any] = {
+        "stain_augment": data.stain_augment_strength if data.stain_augment and train else 0.0,
+        "stain_normalise": data.stain_normalise,
+    }
     if kind == "bag":
         return BagDataset(
             table,
@@ -79,6 +84,7 @@ def slide_dataset(
             seed=seed,
             slides=slides,
             endpoint=endpoint,
+            **stain,
         )
     return SlideImageDataset(
         table,
@@ -88,6 +94,7 @@ def slide_dataset(
         seed=seed,
         slides=slides,
         endpoint=endpoint,
+        **stain,
     )
 
 

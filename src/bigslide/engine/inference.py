@@ -18,11 +18,13 @@ from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import default_workers, load_item
 from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
+from bigslide.data.stain_norm import StainFit
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 
@@ -39,7 +41,7 @@ class DatasetPredictions:
 def predict_sample(method: Method, sample: Sample) -> Prediction:
     method.model.eval()
     if not method.takes_uint8:
-        sample = replace(sample, x=as_float(sample.x))
+        sample = replace(sample, x=as_float(sample.x, method.colour([sample])))
     return method.predict(sample)
 
 
@@ -166,7 +168,13 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
     classes = list(state["classes"])
     endpoint = Endpoint.from_state(state.get("endpoint"), classes)
-    method = setup.build_method(config, endpoint, setup.resolve_device(device))
+    stain = StainFit.from_state(state["stain"]) if state.get("stain") else None
+    if stain is None and config.data.stain_normalise != "none":
+        raise TrainingError(
+            f"{checkpoint}: trained with data.stain_normalise={config.data.stain_normalise} but holds no "
+            "stain reference; retrain it with this version"
+        )
+    method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain)
     method.model.load_state_dict(state["model"])
     method.model.eval()
     return Trained(method, config, classes, len(state.get("history", [])))

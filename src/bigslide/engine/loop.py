@@ -23,6 +23,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample, as_float
 from bigslide.data.slides import SlideCache
+from bigslide.data.stain_norm import StainFit
 from bigslide.engine import setup
 from bigslide.engine.board import RunBoard
 from bigslide.engine.checkpoint import (
@@ -141,6 +142,8 @@ def train(
         state = dict(saved["position"])
         history = list(saved.get("history", []))
         set_rng_state(saved["rng"])
+        if saved.get("stain"):
+            method.stain_reference = StainFit.from_state(saved["stain"])
         yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
     loss_log = LossLog(out / "losses.csv")
     board = None
@@ -164,6 +167,8 @@ def train(
             "position": dict(state),
             "history": history,
             "rng": rng_state(),
+            # what slides are normalised to, so prediction maps them as training did
+            "stain": method.stain_reference.state() if method.stain_reference is not None else None,
         }
         return CheckpointSaved(str(save_checkpoint(payload, ckpt)), state["step"])
 
@@ -179,6 +184,8 @@ def train(
             seen_p: list[np.ndarray] = []
             while state["batch"] < len(batches) and state["step"] < total:
                 batch = collate(loader.take(batches[state["batch"]]), device, uint8=method.takes_uint8)
+                if not method.takes_uint8 and (colour := method.colour(batch.samples)) is not None:
+                    batch.x = colour(batch.x)  # floats on the host already: the stain maps go there
                 method.model.train()
                 try:
                     result = method.train_step(batch, stepper)

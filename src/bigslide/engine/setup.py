@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
@@ -12,6 +13,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.sources import RunData, TrainData, demo_dir
+from bigslide.data.stain_norm import StainFit, stain_reference
 from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
 from bigslide.errors import ConfigError
@@ -33,8 +35,16 @@ def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
     return sources.build_data(config.data, kind, config.run.seed, slides)
 
 
-def build_method(config: TrainConfig, target: list[str] | Endpoint, device: torch.device) -> Method:
-    """The configured method predicting `target`: an endpoint, or a list of classes."""
+def build_method(
+    config: TrainConfig,
+    target: list[str] | Endpoint,
+    device: torch.device,
+    *,
+    stain: StainFit | Literal["fit"] | None = "fit",
+) -> Method:
+    """The configured method predicting `target`: an endpoint, or a list of classes. `stain`: the stain
+    reference slides are normalised to; "fit": the one `config.data` names (a trained checkpoint passes
+    the one it saved instead, so prediction maps slides exactly as training did)."""
     cls = get_method(config.method.name)
     params = make_params(config.method.name, config.method.params)
     endpoint = target if isinstance(target, Endpoint) else Endpoint(classes=list(target))
@@ -45,7 +55,20 @@ def build_method(config: TrainConfig, target: list[str] | Endpoint, device: torc
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
     )
-    return cls(params, spec, device)
+    method = cls(params, spec, device)
+    data = config.data
+    method.stain_reference = (
+        stain_reference(
+            data.stain_normalise,
+            data.stain_reference,
+            tile_size=data.tile_size,
+            target_mpp=data.read_mpp,
+            min_tissue=data.min_tissue,
+        )
+        if stain == "fit"
+        else stain
+    )
+    return method
 
 
 def build_dataset(

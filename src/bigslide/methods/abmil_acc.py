@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from bigslide.data.colour import RowColour
 from bigslide.methods.base import (
     Batch,
     Stepper,
@@ -58,6 +59,7 @@ def accumulated_bag_backward(
     bn_mode: str = "eval",
     stochastic: bool | None = None,
     device: torch.device | None = None,
+    colour: RowColour | None = None,
 ) -> BagStep:
     """ABMIL-ACC on one bag, or a batch of bags: leaves the full-batch gradients in `.grad`
     (accumulating, like `.backward()`).
@@ -78,7 +80,8 @@ def accumulated_bag_backward(
     its scale, so the encoder's gradient is scaled the same way.
     `bag` may stay on the host, and should: each pass moves one chunk at a time to `device` (default:
     the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
-    it is not already) so the chunk copies are asynchronous.
+    it is not already) so the chunk copies are asynchronous. `colour`: the tiles' stain maps, applied
+    to each chunk on the device.
     """
 
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
@@ -98,6 +101,7 @@ def accumulated_bag_backward(
             batch_stats=batch_stats,
             stochastic=stochastic,
             device=device,
+            colour=colour,
         )
     return BagStep(loss, logits, attention)
 
@@ -160,6 +164,7 @@ class ABMILACC(MILMethod[ABMILACCParams]):
             backward=stepper.backward,
             bn_mode=p.bn_mode,
             device=self.device,
+            colour=self.colour(batch.samples),
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())

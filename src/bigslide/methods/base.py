@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from bigslide.coerce import build_dataclass, check_ranges
+from bigslide.data.colour import RowColour, row_colour
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
+from bigslide.data.stain_norm import StainFit
 from bigslide.errors import ConfigError
 from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
@@ -113,13 +115,16 @@ class Method(ABC, Generic[P]):
     # Among methods that fit a memory limit the planner recommends the lowest.
     plan_preference: ClassVar[int] = 100
     # True: the method takes pixels as read (uint8; `to_device` scales them on its device, a quarter of
-    # float32's transfer). False: the engine hands it floats in [0, 1].
+    # float32's transfer, and applies `colour(samples)` there). False: the engine hands it floats in
+    # [0, 1], stain maps applied.
     takes_uint8: ClassVar[bool] = False
 
     def __init__(self, params: P, spec: ModelSpec, device: torch.device) -> None:
         self.params: P = params
         self.spec = spec
         self.device = device
+        # The stain every slide is mapped onto (data.stain_normalise); saved in the checkpoint.
+        self.stain_reference: StainFit | None = None
         self.model: nn.Module = self.build_model()
         self.model.to(device)
 
@@ -134,6 +139,12 @@ class Method(ABC, Generic[P]):
     @abstractmethod
     def predict(self, sample: Sample) -> Prediction:
         """Inference on one sample (the model is put in eval mode by the caller)."""
+
+    def colour(self, samples: Sequence[Sample]) -> RowColour | None:
+        """The per-row colour maps of these samples' pixels, in the order a batch holds them: stain
+        normalisation onto `stain_reference` and the samples' stain augmentation; None when neither
+        applies (pass it to `to_device` / `as_float` with the pixels, sliced like them)."""
+        return row_colour(samples, self.stain_reference) if samples else None
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The endpoint's loss of (B, K) logits against the batch's targets."""

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bigslide.data.colour import RowColour
 from bigslide.data.sample import as_float
 from bigslide.errors import ConfigError
 from bigslide.methods.base import (
@@ -121,9 +122,10 @@ class BigLayerImageParams(MethodParams):
     bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
 
 
-def _to_host(x: torch.Tensor) -> torch.Tensor:
-    # The big layers read their input from host memory; a device copy would defeat them.
-    return as_float(x if x.device.type == "cpu" else x.cpu())
+def _to_host(x: torch.Tensor, colour: RowColour | None) -> torch.Tensor:
+    # The big layers read their input from host memory; a device copy would defeat them. The stain maps
+    # are applied there too, where the big layers' partitions read them from.
+    return as_float(x if x.device.type == "cpu" else x.cpu(), colour)
 
 
 @register
@@ -158,7 +160,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         target = batch.y.to(self.device)
         # The whole bag is one batch, so "batch" statistics are exact: no chunking to warn about.
         with stepper.autocast(), bn_policy(self.model.encoder, self.params.bn_mode, chunked=False):
-            logits, _ = self.model(_to_host(batch.x))
+            logits, _ = self.model(_to_host(batch.x, self.colour(batch.samples)))
             loss = bag_loss(self.model.aggregator, logits.float(), target, self.loss)
         stepper.backward(loss)
         stepper.step()
@@ -169,7 +171,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         # they were) or the running ones.
         whole_bag = self.params.bn_mode == "batch"
         with torch.no_grad(), batchnorm_mode(self.model.encoder, whole_bag, keep_statistics=True):
-            logits, attention = self.model(_to_host(sample.x))
+            logits, attention = self.model(_to_host(sample.x, self.colour([sample])))
         probs = self.outputs(logits)[0]
         return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
 
@@ -198,7 +200,7 @@ class BigLayerImage(Method[BigLayerImageParams]):
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
         with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
-            logits = self.model(_to_host(batch.x))
+            logits = self.model(_to_host(batch.x, self.colour(batch.samples)))
             loss = self.loss(logits.float(), target)
         stepper.backward(loss)
         stepper.step()
@@ -206,7 +208,7 @@ class BigLayerImage(Method[BigLayerImageParams]):
 
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
-            logits = self.model(_to_host(sample.x).unsqueeze(0))
+            logits = self.model(_to_host(sample.x[None], self.colour([sample])))
         probs = self.outputs(logits)[0]
         return Prediction(probs=np.asarray(probs.cpu().numpy()))
 

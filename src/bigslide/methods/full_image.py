@@ -83,14 +83,14 @@ class FullImage(Method[FullImageParams]):
             model = model.to(memory_format=torch.channels_last)
         return model
 
-    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
-        x = to_device(x, self.device)
+    def _inputs(self, x: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
+        x = to_device(x, self.device, self.colour(samples))
         return x.contiguous(memory_format=torch.channels_last) if self.params.channels_last else x
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         y = batch.y.to(self.device, non_blocking=True).long()
         with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
-            logits = self.model(self._inputs(batch.x))
+            logits = self.model(self._inputs(batch.x, batch.samples))
             loss = self.loss(logits, y)
         stepper.backward(loss)
         stepper.step()
@@ -98,5 +98,5 @@ class FullImage(Method[FullImageParams]):
 
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
-            logits = self.model(self._inputs(sample.x[None]))
+            logits = self.model(self._inputs(sample.x[None], [sample]))
         return Prediction(probs=self.outputs(logits)[0].cpu().numpy())

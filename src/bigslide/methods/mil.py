@@ -169,7 +169,8 @@ class MILMethod(Method[P]):
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
         chunk = max(1, self.params.inference_chunk_size)
-        return encode_chunks(self.mil_model.encoder, bag, chunk, device=self.device)
+        colour = self.colour([sample]) if sample is not None else None
+        return encode_chunks(self.mil_model.encoder, bag, chunk, device=self.device, colour=colour)
 
     def predict(self, sample: Sample) -> Prediction:
         # The bag stays on the host: `features` moves one chunk at a time.

@@ -78,7 +78,7 @@ class FullBag(MILMethod[EndToEndParams]):
         step = full_bag_backward(
             model.encoder,
             model.aggregator,
-            to_device(batch.x, self.device),
+            to_device(batch.x, self.device, self.colour(batch.samples)),
             batch.y.to(self.device),
             self.loss,
             autocast=stepper.autocast,
@@ -154,19 +154,24 @@ class FrozenABMIL(MILMethod[FrozenParams]):
         encoder = self.mil_model.encoder
         encoder.eval()  # the engine's model.train() must not switch the frozen encoder's BN/dropout on
         chunk = max(1, p.inference_chunk_size)
+        colour = self.colour([sample]) if sample is not None else None
         if (
             not p.cache_features
             or sample is None
             or sample.coords is None
             or len(sample.coords) != bag.shape[0]
+            or (colour is not None and colour.random)  # stain-augmented tiles: features of this draw only
         ):
-            return encode_chunks(encoder, bag, chunk, device=self.device)
+            return encode_chunks(encoder, bag, chunk, device=self.device, colour=colour)
         keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
         rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
             index = torch.as_tensor(missing, device=bag.device)
-            fresh = encode_chunks(encoder, bag.index_select(0, index), chunk, device=self.device).cpu()
+            subset = None if colour is None else colour[torch.as_tensor(missing)]
+            fresh = encode_chunks(
+                encoder, bag.index_select(0, index), chunk, device=self.device, colour=subset
+            ).cpu()
             for i, row in zip(missing, fresh):
                 rows[i] = row.clone()
                 self.cache.put(keys[i], rows[i])  # type: ignore[arg-type]

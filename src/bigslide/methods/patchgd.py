@@ -291,7 +291,7 @@ class PatchGD(Method[PatchGDParams]):
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params
-        x = to_device(batch.x, self.device)
+        x = to_device(batch.x, self.device, self.colour(batch.samples))
         y = batch.y.to(self.device, non_blocking=True).long()
         grid, patches = self._grid(x)
         encoder, head = self.model.encoder, self.model.head
@@ -369,7 +369,7 @@ class PatchGD(Method[PatchGDParams]):
         """Z filled with every patch, the head on it, and the Z-block maps: evidence for class 1 (the
         positive class, as AUC counts it) when there are two classes, so a tumour map means the same on
         every slide, also on one the model calls normal; else for the predicted class."""
-        x = to_device(sample.x, self.device)[None]
+        x = to_device(sample.x[None], self.device, self.colour([sample]))
         Z = fill_z(
             self.model.encoder,
             x,

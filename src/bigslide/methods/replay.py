@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from bigslide.data.colour import RowColour
 from bigslide.data.sample import to_device
 from bigslide.errors import ConfigError
 
@@ -100,9 +101,14 @@ def compute_device(module: nn.Module, fallback: torch.device) -> torch.device:
     return fallback
 
 
-def move_chunk(chunk: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """One chunk of inputs onto the compute device (asynchronous from pinned host memory)."""
-    return to_device(chunk, device)
+def move_chunk(chunk: torch.Tensor, device: torch.device, colour: RowColour | None = None) -> torch.Tensor:
+    """One chunk of inputs onto the compute device (asynchronous from pinned host memory), through its
+    rows' colour maps when given."""
+    return to_device(chunk, device, colour)
+
+
+def _rows(colour: RowColour | None, start: int, stop: int) -> RowColour | None:
+    return None if colour is None else colour[start:stop]
 
 
 def pinned(inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -123,18 +129,21 @@ def encode_chunks(
     autocast: AutocastFactory | None = None,
     *,
     device: torch.device | None = None,
+    colour: RowColour | None = None,
 ) -> torch.Tensor:
     """Encoder outputs of every input, chunk by chunk, without grad: (N, D) in float32 or float64.
 
     `inputs` may stay on the host: only one chunk at a time is moved to `device` (default: the
-    encoder's), where the outputs are.
+    encoder's), where the outputs are. `colour`: the inputs' colour maps (stain), one per input.
     """
     autocast = autocast or contextlib.nullcontext
     device = device or compute_device(encoder, inputs.device)
     chunks = []
     with torch.inference_mode():
         for start in range(0, inputs.shape[0], chunk_size):
-            chunk = move_chunk(inputs[start : start + chunk_size], device)
+            chunk = move_chunk(
+                inputs[start : start + chunk_size], device, _rows(colour, start, start + chunk_size)
+            )
             with autocast():
                 z = encoder(chunk)
             chunks.append(z if z.dtype in (torch.float32, torch.float64) else z.float())
@@ -154,6 +163,7 @@ def replay_backward(
     batch_stats: bool = False,
     stochastic: bool | None = None,
     device: torch.device | None = None,
+    colour: RowColour | None = None,
 ) -> tuple[torch.Tensor, Extra]:
     """Gradients of `head_loss(encoder(inputs))` into `.grad` (accumulating, like `.backward()`).
 
@@ -164,7 +174,8 @@ def replay_backward(
     random numbers; None detects dropout/drop-path layers. `backward(loss)` runs the head's backward
     (e.g. a stepper's, for loss scaling); dL/dZ inherits its scale, so the encoder's gradient does too.
     `inputs` may stay on the host (they are pinned when `device` is CUDA): each pass moves one chunk at
-    a time to `device` (default: the encoder's), where Z and the head live.
+    a time to `device` (default: the encoder's), where Z and the head live; `colour` (the inputs' stain
+    maps, one per input) is applied to each chunk there, in both passes alike.
     Returns the detached loss and `head_loss`'s extra value.
     """
     if chunk_size < 1:
@@ -185,10 +196,11 @@ def replay_backward(
         for start in range(0, n, chunk_size):
             rng_states.append(_capture_rng(device))
             chunk = inputs[start : start + chunk_size]
-            parts.append(encode_chunks(encoder, chunk, chunk_size, autocast, device=device))
+            rows = _rows(colour, start, start + chunk_size)
+            parts.append(encode_chunks(encoder, chunk, chunk_size, autocast, device=device, colour=rows))
         Z = torch.cat(parts)
     else:
-        Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device)
+        Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device, colour=colour)
 
     # Pass 2: the head once, on all outputs.
     Z.requires_grad_(True)
@@ -206,7 +218,8 @@ def replay_backward(
             for index, start in enumerate(range(0, n, chunk_size)):
                 if stochastic:
                     _restore_rng(rng_states[index], device)
-                chunk = move_chunk(inputs[start : start + chunk_size], device)
+                rows = _rows(colour, start, start + chunk_size)
+                chunk = move_chunk(inputs[start : start + chunk_size], device, rows)
                 with autocast():
                     z = encoder(chunk)
                 z.backward(grad_z[start : start + chunk_size].to(z.dtype))

@@ -1,0 +1,145 @@
+"""Per-slide colour maps applied where pixels become floats on the method's device.
+
+A dataset attaches to each sample what is known per slide (`SampleStain`: its fitted stain for
+normalisation, its random stain perturbation for augmentation); the method, which holds the run's stain
+reference, turns a batch's samples into a `RowColour`: one map per row of the batch's pixel tensor (a
+tile of a bag, or an image). Methods that move pixels chunk by chunk slice it like the pixels
+(`colour[start:stop]`), so a bag is transformed one chunk at a time on the device, never whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from bigslide.data.stain import NO_JITTER, StainJitter
+from bigslide.data.stain_norm import LOG_EPS, LogAffine, StainFit, fit_stain, normalising_map
+
+if TYPE_CHECKING:
+    from bigslide.data.sample import Sample
+
+
+@dataclass(frozen=True)
+class SampleStain:
+    """What a sample's slide needs for its colour map: its stain (normalisation) and its perturbation
+    (augmentation: one draw per slide and epoch, the same for all its tiles)."""
+
+    source: StainFit | None = None
+    jitter: StainJitter | None = None
+
+
+@dataclass(frozen=True)
+class _LogStage:
+    matrix: torch.Tensor  # (B, 3, 3) per sample
+    shift: torch.Tensor  # (B, 3)
+    mix: torch.Tensor | None  # (3, 3), shared
+    unmix: torch.Tensor | None
+
+
+class RowColour:
+    """Colour maps of the rows of a batch's pixels: normalisation, then the stain perturbation, then hue
+    and saturation; every part optional. `index[r]` is row r's sample."""
+
+    def __init__(
+        self, index: torch.Tensor, stages: list[_LogStage], rgb: torch.Tensor | None, random: bool
+    ) -> None:
+        self.index = index
+        self.stages = stages
+        self.rgb = rgb
+        self.random = random  # holds a random perturbation (features of these pixels are not reusable)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def __getitem__(self, rows: slice | torch.Tensor) -> RowColour:
+        return RowColour(self.index[rows], self.stages, self.rgb, self.random)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(R, 3, H, W) or (3, H, W) float pixels in [0, 1], one per row -> mapped, clamped to [0, 1]."""
+        single = x.ndim == 3
+        rows = x.unsqueeze(0) if single else x
+        if rows.shape[0] != len(self):
+            raise ValueError(f"colour map of {len(self)} rows applied to {rows.shape[0]} rows")
+        n, c, h, w = rows.shape
+        flat = rows.reshape(n, c, h * w).float()
+        index = self.index.to(flat.device)
+        for stage in self.stages:
+            flat = _log_affine(flat, stage, index)
+        if self.rgb is not None:
+            flat = torch.bmm(_rows(self.rgb, index).transpose(1, 2), flat)
+        out = flat.clamp_(0, 1).reshape(n, c, h, w)
+        return out[0] if single else out
+
+
+def _rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return values.to(index.device).index_select(0, index)
+
+
+def _log_affine(flat: torch.Tensor, stage: _LogStage, index: torch.Tensor) -> torch.Tensor:
+    """(R, 3, P) pixels through `exp(ln(mix x) · matrix + shift)`, unmixed (matrices act on row
+    vectors, so on column pixels as their transposes)."""
+    if stage.mix is not None:
+        flat = torch.matmul(stage.mix.to(flat), flat)
+    logs = flat.clamp(min=LOG_EPS).log_()
+    logs = torch.bmm(_rows(stage.matrix, index).transpose(1, 2), logs)
+    logs += _rows(stage.shift, index).unsqueeze(-1)
+    out = logs.exp_()
+    if stage.unmix is not None:
+        out = torch.matmul(stage.unmix.to(out), out)
+    return out
+
+
+def _stage(maps: Sequence[LogAffine]) -> _LogStage:
+    mix = maps[0].mix
+    return _LogStage(
+        torch.as_tensor(np.stack([m.matrix for m in maps]), dtype=torch.float32),
+        torch.as_tensor(np.stack([m.shift for m in maps]), dtype=torch.float32),
+        None if mix is None else torch.as_tensor(mix, dtype=torch.float32),
+        None if mix is None else torch.as_tensor(np.linalg.inv(mix), dtype=torch.float32),
+    )
+
+
+def row_colour(samples: Sequence[Sample], reference: StainFit | None) -> RowColour | None:
+    """The colour maps of a batch of `samples` (bags: their tiles in order; images: one row each);
+    None when no sample needs one (the pixels pass untouched)."""
+    stains = [s.stain for s in samples]
+    jitters = [st.jitter if st is not None else None for st in stains]
+    augment = any(j is not None for j in jitters)
+    if reference is None and not augment:
+        return None
+    sizes = [s.x.shape[0] if s.coords is not None else 1 for s in samples]
+    index = torch.repeat_interleave(torch.arange(len(samples)), torch.as_tensor(sizes))
+    stages: list[_LogStage] = []
+    if reference is not None:
+        norms = []
+        for sample, stain in zip(samples, stains):
+            source = stain.source if stain is not None else None
+            if source is None or source.method != reference.method:  # no slide fit: fit this sample
+                source = fit_stain(reference.method, _pixels(sample), where=sample.slide)
+            norms.append(normalising_map(source, reference))
+        stages.append(_stage(norms))
+    rgb = None
+    if augment:
+        used = [j if j is not None else NO_JITTER for j in jitters]
+        od = [LogAffine(j.log_matrix, j.log_shift) for j in used]
+        if stages and stages[0].mix is None:  # both in OD space: one stage
+            stages[0] = _compose(stages[0], _stage(od))
+        else:
+            stages.append(_stage(od))
+        rgb = torch.as_tensor(np.stack([j.rgb_matrix for j in used]), dtype=torch.float32)
+    return RowColour(index, stages, rgb, augment)
+
+
+def _compose(first: _LogStage, second: _LogStage) -> _LogStage:
+    """z · A1 + b1, then · A2 + b2 = z · (A1 A2) + (b1 A2 + b2)."""
+    matrix = torch.bmm(first.matrix, second.matrix)
+    shift = torch.bmm(first.shift.unsqueeze(1), second.matrix).squeeze(1) + second.shift
+    return _LogStage(matrix, shift, None, None)
+
+
+def _pixels(sample: Sample) -> np.ndarray:
+    return sample.x.movedim(-3, -1).reshape(-1, 3).cpu().numpy()
