@@ -46,14 +46,16 @@ def config_for(csv: Path, out: Path, method: str = "abmil_acc", **data: object) 
     config.model.backbone = "test_resnet"
     config.method.name = method
     if method == "patchgd":
-        config.method.params = {"patch_size": 32, "k": 2, "latent_dim": 8, "head_norm": "group"}
+        config.method.params = {"patch_size": 32, "k": 4, "latent_dim": 8, "head_norm": "group"}
     config.optim.epochs = 1
     config.run.out_dir = str(out)
     config.run.device = "cpu"
+    config.run.tensorboard = False
     config.data.workers = 0
     return config
 
 
+@pytest.mark.slow
 def test_reference_is_saved_and_prediction_normalises_as_training(
     sets: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -94,6 +96,7 @@ def _cache():  # type: ignore[no-untyped-def]
     return SlideCache()
 
 
+@pytest.mark.slow
 def test_stain_augmented_training_resumes_exactly(sets: dict[str, Path], tmp_path: Path) -> None:
     def losses(out: Path, *, stop_after: int = 0, resume: bool = False) -> list[float]:
         config = config_for(sets["A"], out, stain_augment=True)

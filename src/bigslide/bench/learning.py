@@ -7,6 +7,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 - subtle: ABMIL-ACC against the frozen (random) encoder on subtle lesions (enlarged, pale, vesicular
   nuclei: same density, same mean colour), and, as a control that the change is in the pixels, the same
   encoder trained on the same tiles with tile labels from the lesion masks (tile AUC on the test slides).
+- stain: ABMIL-ACC trained as `bigslide demo` does on the demo slides (lab A) with flips only, with
+  stain augmentation (strength 1 and 1.5), with Macenko normalisation and with both, tested on the
+  demo's test slides as lab A and as lab B stains them.
 - ultramnist: PatchGD at full size vs full-image GD at the size of equal training memory (measured: one
   training step's peak resident set) and at full size.
 
@@ -39,6 +42,7 @@ from bigslide.bench.learning_runs import (
     slide_run,
     train_run,
 )
+from bigslide.bench.learning_stain import STAIN_RUNS, stain_run, stain_sets
 from bigslide.bench.learning_tables import render_tables, write_docs
 from bigslide.bench.learning_ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
 from bigslide.synthetic.slide_set import make_slide_set
@@ -70,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subtle-bag", type=int, default=64, help="tiles per subtle training bag")
     parser.add_argument(
         "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"
+    )
+    parser.add_argument(
+        "--stain-epochs", type=int, default=4, help="epochs of the stain part (`bigslide demo`'s)"
     )
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
@@ -137,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     csvs = {kind: _slide_set(args, kind) for kind in ("tumour", "subtle") if _needs(kind, parts)}
     if "ultramnist" in parts:
         matched = args.matched_canvas or matched_side(args)
+    if "stain" in parts:
+        labs = stain_sets()
     for seed in [int(s) for s in args.seeds.split(",")]:
         jobs: list[tuple[str, str, Any]] = []
         if "tumour_mil" in parts:
@@ -156,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
             ]
             jobs.append(("subtle", "tile_labels", partial(tile_label_run, args, csvs["subtle"], seed)))
             jobs.append(("subtle", "frozen_probe", partial(frozen_probe_run, args, csvs["subtle"], seed)))
+        if "stain" in parts:
+            jobs += [("stain", name, partial(stain_run, args, labs, name, seed)) for name in STAIN_RUNS]
         if "ultramnist" in parts:
             sizes = {
                 f"patchgd@{args.canvas}": ("patchgd", args.canvas),

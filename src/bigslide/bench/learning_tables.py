@@ -74,6 +74,20 @@ def render_tables(state: dict[str, Any]) -> str:
         "of a frozen random encoder of the same backbone, drawn from the run's seed)",
         "",
         *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
+        "### Stain: trained on lab A, tested on lab A and lab B (the demo's 40 slides, 10 test slides "
+        "rendered by each lab; ABMIL-ACC with `bigslide demo`'s settings: tiles of 32 px at 1 µm/px, bag 24, "
+        f"{meta.get('stain_epochs')} epochs; *stain_augment_x1.5*: data.stain_augment_strength 1.5)",
+        "",
+        *_table(
+            runs,
+            "stain",
+            {
+                "auc_A": "lab A AUC",
+                "balanced_accuracy_A": "lab A bal. acc.",
+                "auc_B": "lab B AUC",
+                "balanced_accuracy_B": "lab B bal. acc.",
+            },
+        ),
         "### UltraMNIST: PatchGD vs GD at equal memory"
         + (
             f" ({meta['canvases']} training canvases, digits of {ULTRAMNIST_DIGITS[0] * meta['canvas']:g}-"
