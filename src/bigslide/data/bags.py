@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
-from bigslide.data.sample import Sample, as_float
+from bigslide.data.sample import Sample, SlidePart, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
@@ -35,7 +35,8 @@ def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
 
 
 class BagDataset(Dataset[Sample]):
-    """Item i = a bag from slide i: `bag_size` tiles sampled without replacement (0 = every tile).
+    """Item i = a bag from case i: `bag_size` tiles sampled without replacement (0 = every tile) from
+    all of the case's slides together. Without a case column each slide is its own case.
 
     Sampling depends on (seed, epoch, i) only, so runs are reproducible and resumable; call
     `set_epoch` each epoch for fresh bags.
@@ -72,33 +73,54 @@ class BagDataset(Dataset[Sample]):
                     f">= {min_tissue}" + (f" inside the regions of {entry.regions}" if entry.regions else "")
                 )
             self.grids.append(grid)
+        self.items = list(table.cases().values())  # table rows of each case, in table order
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.items)
+
+    def n_tiles(self, i: int) -> int:
+        """Tiles of case i, over all its slides."""
+        return sum(len(self.grids[row]) for row in self.items[i])
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def tile_indices(self, i: int, *, repeat: int = 0) -> np.ndarray:
-        n = len(self.grids[i])
+        """Indices into the case's tiles, its slides' grids one after the other."""
+        n = self.n_tiles(i)
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
         return np.sort(rng.choice(n, self.bag_size, replace=False))
 
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
-        """The bag of tiles `indices` of slide i; file tiles are decoded once, on `pool` when given."""
-        entry, grid = self.table.entries[i], self.grids[i]
-        squares = read_slide_squares(self.slides, entry.path, grid.plan, grid.coords[indices], pool)
-        x = torch.from_numpy(squares)
+        """The bag of tiles `indices` of case i; file tiles are decoded once, on `pool` when given."""
+        rows = self.items[i]
+        starts = np.cumsum([0] + [len(self.grids[r]) for r in rows])
+        squares: list[np.ndarray] = []
+        coords: list[np.ndarray] = []
+        parts: list[SlidePart] = []
+        for k, row in enumerate(rows):
+            grid = self.grids[row]
+            mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
+            if len(mine) or len(rows) == 1:
+                path = self.table.entries[row].path
+                squares.append(read_slide_squares(self.slides, path, grid.plan, grid.coords[mine], pool))
+                done = int(sum(len(c) for c in coords))
+                parts.append(SlidePart(str(path), np.arange(done, done + len(mine)), grid.tile_size_level0))
+                coords.append(grid.coords[mine])
+        # one slide: the worker's buffer as it is; several: one array (the reads' buffers are let go)
+        x = torch.from_numpy(squares[0] if len(squares) == 1 else np.concatenate(squares))
         if self.augment:
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
+        entry = self.table.entries[rows[0]]
         return Sample(
             x=x,
             y=self.endpoint.target(entry),
             slide=str(entry.path),
-            coords=grid.coords[indices],
-            tile_size_level0=grid.tile_size_level0,
+            coords=np.concatenate(coords),
+            tile_size_level0=self.grids[rows[0]].tile_size_level0,
+            parts=tuple(parts) if len(rows) > 1 else (),
         )
 
     def __getitem__(self, i: int) -> Sample:

@@ -140,6 +140,7 @@ class SlideTable:
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
         case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
+        case_splits: dict[str, tuple[int, str | None]] = {}
         for row_no, raw in enumerate(reader, start=2):
             row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
             where = f"{path}, row {row_no}"
@@ -162,6 +163,13 @@ class SlideTable:
             entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
             if entry.regions is not None and check_files and not entry.regions.is_file():
                 raise DataError(f"{where}: regions file not found: {entry.regions}")
+            if entry.case is not None:
+                first_row, split = case_splits.setdefault(entry.case, (row_no, entry.split))
+                if split != entry.split:
+                    raise DataError(
+                        f"{where}: case {entry.case!r} is in split {entry.split or '(none)'!r} here but in "
+                        f"{split or '(none)'!r} at row {first_row}; a case's slides must be on one side"
+                    )
             if entry.case is not None and labels_required:
                 first_row, outcome = case_rows.setdefault(entry.case, (row_no, entry.outcome(task)))
                 if outcome != entry.outcome(task):

@@ -161,7 +161,7 @@ class FrozenABMIL(MILMethod[FrozenParams]):
             or len(sample.coords) != bag.shape[0]
         ):
             return encode_chunks(encoder, bag, chunk, device=self.device)
-        keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
+        keys = sample.tile_keys()
         rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
