@@ -240,6 +240,11 @@ def train(
     if test_ds is not None:
         preds = predict_dataset(method, test_ds, repeats=config.data.inference_repeats)
         test = endpoint_metrics(endpoint, preds.labels, preds.probs)
+        if endpoint.task == "survival" and ranks.is_main and len(preds.labels) >= 2:
+            from bigslide.explain.survival import km_plot, risk_groups
+
+            labels = np.asarray(preds.labels, dtype=float)  # (time, event, interval) per case
+            km_plot(risk_groups(labels[:, 0], labels[:, 1], endpoint.risk(preds.probs)), out / "km.png")
         yield Metrics(state["epoch"], "test", test)
     if ranks.is_main:
         records = history + ([{"test": test}] if test is not None else [])
