@@ -174,7 +174,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def add_train_flags(p: argparse.ArgumentParser) -> None:
+def add_train_flags(
+    p: argparse.ArgumentParser, resume: str = "continue from <out>/checkpoints/last.pt"
+) -> None:
     """The flags of `train`, which `cv` takes too."""
     p.add_argument("config", nargs="?", help="YAML config (as written to <out>/config.yaml by any run)")
     p.add_argument("--demo", action="store_true", help="train on the bundled synthetic slides")
@@ -188,7 +190,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     )
     add_mpp_flags(p)
     p.add_argument("--target-mpp", type=float, help=TARGET_MPP_HELP)
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
+    p.add_argument("--resume", action="store_true", help=resume)
     p.add_argument("--quiet", action="store_true")
 
 
@@ -207,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("cv", help="k-fold cross-validation by case: one run per fold and a summary")
-    add_train_flags(p)
+    add_train_flags(p, resume="no effect: a rerun of the same command always continues where it stopped")
     p.add_argument("--folds", type=int, default=5, help="number of folds (K)")
     p.set_defaults(func=cmd_cv)
 

@@ -95,7 +95,8 @@ def train(
     slides = SlideCache(slide_mpp=config.data.slide_mpp)
     data = data or setup.build_data(config, method_kind, slides)
     train_ds, val_ds, test_ds = data.train, data.val, data.test
-    endpoint = data.endpoint or Endpoint(classes=list(data.classes))
+    endpoint = data.endpoint
+    assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
     batch_size = method.batch_size(config.data.batch_size)
     if endpoint.survival_loss == "cox" and endpoint.task == "survival" and batch_size < 2:
