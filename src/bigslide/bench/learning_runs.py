@@ -34,6 +34,7 @@ PART_SETTINGS = {
     "tumour_mil": ("slides", "epochs"),
     "tumour_image": ("slides", "image_epochs", "image_size"),
     "subtle": ("subtle_slides", "subtle_epochs", "subtle_tile", "subtle_bag", "tile_label_epochs"),
+    "study": ("study_slides", "study_epochs", "study_bag"),
     "ultramnist": (
         "ultramnist_epochs",
         "canvas",
@@ -43,7 +44,7 @@ PART_SETTINGS = {
         "ultramnist_k",
     ),
 }
-PARTS = ("tumour_mil", "tumour_image", "subtle", "ultramnist")
+PARTS = ("tumour_mil", "tumour_image", "subtle", "study", "ultramnist")
 BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
 
 

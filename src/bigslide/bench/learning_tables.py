@@ -74,6 +74,22 @@ def render_tables(state: dict[str, Any]) -> str:
         "of a frozen random encoder of the same backbone, drawn from the run's seed)",
         "",
         *_table(runs, "subtle", {**slide_cols, "tile_auc": "tile AUC"}),
+        f"### Studies ({meta.get('study_slides')} slides of 1024² per set, tiles of 32 px at 1 µm/px, bag "
+        f"{meta.get('study_bag')}, {meta.get('study_epochs')} epochs; test split, per case for *cases*; "
+        "*oracle*: the quantity the outcome was made from, scored on the same test slides)",
+        "",
+        *_table(
+            runs,
+            "study",
+            {
+                "c_index": "C-index",
+                "oracle_c_index": "oracle C-index",
+                "pearson_r": "Pearson r",
+                "oracle_pearson_r": "oracle r",
+                "auc": "case AUC",
+                "balanced_accuracy": "balanced accuracy",
+            },
+        ),
         "### UltraMNIST: PatchGD vs GD at equal memory"
         + (
             f" ({meta['canvases']} training canvases, digits of {ULTRAMNIST_DIGITS[0] * meta['canvas']:g}-"

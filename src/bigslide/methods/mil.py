@@ -96,6 +96,14 @@ class MILParams(MethodParams):
             "help": "hidden size of the attention scorer",
         },
     )
+    attention: Literal["softmax", "sigmoid"] = field(
+        default="softmax",
+        metadata={
+            "shown_with": {"aggregator": ("abmil", "abmil_gated")},
+            "help": "softmax: weights sum to 1 (what the slide holds); sigmoid: each in (0, 1), mean over "
+            "the bag (how much of it: burden-like survival or regression endpoints)",
+        },
+    )
     dropout: float = field(
         default=0.0, metadata={"min": 0, "max": 0.99, "help": "dropout after the head's projection"}
     )
@@ -131,6 +139,8 @@ def aggregator_kwargs(p: MILParams) -> dict[str, Any]:
     if p.aggregator == "transmil":
         return {"hidden": p.hidden, "heads": p.heads, "dropout": p.dropout}
     kwargs: dict[str, Any] = {"hidden": p.hidden, "attention_dim": p.attention_dim, "dropout": p.dropout}
+    if p.aggregator in ("abmil", "abmil_gated"):
+        kwargs["attention"] = p.attention
     if p.aggregator == "dtfd":
         kwargs.update(pseudo_bags=p.pseudo_bags, distill=p.distill)
     return kwargs
