@@ -15,12 +15,12 @@ from bigslide.engine.inference import SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
 from bigslide.files import atomic_write_text
-from bigslide.slide import open_slide
+from bigslide.slide import open_slide, slide_stem
 
 
 def write_heatmaps(pred: SlidePrediction, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    stem = pred.slide.name.split(".")[0]
+    stem = slide_stem(pred.slide)
     paths: list[Path] = []
     with open_slide(pred.slide) as slide:
         for name, grid in pred.grids.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from bigslide.dicom_series import looks_like_dicom_folder
 from bigslide.errors import DataError
 
 SPLITS = ("train", "val", "test")
@@ -112,7 +113,8 @@ class SlideTable:
         task: str = "classification",
     ) -> SlideTable:
         """Read `slide` plus the task's columns (`label`; `time,event`; `target`) and the optional
-        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder.
+        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder. A slide is a
+        file, or a folder holding one DICOM whole-slide series.
 
         With `classes` given, a label outside them is an error naming the row. For prediction
         (`labels_required=False`) the task's columns may be missing or empty.
@@ -148,7 +150,7 @@ class SlideTable:
                 raise DataError(f"{where}: empty slide path")
             slide = _resolve(path, row["slide"])
             if check_files and not slide.is_file():
-                raise DataError(f"{where}: slide file not found: {slide}")
+                _check_slide_folder(slide, where)
             if slide in seen:
                 raise DataError(f"{where}: {slide.name} is listed twice (first at row {seen[slide]})")
             seen[slide] = row_no
@@ -230,6 +232,17 @@ class SlideTable:
                 for i in todo[k]:
                     entries[i].split = side
         return self.like(entries)
+
+
+def _check_slide_folder(slide: Path, where: str) -> None:
+    """A slide that is not a file must be a folder of DICOM files (one whole-slide series)."""
+    if not slide.is_dir():
+        raise DataError(f"{where}: slide file not found: {slide}")
+    if not looks_like_dicom_folder(slide):
+        raise DataError(
+            f"{where}: {slide} is a folder without DICOM files (a slide is a file, or a folder holding "
+            "one DICOM whole-slide series)"
+        )
 
 
 def _read_outcome(entry: SlideEntry, row: dict[str, str], task: str, required: bool, where: str) -> None:
