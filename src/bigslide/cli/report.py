@@ -5,45 +5,68 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
-from bigslide.engine.inference import SlidePrediction
+from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
-from bigslide.files import atomic_write_text
+from bigslide.files import atomic_path, atomic_write_text
 from bigslide.slide import open_slide
 
 
 def write_heatmaps(pred: SlidePrediction, out: Path) -> list[Path]:
+    """Per map: the grid (npz), its overlay on the thumbnail (PNG) and QuPath tiles (GeoJSON); each file
+    written under a temporary name and renamed, so none is ever found half written."""
     out.mkdir(parents=True, exist_ok=True)
     stem = pred.slide.name.split(".")[0]
     paths: list[Path] = []
     with open_slide(pred.slide) as slide:
         for name, grid in pred.grids.items():
-            paths.append(grid.save_npz(out / f"{stem}.{name}.npz"))
-            paths.append(overlay_png(grid, slide, out / f"{stem}.{name}.png"))
-            paths.append(grid_geojson(grid, out / f"{stem}.{name}.geojson"))
+            for suffix, write in (
+                ("npz", lambda p, g=grid: g.save_npz(p)),
+                ("png", lambda p, g=grid: overlay_png(g, slide, p)),
+                ("geojson", lambda p, g=grid: grid_geojson(g, p)),
+            ):
+                path = out / f"{stem}.{name}.{suffix}"
+                with atomic_path(path) as tmp:
+                    write(tmp)
+                paths.append(path)
     return paths
 
 
 def write_predictions(
-    preds: list[SlidePrediction], out: Path, *, heatmaps: bool = True, table: SlideTable | None = None
+    results: Sequence[SlidePrediction | SlideFailure],
+    out: Path,
+    *,
+    heatmaps: bool = True,
+    table: SlideTable | None = None,
+    endpoint: Endpoint | None = None,
 ) -> Path:
     """`predictions.csv`: per slide the class and its probabilities, the predicted number, or the risk
-    (higher = earlier event) with the survival curve. With the table's survival times and events, the
-    Kaplan-Meier plot of the median-split risk groups with its log-rank p-value (`km.png`)."""
+    (higher = earlier event) with the survival curve, and an `error` column: empty, or why the slide has
+    no prediction. With the table's survival times and events, the Kaplan-Meier plot of the median-split
+    risk groups with its log-rank p-value (`km.png`). `endpoint` (default: the first prediction's) sets
+    the columns."""
     out.mkdir(parents=True, exist_ok=True)
-    endpoint = (preds[0].endpoint if preds else None) or Endpoint(classes=preds[0].classes if preds else [])
-    lines = [["slide", *_columns(endpoint.task), *endpoint.output_names]]
-    for p in preds:
-        outputs = [f"{v:.6f}" for v in np.atleast_1d(p.probs)] if endpoint.output_names else []
-        lines.append([str(p.slide), *_values(p), *outputs])
+    preds = [r for r in results if isinstance(r, SlidePrediction)]
+    if endpoint is None:
+        endpoint = (preds[0].endpoint if preds else None) or Endpoint(
+            classes=preds[0].classes if preds else []
+        )
+    lines = [["slide", *_columns(endpoint.task), *endpoint.output_names, "error"]]
+    for r in results:
+        if isinstance(r, SlideFailure):
+            lines.append([str(r.slide), *[""] * (len(lines[0]) - 2), r.error])
+            continue
+        outputs = [f"{v:.6f}" for v in np.atleast_1d(r.probs)] if endpoint.output_names else []
+        lines.append([str(r.slide), *_values(r), *outputs, ""])
         if heatmaps:
-            write_heatmaps(p, out / "heatmaps")
+            write_heatmaps(r, out / "heatmaps")
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(lines)
     path = atomic_write_text(out / "predictions.csv", text.getvalue())
@@ -53,7 +76,8 @@ def write_predictions(
         if len(rows) >= 2:
             time = np.array([e.time for e, _ in rows], dtype=float)
             event = np.array([e.event for e, _ in rows], dtype=float)
-            km_plot(risk_groups(time, event, np.array([r for _, r in rows])), out / "km.png")
+            with atomic_path(out / "km.png") as tmp:
+                km_plot(risk_groups(time, event, np.array([r for _, r in rows])), tmp)
     return path
 
 
