@@ -1,5 +1,4 @@
-"""Cohort prediction throughput: `bigslide predict` on a JPEG SVS cohort at 1 and 2 workers against the
-decode floor.
+"""Cohort prediction throughput: `bigslide predict` at 1 and 2 workers against the decode floor.
 
 Writes (and caches) a cohort of synthetic JPEG SVS slides (Q80, 256 px file tiles, tissue texture
 everywhere, a different seed per slide) and a checkpoint of an untrained model, then times the predict
