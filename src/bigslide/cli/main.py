@@ -27,6 +27,7 @@ BENCHES = (
     "plan_check",
     "learning",
     "io",
+    "predict",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
 TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"
@@ -105,30 +106,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from bigslide.cli.report import write_predictions
-    from bigslide.data.endpoint import Endpoint
-    from bigslide.data.table import SlideTable
-    from bigslide.engine import predict_slides
-    from bigslide.engine.checkpoint import load_checkpoint
+    from bigslide.cli.predict import run_predict
 
-    state = load_checkpoint(args.checkpoint)
-    classes = [str(c) for c in state["classes"]]
-    endpoint = Endpoint.from_state(state.get("endpoint"), classes)
-    # the task's columns are optional here, but a label the model does not know is a typo
-    table = SlideTable.from_csv(
-        args.slides,
-        classes=classes if endpoint.task == "classification" else None,
-        labels_required=False,
-        task=endpoint.task,
-    )
-    preds, _ = predict_slides(
-        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.slide_mpp
-    )
-    path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps, table=table)
-    print(f"predictions: {path}")
-    if (path.parent / "km.png").is_file():
-        print(f"Kaplan-Meier plot: {path.parent / 'km.png'}")
-    return 0
+    return run_predict(args)
 
 
 def cmd_heatmap(args: argparse.Namespace) -> int:
@@ -213,13 +193,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=5, help="number of folds (K)")
     p.set_defaults(func=cmd_cv)
 
-    p = sub.add_parser("predict", help="predict slides from a CSV with a checkpoint")
+    p = sub.add_parser(
+        "predict", help="predict a cohort of slides from a CSV with a checkpoint (resumable; see --overwrite)"
+    )
     p.add_argument("--slides", required=True, help="CSV with a slide column (label optional)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="predictions")
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes decoding slides ahead of the model (default: the checkpoint's data.workers, as "
+        "in training; 0 = read in this process)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="predict again the slides whose outputs exist")
     p.add_argument("--no-heatmaps", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_mpp_flags(p)
     p.set_defaults(func=cmd_predict)
 

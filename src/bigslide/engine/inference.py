@@ -17,6 +17,7 @@ from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import default_workers, load_item
+from bigslide.data.processes import Pool
 from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
@@ -123,25 +124,39 @@ def _predict_dataset(
 ) -> DatasetPredictions:
     labels, probs, grids = [], [], []
     for i in range(len(dataset)) if items is None else items:
-        if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
-            samples = [
-                dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)
-            ]
-        elif isinstance(dataset, BagDataset):
-            samples = [dataset.read_bag(i, np.arange(dataset.n_tiles(i)), pool)]
-        else:
-            samples = [load_item(dataset, i, pool)]
-        preds = [predict_sample(method, s) for s in samples]
+        samples = read_samples(dataset, i, repeats, pool)
+        item_probs, item_grids = predict_samples(method, dataset, samples, with_grids=with_grids)
         labels.append(samples[0].y)
-        probs.append(np.mean([p.probs for p in preds], axis=0))
-        if with_grids:
-            assert not isinstance(dataset, UltraMNIST | ArrayImageDataset), "heatmaps are placed on slides"
-            mpp_of = partial(slide_mpp, dataset.slides)
-            if samples[0].coords is not None:
-                grids.append(bag_grids(samples, preds, mpp_of))
-            else:
-                grids.append({samples[0].slide: sample_grids(samples[0], preds[0], mpp_of(samples[0].slide))})
+        probs.append(item_probs)
+        if item_grids is not None:
+            grids.append(item_grids)
     return DatasetPredictions(np.array(labels), np.array(probs), grids)
+
+
+def read_samples(dataset: SlideDataset, i: int, repeats: int, pool: Pool) -> list[Sample]:
+    """What item i is predicted from: every tile of a bag in one sample (`repeats` 0, or bags of all
+    tiles), else `repeats` sampled bags (Big-Layers §4.2.4); an image method's whole image."""
+    if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
+        return [dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)]
+    if isinstance(dataset, BagDataset):
+        return [dataset.read_bag(i, np.arange(dataset.n_tiles(i)), pool)]
+    return [load_item(dataset, i, pool)]
+
+
+def predict_samples(
+    method: Method, dataset: SlideDataset, samples: list[Sample], *, with_grids: bool
+) -> tuple[np.ndarray, dict[str, dict[str, ScoreGrid]] | None]:
+    """The item's outputs (averaged over its samples) and, `with_grids`, its heatmaps on each of its
+    slides (slide -> map name -> grid)."""
+    preds = [predict_sample(method, s) for s in samples]
+    probs = np.mean([p.probs for p in preds], axis=0)
+    if not with_grids:
+        return probs, None
+    assert not isinstance(dataset, UltraMNIST | ArrayImageDataset), "heatmaps are placed on slides"
+    mpp_of = partial(slide_mpp, dataset.slides)
+    if samples[0].coords is None:
+        return probs, {samples[0].slide: sample_grids(samples[0], preds[0], mpp_of(samples[0].slide))}
+    return probs, bag_grids(samples, preds, mpp_of)
 
 
 @dataclass
@@ -175,6 +190,14 @@ class SlidePrediction:
         return self.classes[int(np.argmax(self.probs))]
 
 
+@dataclass
+class SlideFailure:
+    """A slide that has no prediction: the file would not open or decode, or the model failed on it."""
+
+    slide: Path
+    error: str  # one line
+
+
 class Trained(NamedTuple):
     method: Method
     config: TrainConfig
@@ -193,6 +216,15 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     return Trained(method, config, classes, len(state.get("history", [])))
 
 
+def prediction_table(table: SlideTable, classes: list[str], endpoint: Endpoint) -> SlideTable:
+    """`table` as the model reads it: labels are optional at prediction, so a missing one stands in as
+    the first class (datasets give every slide a target)."""
+    entries = table.entries
+    if endpoint.task == "classification":
+        entries = [replace(e, label=e.label if e.label in classes else classes[0]) for e in entries]
+    return SlideTable(entries, classes, endpoint.task)
+
+
 def predict_slides(
     checkpoint: str | Path,
     table: SlideTable,
@@ -209,13 +241,7 @@ def predict_slides(
     """
     method, config, classes, epochs = load_trained(checkpoint, device=device)
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
-    table = SlideTable(
-        [replace(e, label=e.label if e.label in classes else classes[0]) for e in table.entries]
-        if endpoint.task == "classification"
-        else table.entries,
-        classes,
-        endpoint.task,
-    )
+    table = prediction_table(table, classes, endpoint)
     slides = SlideCache(slide_mpp=slide_mpp if slide_mpp is not None else config.data.slide_mpp)
     try:
         dataset = setup.build_dataset(
