@@ -224,11 +224,15 @@ class ResultsWidget(QWidget):
         if slide not in self.viewer.layers:
             return
         self.prediction = prediction
-        probs = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+        detail = {
+            "classification": ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs)),
+            "survival": "higher = earlier event",
+            "regression": "the model's estimate, in the table's units",
+        }[prediction.task]
         trained = (
             f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
         )
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({probs})")
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail})")
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()
