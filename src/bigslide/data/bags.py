@@ -79,8 +79,12 @@ class BagDataset(Dataset[Sample]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def tile_count(self, i: int) -> int:
+        """Tiles of slide i a bag is sampled from."""
+        return len(self.grids[i])
+
     def tile_indices(self, i: int, *, repeat: int = 0) -> np.ndarray:
-        n = len(self.grids[i])
+        n = self.tile_count(i)
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])

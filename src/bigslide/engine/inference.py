@@ -23,6 +23,7 @@ from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.features import attach_feature_store
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 
@@ -98,7 +99,7 @@ def _predict_dataset(
                 dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)
             ]
         elif isinstance(dataset, BagDataset):
-            samples = [dataset.read_bag(i, np.arange(len(dataset.grids[i])), pool)]
+            samples = [dataset.read_bag(i, np.arange(dataset.tile_count(i)), pool)]
         else:
             samples = [load_item(dataset, i, pool)]
         preds = [predict_sample(method, s) for s in samples]
@@ -199,6 +200,9 @@ def predict_slides(
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
         )
+        if config.data.features:  # slides new to the store are encoded into it first
+            for _event in attach_feature_store(config, method, [dataset]):
+                pass
         preds = predict_dataset(
             method, dataset, repeats=repeats, with_grids=True, workers=config.data.workers
         )
