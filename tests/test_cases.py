@@ -52,7 +52,7 @@ def test_a_case_is_one_bag_over_its_slides_with_every_tile_from_its_own_slide(ca
             for t in part.tiles:
                 assert torch.equal(bag.x[t], whole.x[where[tuple(bag.coords[t])]])
     every = BagDataset(table, tile_size=32, bag_size=0)
-    assert every.n_tiles(0) == sum(len(slides.grids[r]) for r in every.items[0])
+    assert every.tile_count(0) == sum(len(slides.grids[r]) for r in every.items[0])
 
 
 def test_without_a_case_column_each_slide_is_its_own_bag_as_before(cases_csv: Path) -> None:

@@ -78,16 +78,16 @@ class BagDataset(Dataset[Sample]):
     def __len__(self) -> int:
         return len(self.items)
 
-    def n_tiles(self, i: int) -> int:
-        """Tiles of case i, over all its slides."""
-        return sum(len(self.grids[row]) for row in self.items[i])
-
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def tile_count(self, i: int) -> int:
+        """Tiles of case i a bag is sampled from, over all its slides."""
+        return sum(len(self.grids[row]) for row in self.items[i])
+
     def tile_indices(self, i: int, *, repeat: int = 0) -> np.ndarray:
         """Indices into the case's tiles, its slides' grids one after the other."""
-        n = self.n_tiles(i)
+        n = self.tile_count(i)
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])

@@ -109,7 +109,8 @@ class BatchLoader(Generic[Item]):
         while self._todo and len(self._pending) < self.depth:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
-                if hasattr(self.dataset, "load"):  # datasets that decode slide tiles
+                # datasets that decode slide tiles (stored features need no decoding processes)
+                if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
                     self._processes = DecodeProcesses(self.workers, buffers=self.depth)
             key = self._todo.popleft()
             futures = [self._threads.submit(load_item, self.dataset, i, self._processes) for i in key]

@@ -14,8 +14,9 @@ from bigslide.data.endpoint import Target
 class Sample:
     """One item from a dataset.
 
-    kind "bag": `x` is (N, 3, t, t), `coords` the (N, 2) level-0 top-left (x, y) of each tile. A case's
-    bag spans its slides: `parts` says which tiles are from which slide (empty: all from `slide`).
+    kind "bag": `x` is (N, 3, t, t), `coords` the (N, 2) level-0 top-left (x, y) of each tile (or, with
+    `features`, (N, D) stored encoder features of those tiles). A case's bag spans its slides: `parts` says
+    which tiles are from which slide (empty: all from `slide`).
     kind "image": `x` is (3, H, W); image pixel (r, c) covers level-0 pixels starting at
     `origin + (c, r) * downsample`.
     Pixels are uint8 (as read: a quarter of float32's host memory and transfer) or float in [0, 1];
@@ -29,6 +30,7 @@ class Sample:
     tile_size_level0: int = 0
     origin: tuple[int, int] = (0, 0)
     downsample: float = 1.0
+    features: bool = False  # bags of stored features: `x` is (N, D) float32, one encoder row per tile
     parts: tuple[SlidePart, ...] = ()
 
     def by_slide(self) -> tuple[SlidePart, ...]:

@@ -25,6 +25,7 @@ from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.features import attach_feature_store
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 
@@ -139,7 +140,7 @@ def read_samples(dataset: SlideDataset, i: int, repeats: int, pool: Pool) -> lis
     if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
         return [dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)]
     if isinstance(dataset, BagDataset):
-        return [dataset.read_bag(i, np.arange(dataset.n_tiles(i)), pool)]
+        return [dataset.read_bag(i, np.arange(dataset.tile_count(i)), pool)]
     return [load_item(dataset, i, pool)]
 
 
@@ -247,6 +248,9 @@ def predict_slides(
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
         )
+        if config.data.features:  # slides new to the store are encoded into it first
+            for _event in attach_feature_store(config, method, [dataset]):
+                pass
         preds = predict_dataset(
             method, dataset, repeats=repeats, with_grids=True, workers=config.data.workers
         )

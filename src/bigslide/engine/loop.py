@@ -36,6 +36,7 @@ from bigslide.engine.checkpoint import (
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
+from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
@@ -104,6 +105,8 @@ def train(
             f"data.survival_loss: cox compares the bags of a batch, and {method.name} takes one bag per "
             "step; use data.survival_loss: nll"
         )
+    if config.data.features:
+        yield from attach_feature_store(config, method, (train_ds, val_ds, test_ds))
     loader = BatchLoader(train_ds, workers=config.data.workers, prefetch=config.data.prefetch)
     ranks.broadcast_module(method.model)
     if not ranks.is_main:

@@ -44,6 +44,7 @@ def build_method(config: TrainConfig, target: list[str] | Endpoint, device: torc
         weights=config.model.weights,
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
+        feature_dim=config.data.feature_dim if config.data.features_foreign else None,
     )
     return cls(params, spec, device)
 

@@ -17,7 +17,7 @@ from bigslide.errors import ConfigError
 from bigslide.methods.base import Method, MethodParams, Prediction, Sample
 from bigslide.methods.batchnorm import freeze_batchnorm_affine
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
-from bigslide.nn.backbones import create_encoder
+from bigslide.nn.backbones import Encoder, NoEncoder, create_encoder
 from bigslide.nn.mil import Aggregator, make_aggregator
 from bigslide.nn.mil.base import split_head_output
 
@@ -168,9 +168,13 @@ class MILMethod(Method[P]):
 
     def build_model(self) -> nn.Module:
         p = self.params
-        encoder = create_encoder(
-            self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
-        )
+        encoder: Encoder | NoEncoder
+        if self.spec.feature_dim:
+            encoder = NoEncoder(self.spec.feature_dim)
+        else:
+            encoder = create_encoder(
+                self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
+            )
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)
