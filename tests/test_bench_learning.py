@@ -4,6 +4,7 @@ UltraMNIST compares like with like (same canvases, measured memory)."""
 from __future__ import annotations
 
 import argparse
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,28 @@ def test_an_interrupted_run_continues_from_its_checkpoint_only_under_the_same_se
     changed.optim.lr = 1e-2
     assert len(learning.train_run(changed).history) == 2
     assert resumed == [True, False]  # the same settings continue; another learning rate starts afresh
+
+
+@pytest.mark.parametrize("kind", ["survival", "regression"])
+def test_a_study_run_is_scored_on_its_test_split_beside_the_oracle(kind: str, tmp_path: Path) -> None:
+    from scipy.stats import pearsonr
+
+    from bigslide.bench.learning_study import study_run
+    from bigslide.synthetic.study import make_study_set
+
+    csv_path = make_study_set(tmp_path / "set", kind, n=12, size=(512, 512), seed=4)  # type: ignore[arg-type]
+    args = argparse.Namespace(
+        study_bag=8, study_epochs=1, epochs=1, backbone="test_resnet", out=str(tmp_path / "out")
+    )
+    metrics = study_run(args, csv_path, kind, "abmil_acc", 0)  # type: ignore[arg-type]
+    with csv_path.open() as f:
+        test = [r for r in csv.DictReader(f) if r["split"] == "test"]
+    if kind == "regression":
+        assert set(metrics) == {"mae", "rmse", "pearson_r", "oracle_pearson_r"}
+        oracle = [float(r["oracle"]) for r in test]
+        assert metrics["oracle_pearson_r"] == pytest.approx(
+            pearsonr(oracle, [float(r["target"]) for r in test])[0]
+        )
+    else:
+        assert set(metrics) == {"c_index", "td_auc", "oracle_c_index"}
+        assert 0.5 < metrics["oracle_c_index"] <= 1.0

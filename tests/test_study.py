@@ -132,7 +132,8 @@ def test_regression_from_the_cli_predicts_numbers_in_the_tables_units(
     )
     with (out / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["slide", "predicted"]
+    assert list(rows[0]) == ["slide", "predicted", "error"]
+    assert not any(r["error"] for r in rows)
     targets = [float(r["target"]) for r in csv.DictReader(regression_csv.open())]
     predicted = [float(r["predicted"]) for r in rows]
     # standardised in training, given back in the table's units: within the targets' range, not near 0 +- 1

@@ -1,4 +1,5 @@
-"""OpenSlide as a second slide backend, for the formats tiffslide does not read (MRXS, SCN, BIF, VMS, NDPI).
+"""OpenSlide as a second slide backend, for the formats tiffslide does not read (DICOM, MRXS, SCN, BIF, VMS,
+NDPI).
 
 Optional: `pip install bigslide[openslide]` brings the `openslide-python` and `openslide-bin` wheels.
 Each pyramid level is wrapped as a read-only array (`shape`, `dtype`, `chunks`, slicing), the same
@@ -24,6 +25,16 @@ def openslide_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def is_dicom_wsi(path: Path) -> bool:
+    """Whether OpenSlide reads `path` as a DICOM whole-slide image (it checks the file's SOP class)."""
+    import openslide
+
+    try:
+        return openslide.OpenSlide.detect_format(str(path)) == "dicom"
+    except Exception:  # an unreadable file is not one
+        return False
 
 
 class OpenSlideLevel:

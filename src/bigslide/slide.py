@@ -1,4 +1,5 @@
-"""Read whole-slide images (Aperio SVS, generic pyramidal TIFF, OME-TIFF) through tiffslide.
+"""Read whole-slide images: Aperio SVS, generic pyramidal TIFF and OME-TIFF through tiffslide; DICOM
+(a .dcm file or a folder of one series), MRXS, SCN, BIF, VMS and NDPI through OpenSlide when installed.
 
 Coordinates follow openslide: `read_region` takes its top-left corner in level-0 pixels and its size in
 pixels of the level read. Every failure a user can cause (missing, truncated, non-TIFF or unsupported
@@ -20,6 +21,7 @@ import dask.array as da
 import numpy as np
 from PIL import Image
 
+from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file, opens_as_dicom, series_file
 from bigslide.errors import SlideError
 
 Backend = Literal["auto", "tiffslide", "openslide"]
@@ -234,6 +236,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
 
     backend "auto": OpenSlide for MRXS / SCN / BIF / VMS / NDPI when it is installed
     (`bigslide[openslide]`), else tiffslide (SVS, generic and OME pyramidal TIFF, NDPI).
+    DICOM — a .dcm file, or a folder holding one series — needs OpenSlide (see `bigslide.dicom_series`).
     """
     import tiffslide
 
@@ -242,6 +245,8 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     path = Path(path)
     if not path.exists():
         raise SlideError(f"{path}: no such slide file")
+    if opens_as_dicom(path):
+        return _open_dicom(path, backend)
     if not path.is_file():
         raise SlideError(f"{path}: not a file")
     if backend == "auto":
@@ -269,6 +274,55 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     except Exception as exc:
         handle.close()
         raise SlideError(f"{path}: unsupported slide layout ({exc})") from exc
+
+
+_NAMED_SUFFIXES = (
+    *(".ome.tiff", ".ome.tif", ".svs", ".tiff", ".tif", ".ndpi"),
+    *(".mrxs", ".scn", ".bif", ".vms", ".vmu"),
+)
+
+
+def slide_stem(path: str | Path) -> str:
+    """A slide's name for the files written about it: the file name without its slide suffix (dots in
+    the name stay: DICOM files are often named by UID). A DICOM file is named with its folder,
+    `case/level_0.dcm` -> `case-level_0`, because a series' files are named by level or UID."""
+    path = Path(path)
+    if path.suffix.lower() == DICOM_SUFFIX:
+        return f"{path.parent.name}-{path.stem}"
+    for suffix in _NAMED_SUFFIXES:
+        if path.name.lower().endswith(suffix):
+            return path.name[: -len(suffix)]
+    return path.name
+
+
+def _open_dicom(path: Path, backend: Backend) -> Slide:
+    """A DICOM slide (a file, or a folder holding its series) through OpenSlide."""
+    from bigslide.openslide_backend import OpenSlideHandle, is_dicom_wsi, openslide_available
+
+    if path.is_dir():
+        series_file(path)  # a folder without DICOM files is no slide, whatever is installed
+    elif not is_dicom_file(path):
+        raise SlideError(f"{path}: not a DICOM file (no DICM marker after its 128-byte preamble)")
+    if backend == "tiffslide":
+        raise SlideError(f"{path}: a DICOM slide; tiffslide cannot read DICOM (use backend 'openslide')")
+    if not openslide_available():
+        raise SlideError(
+            f"{path}: a DICOM slide, which bigslide reads through OpenSlide; install it with "
+            'pip install "bigslide[openslide]"'
+        )
+    file = series_file(path, is_wsi=is_dicom_wsi) if path.is_dir() else path
+    try:
+        handle = OpenSlideHandle(file)
+    except Exception as exc:  # OpenSlideUnsupportedFormatError, OpenSlideError, OSError
+        which = f"{file.name} " if file != path else ""
+        raise SlideError(
+            f"{path}: {which}is not a DICOM whole-slide image OpenSlide can read ({exc})"
+        ) from exc
+    try:
+        return Slide(path, handle)
+    except Exception:
+        handle.close()
+        raise
 
 
 def _level_arrays(path: Path, handle: Any) -> list[Any]:

@@ -69,18 +69,19 @@ class DecodeFloor:
         self.tif.close()
 
 
-def ensure_slide(folder: Path, width: int, height: int) -> Path:
-    """A tissue-textured JPEG SVS (Q80, 256 px tiles, 3 levels), written once and cached."""
+def ensure_slide(folder: Path, width: int, height: int, *, seed: int = 0) -> Path:
+    """A tissue-textured JPEG SVS (Q80, 256 px tiles, 3 levels), written once and cached; `seed` picks
+    its tiles (slides of other seeds are other files, e.g. a cohort)."""
     import tifffile
     from skimage import data as skdata
     from skimage.transform import rescale
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"io_{width}x{height}_q{QUALITY}.svs"
+    path = folder / f"io_{width}x{height}_q{QUALITY}{f'_s{seed}' if seed else ''}.svs"
     if path.is_file():
         return path
     texture = np.ascontiguousarray(skdata.immunohistochemistry())  # 512 x 512 stained tissue
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
 
     def tiles(w: int, h: int, scale: float) -> Any:
         source = texture

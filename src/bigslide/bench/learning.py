@@ -10,6 +10,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 - stain: ABMIL-ACC trained as `bigslide demo` does on the demo slides (lab A) with flips only, with
   stain augmentation (strength 1 and 1.5), with Macenko normalisation and with both, tested on the
   demo's test slides as lab A and as lab B stains them.
+- study: survival, regression and cases of three slides (one lesion slide makes a case positive) on the
+  synthetic study slides, ABMIL-ACC against the frozen encoder, test C-index / Pearson r / case AUC next to
+  the oracle's (the quantity the outcome was made from).
 - ultramnist: PatchGD at full size vs full-image GD at the size of equal training memory (measured: one
   training step's peak resident set) and at full size.
 
@@ -43,6 +46,7 @@ from bigslide.bench.learning_runs import (
     train_run,
 )
 from bigslide.bench.learning_stain import STAIN_RUNS, stain_run, stain_sets
+from bigslide.bench.learning_study import STUDY_KINDS, STUDY_METHODS, study_run, study_set
 from bigslide.bench.learning_tables import render_tables, write_docs
 from bigslide.bench.learning_ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
 from bigslide.synthetic.slide_set import make_slide_set
@@ -78,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stain-epochs", type=int, default=4, help="epochs of the stain part (`bigslide demo`'s)"
     )
+    parser.add_argument("--study-slides", type=int, default=48, help="slides per study set (cases: 16 of 3)")
+    parser.add_argument("--study-epochs", type=int, default=30, help="epochs on the study sets")
+    parser.add_argument("--study-bag", type=int, default=64, help="tiles per study training bag")
     parser.add_argument("--backbone", default="test_resnet", help="timm model, random weights")
     parser.add_argument("--image-size", type=int, default=512, help="slide side rendered for image methods")
     parser.add_argument("--canvas", type=int, default=256, help="UltraMNIST canvas side")
@@ -142,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     state = _update(path, meta=meta, command=command.strip())
     runs = state["runs"]
     csvs = {kind: _slide_set(args, kind) for kind in ("tumour", "subtle") if _needs(kind, parts)}
+    studies = {kind: study_set(args, kind) for kind in STUDY_KINDS} if "study" in parts else {}
     if "ultramnist" in parts:
         matched = args.matched_canvas or matched_side(args)
     if "stain" in parts:
@@ -167,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
             jobs.append(("subtle", "frozen_probe", partial(frozen_probe_run, args, csvs["subtle"], seed)))
         if "stain" in parts:
             jobs += [("stain", name, partial(stain_run, args, labs, name, seed)) for name in STAIN_RUNS]
+        for kind, csv_path in studies.items():
+            jobs += [
+                ("study", f"{kind}-{m}", partial(study_run, args, csv_path, kind, m, seed))
+                for m in STUDY_METHODS
+            ]
         if "ultramnist" in parts:
             sizes = {
                 f"patchgd@{args.canvas}": ("patchgd", args.canvas),

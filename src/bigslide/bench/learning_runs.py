@@ -35,6 +35,7 @@ PART_SETTINGS = {
     "tumour_image": ("slides", "image_epochs", "image_size"),
     "subtle": ("subtle_slides", "subtle_epochs", "subtle_tile", "subtle_bag", "tile_label_epochs"),
     "stain": ("stain_epochs",),
+    "study": ("study_slides", "study_epochs", "study_bag"),
     "ultramnist": (
         "ultramnist_epochs",
         "canvas",
@@ -44,7 +45,7 @@ PART_SETTINGS = {
         "ultramnist_k",
     ),
 }
-PARTS = ("tumour_mil", "tumour_image", "subtle", "stain", "ultramnist")
+PARTS = ("tumour_mil", "tumour_image", "subtle", "stain", "study", "ultramnist")
 BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
 
 

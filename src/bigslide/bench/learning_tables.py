@@ -88,6 +88,22 @@ def render_tables(state: dict[str, Any]) -> str:
                 "balanced_accuracy_B": "lab B bal. acc.",
             },
         ),
+        f"### Studies ({meta.get('study_slides')} slides of 1024² per set, tiles of 32 px at 1 µm/px, bag "
+        f"{meta.get('study_bag')}, {meta.get('study_epochs')} epochs; test split, per case for *cases*; "
+        "*oracle*: the quantity the outcome was made from, scored on the same test slides)",
+        "",
+        *_table(
+            runs,
+            "study",
+            {
+                "c_index": "C-index",
+                "oracle_c_index": "oracle C-index",
+                "pearson_r": "Pearson r",
+                "oracle_pearson_r": "oracle r",
+                "auc": "case AUC",
+                "balanced_accuracy": "balanced accuracy",
+            },
+        ),
         "### UltraMNIST: PatchGD vs GD at equal memory"
         + (
             f" ({meta['canvases']} training canvases, digits of {ULTRAMNIST_DIGITS[0] * meta['canvas']:g}-"

@@ -27,6 +27,8 @@ BENCHES = (
     "plan_check",
     "learning",
     "io",
+    "predict",
+    "features",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
 TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"
@@ -105,30 +107,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from bigslide.cli.report import write_predictions
-    from bigslide.data.endpoint import Endpoint
-    from bigslide.data.table import SlideTable
-    from bigslide.engine import predict_slides
-    from bigslide.engine.checkpoint import load_checkpoint
+    from bigslide.cli.predict import run_predict
 
-    state = load_checkpoint(args.checkpoint)
-    classes = [str(c) for c in state["classes"]]
-    endpoint = Endpoint.from_state(state.get("endpoint"), classes)
-    # the task's columns are optional here, but a label the model does not know is a typo
-    table = SlideTable.from_csv(
-        args.slides,
-        classes=classes if endpoint.task == "classification" else None,
-        labels_required=False,
-        task=endpoint.task,
-    )
-    preds, _ = predict_slides(
-        args.checkpoint, table, device=args.device or "auto", repeats=args.repeats, slide_mpp=args.slide_mpp
-    )
-    path = write_predictions(preds, Path(args.out), heatmaps=not args.no_heatmaps, table=table)
-    print(f"predictions: {path}")
-    if (path.parent / "km.png").is_file():
-        print(f"Kaplan-Meier plot: {path.parent / 'km.png'}")
-    return 0
+    return run_predict(args)
 
 
 def cmd_heatmap(args: argparse.Namespace) -> int:
@@ -174,7 +155,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def add_train_flags(p: argparse.ArgumentParser) -> None:
+def add_train_flags(
+    p: argparse.ArgumentParser, resume: str = "continue from <out>/checkpoints/last.pt"
+) -> None:
     """The flags of `train`, which `cv` takes too."""
     p.add_argument("config", nargs="?", help="YAML config (as written to <out>/config.yaml by any run)")
     p.add_argument("--demo", action="store_true", help="train on the bundled synthetic slides")
@@ -188,7 +171,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     )
     add_mpp_flags(p)
     p.add_argument("--target-mpp", type=float, help=TARGET_MPP_HELP)
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/last.pt")
+    p.add_argument("--resume", action="store_true", help=resume)
     p.add_argument("--quiet", action="store_true")
 
 
@@ -207,17 +190,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("cv", help="k-fold cross-validation by case: one run per fold and a summary")
-    add_train_flags(p)
+    add_train_flags(p, resume="no effect: a rerun of the same command always continues where it stopped")
     p.add_argument("--folds", type=int, default=5, help="number of folds (K)")
     p.set_defaults(func=cmd_cv)
 
-    p = sub.add_parser("predict", help="predict slides from a CSV with a checkpoint")
+    p = sub.add_parser(
+        "predict", help="predict a cohort of slides from a CSV with a checkpoint (resumable; see --overwrite)"
+    )
     p.add_argument("--slides", required=True, help="CSV with a slide column (label optional)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="predictions")
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes decoding slides ahead of the model (default: the checkpoint's data.workers, as "
+        "in training; 0 = read in this process)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="predict again the slides whose outputs exist")
     p.add_argument("--no-heatmaps", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_mpp_flags(p)
     p.set_defaults(func=cmd_predict)
 

@@ -5,55 +5,93 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
-from bigslide.engine.inference import SlidePrediction
+from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
-from bigslide.files import atomic_write_text
-from bigslide.slide import open_slide
+from bigslide.files import atomic_path, atomic_write_text
+from bigslide.slide import open_slide, slide_stem
 
 
 def write_heatmaps(pred: SlidePrediction, out: Path) -> list[Path]:
+    """Per map: the grid (npz), its overlay on the thumbnail (PNG) and QuPath tiles (GeoJSON); each file
+    written under a temporary name and renamed, so none is ever found half written."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = pred.slide.name.split(".")[0]
+    stem = slide_stem(pred.slide)
     paths: list[Path] = []
     with open_slide(pred.slide) as slide:
         for name, grid in pred.grids.items():
-            paths.append(grid.save_npz(out / f"{stem}.{name}.npz"))
-            paths.append(overlay_png(grid, slide, out / f"{stem}.{name}.png"))
-            paths.append(grid_geojson(grid, out / f"{stem}.{name}.geojson"))
+            for suffix, write in (
+                ("npz", lambda p, g=grid: g.save_npz(p)),
+                ("png", lambda p, g=grid: overlay_png(g, slide, p)),
+                ("geojson", lambda p, g=grid: grid_geojson(g, p)),
+            ):
+                path = out / f"{stem}.{name}.{suffix}"
+                with atomic_path(path) as tmp:
+                    write(tmp)
+                paths.append(path)
     return paths
 
 
 def write_predictions(
-    preds: list[SlidePrediction], out: Path, *, heatmaps: bool = True, table: SlideTable | None = None
+    results: Sequence[SlidePrediction | SlideFailure],
+    out: Path,
+    *,
+    heatmaps: bool = True,
+    table: SlideTable | None = None,
+    endpoint: Endpoint | None = None,
 ) -> Path:
-    """`predictions.csv`: per slide the class and its probabilities, the predicted number, or the risk
-    (higher = earlier event) with the survival curve. With the table's survival times and events, the
-    Kaplan-Meier plot of the median-split risk groups with its log-rank p-value (`km.png`)."""
+    """`predictions.csv`: per slide, or per case when slides are grouped into cases (a `case` column and
+    the case's slides joined by ";"), the class and its probabilities, the predicted number, or the risk
+    (higher = earlier event) with the survival curve, and an `error` column: empty, or why the slide (a
+    case: one of its slides) has no prediction. Heatmaps are per slide. With the table's survival times
+    and events, the Kaplan-Meier plot of the median-split risk groups with its log-rank p-value
+    (`km.png`). `endpoint` (default: the first prediction's) sets the columns."""
     out.mkdir(parents=True, exist_ok=True)
-    endpoint = (preds[0].endpoint if preds else None) or Endpoint(classes=preds[0].classes if preds else [])
-    lines = [["slide", *_columns(endpoint.task), *endpoint.output_names]]
-    for p in preds:
-        outputs = [f"{v:.6f}" for v in np.atleast_1d(p.probs)] if endpoint.output_names else []
-        lines.append([str(p.slide), *_values(p), *outputs])
-        if heatmaps:
-            write_heatmaps(p, out / "heatmaps")
+    preds = [r for r in results if isinstance(r, SlidePrediction)]
+    if endpoint is None:
+        endpoint = (preds[0].endpoint if preds else None) or Endpoint(
+            classes=preds[0].classes if preds else []
+        )
+    cases = {e.path: e.case for e in table.entries} if table is not None else {}
+    by_case = any(p.case is not None for p in preds) or any(c is not None for c in cases.values())
+    groups: dict[str, list[SlidePrediction | SlideFailure]] = {}
+    for r in results:
+        case = r.case if isinstance(r, SlidePrediction) and r.case is not None else cases.get(r.slide)
+        groups.setdefault(case if by_case and case is not None else str(r.slide), []).append(r)
+        if heatmaps and isinstance(r, SlidePrediction):
+            write_heatmaps(r, out / "heatmaps")
+    names = ["case", "slides"] if by_case else ["slide"]
+    lines = [[*names, *_columns(endpoint.task), *endpoint.output_names, "error"]]
+    firsts: list[SlidePrediction] = []
+    for key, group in groups.items():
+        named = [key, ";".join(str(g.slide) for g in group)] if by_case else [key]
+        failed = [g for g in group if isinstance(g, SlideFailure)]
+        if failed:
+            error = "; ".join(f.error for f in failed)
+            lines.append([*named, *[""] * (len(lines[0]) - len(named) - 1), error])
+            continue
+        first = group[0]
+        assert isinstance(first, SlidePrediction)
+        firsts.append(first)
+        outputs = [f"{v:.6f}" for v in np.atleast_1d(first.probs)] if endpoint.output_names else []
+        lines.append([*named, *_values(first), *outputs, ""])
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(lines)
     path = atomic_write_text(out / "predictions.csv", text.getvalue())
     if endpoint.task == "survival" and table is not None:
         known = {e.path: e for e in table.entries if e.time is not None and e.event is not None}
-        rows = [(known[p.slide], p.risk) for p in preds if p.slide in known]
-        if len(rows) >= 2:
-            time = np.array([e.time for e, _ in rows], dtype=float)
-            event = np.array([e.event for e, _ in rows], dtype=float)
-            km_plot(risk_groups(time, event, np.array([r for _, r in rows])), out / "km.png")
+        scored = [(known[p.slide], p.risk) for p in firsts if p.slide in known]
+        if len(scored) >= 2:
+            time = np.array([e.time for e, _ in scored], dtype=float)
+            event = np.array([e.event for e, _ in scored], dtype=float)
+            km_plot(risk_groups(time, event, np.array([r for _, r in scored])), out / "km.png")
     return path
 
 

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from bigslide.data.colour import SampleStain
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
-from bigslide.data.sample import Sample, as_float
+from bigslide.data.sample import Sample, SlidePart, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_slide_stain
@@ -38,7 +38,8 @@ def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
 
 
 class BagDataset(Dataset[Sample]):
-    """Item i = a bag from slide i: `bag_size` tiles sampled without replacement (0 = every tile).
+    """Item i = a bag from case i: `bag_size` tiles sampled without replacement (0 = every tile) from
+    all of the case's slides together. Without a case column each slide is its own case.
 
     Sampling depends on (seed, epoch, i) only, so runs are reproducible and resumable; call
     `set_epoch` each epoch for fresh bags. `stain_augment` > 0: a stain perturbation of that strength
@@ -83,38 +84,67 @@ class BagDataset(Dataset[Sample]):
                     f">= {min_tissue}" + (f" inside the regions of {entry.regions}" if entry.regions else "")
                 )
             self.grids.append(grid)
+        self.items = list(table.cases().values())  # table rows of each case, in table order
+        several = next((rows for rows in self.items if len(rows) > 1), None)
+        if stain_normalise != "none" and several is not None:
+            raise DataError(
+                f"case {table.entries[several[0]].case!r} has {len(several)} slides: stain normalisation is "
+                "fitted slide by slide and a case's bag mixes its slides; set data.stain_normalise: none "
+                "(data.stain_augment draws one perturbation per case)"
+            )
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.items)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def tile_count(self, i: int) -> int:
+        """Tiles of case i a bag is sampled from, over all its slides."""
+        return sum(len(self.grids[row]) for row in self.items[i])
+
     def tile_indices(self, i: int, *, repeat: int = 0) -> np.ndarray:
-        n = len(self.grids[i])
+        """Indices into the case's tiles, its slides' grids one after the other."""
+        n = self.tile_count(i)
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
         return np.sort(rng.choice(n, self.bag_size, replace=False))
 
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
-        """The bag of tiles `indices` of slide i; file tiles are decoded once, on `pool` when given."""
-        entry, grid = self.table.entries[i], self.grids[i]
-        squares = read_slide_squares(self.slides, entry.path, grid.plan, grid.coords[indices], pool)
-        x = torch.from_numpy(squares)
+        """The bag of tiles `indices` of case i; file tiles are decoded once, on `pool` when given."""
+        rows = self.items[i]
+        starts = np.cumsum([0] + [len(self.grids[r]) for r in rows])
+        squares: list[np.ndarray] = []
+        coords: list[np.ndarray] = []
+        parts: list[SlidePart] = []
+        for k, row in enumerate(rows):
+            grid = self.grids[row]
+            mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
+            if len(mine) or len(rows) == 1:
+                path = self.table.entries[row].path
+                squares.append(read_slide_squares(self.slides, path, grid.plan, grid.coords[mine], pool))
+                done = int(sum(len(c) for c in coords))
+                parts.append(SlidePart(str(path), np.arange(done, done + len(mine)), grid.tile_size_level0))
+                coords.append(grid.coords[mine])
+        # one slide: the worker's buffer as it is; several: one array (the reads' buffers are let go)
+        x = torch.from_numpy(squares[0] if len(squares) == 1 else np.concatenate(squares))
         if self.augment:
             x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
+        entry = self.table.entries[rows[0]]
         return Sample(
             x=x,
             y=self.endpoint.target(entry),
             slide=str(entry.path),
-            coords=grid.coords[indices],
-            tile_size_level0=grid.tile_size_level0,
+            coords=np.concatenate(coords),
+            tile_size_level0=self.grids[rows[0]].tile_size_level0,
+            parts=tuple(parts) if len(rows) > 1 else (),
             stain=self.sample_stain(i),
         )
 
     def sample_stain(self, i: int) -> SampleStain | None:
-        """Slide i's stain fit (normalisation) and this epoch's perturbation (augmentation), if asked for."""
+        """Item i's stain fit (normalisation, one slide) and this epoch's perturbation (augmentation, one
+        draw per case), if asked for."""
         if self.stain_normalise == "none" and self.stain_augment <= 0:
             return None
         source = None
@@ -122,7 +152,7 @@ class BagDataset(Dataset[Sample]):
             if i not in self._stain_fits:
                 self._stain_fits[i] = fit_slide_stain(
                     self.stain_normalise,
-                    self.table.entries[i].path,
+                    self.table.entries[self.items[i][0]].path,
                     tile_size=self.tile_size,
                     target_mpp=self.target_mpp,
                     min_tissue=self.min_tissue,

@@ -138,6 +138,28 @@ class DataConfig:
     inference_repeats: int = field(
         default=1, metadata={"min": 0, "help": "sampled bags averaged at inference (0 = all tiles)"}
     )
+    features: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of per-slide feature files <slide stem>.h5 (CLAM/TRIDENT layout): frozen "
+            "encoders train from them and write the missing ones once (null = encode tiles every step)"
+        },
+    )
+    features_foreign: bool = field(
+        default=False,
+        metadata={
+            "help": "also take feature files without bigslide's attributes (made by CLAM, TRIDENT, ...): "
+            "their encoder, tile size and µm/px cannot be checked; give their width in data.feature_dim"
+        },
+    )
+    feature_dim: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "width of foreign feature files, the MIL head's input (e.g. 1024 for UNI); "
+            "only with data.features_foreign",
+        },
+    )
 
     def __post_init__(self) -> None:
         # resolved here so the stored config (and so every checkpoint) names the resolution it used
@@ -162,10 +184,30 @@ class DataConfig:
                 "data.stain_reference: a reference slide is only used with data.stain_normalise "
                 "macenko or reinhard"
             )
+        self._check_features()
         if self.task == "survival" and self.survival_loss == "cox" and self.batch_size < 2:
             raise ConfigError(
                 "data.survival_loss: cox compares the bags of a batch; set data.batch_size >= 2 "
                 "(or use nll, which works one bag per step)"
+            )
+
+    def _check_features(self) -> None:
+        if self.features_foreign and not self.features:
+            raise ConfigError("data.features_foreign: give the folder of feature files in data.features")
+        if self.features_foreign and self.feature_dim < 1:
+            raise ConfigError(
+                "data.feature_dim: give the width of the foreign feature files (their features dataset's "
+                "second axis, e.g. 1024 for UNI), the MIL head's input size"
+            )
+        if self.feature_dim and not self.features_foreign:
+            raise ConfigError(
+                "data.feature_dim: only for foreign feature files (data.features_foreign: true); "
+                "bigslide's own files have the encoder's width"
+            )
+        if self.features and (self.stain_augment or self.stain_normalise != "none"):
+            raise ConfigError(
+                "data.features: stored features are of the tiles as read, so data.stain_augment and "
+                "data.stain_normalise cannot apply to them; turn those off, or leave data.features unset"
             )
 
     @property

@@ -15,6 +15,7 @@ from bigslide.data.slides import SlideCache
 from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
+from bigslide.errors import DataError
 from bigslide.regions import load_regions
 from bigslide.resolution import DEFAULT_MPP, plan_read
 from bigslide.slide import Slide
@@ -67,6 +68,13 @@ class SlideImageDataset(Dataset[Sample]):
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
     ) -> None:
+        several = next((c for c, rows in table.cases().items() if len(rows) > 1), None)
+        if several is not None:
+            raise DataError(
+                f"case {several!r} has {len(table.cases()[several])} slides, and whole-image methods "
+                "read one image per slide: train a MIL method (abmil_acc, full_bag, frozen_abmil, "
+                "biglayer_mil) on cases of several slides, or drop the table's case column"
+            )
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.image_size = image_size

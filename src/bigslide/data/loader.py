@@ -16,16 +16,18 @@ import os
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from bigslide.data.processes import DecodeProcesses, Pool
-from bigslide.data.sample import Sample
 
 MAX_DEFAULT_WORKERS = 8
 
+Item = TypeVar("Item")  # what a dataset gives: a Sample, or e.g. a slide read with its error
+Item_co = TypeVar("Item_co", covariant=True)
 
-class ItemDataset(Protocol):
-    def __getitem__(self, i: int) -> Sample: ...
+
+class ItemDataset(Protocol[Item_co]):
+    def __getitem__(self, i: int) -> Item_co: ...
 
 
 def default_workers() -> int:
@@ -37,7 +39,7 @@ def default_workers() -> int:
     return max(1, min(cores, MAX_DEFAULT_WORKERS))
 
 
-def load_item(dataset: ItemDataset, i: int, pool: Pool) -> Sample:
+def load_item(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
     """Item i, decoded on `pool` when the dataset can use one (bags and slide images can)."""
     load = getattr(dataset, "load", None)
     return load(i, pool) if load is not None else dataset[i]
@@ -46,21 +48,21 @@ def load_item(dataset: ItemDataset, i: int, pool: Pool) -> Sample:
 Batch = tuple[int, ...]
 
 
-class BatchLoader:
+class BatchLoader(Generic[Item]):
     """Batches of `dataset` items read ahead of the step; `workers=None` picks `default_workers()`.
 
     At most `depth` = max(prefetch, workers + 1) batches are read and not yet taken (each worker needs
     an item to decode while the last one is handed over): that bounds the memory the loader holds.
     """
 
-    def __init__(self, dataset: ItemDataset, *, workers: int | None = None, prefetch: int = 2) -> None:
+    def __init__(self, dataset: ItemDataset[Item], *, workers: int | None = None, prefetch: int = 2) -> None:
         self.dataset = dataset
         self.workers = default_workers() if workers is None else int(workers)
         self.depth = max(1, int(prefetch), self.workers + 1)
         self._threads: ThreadPoolExecutor | None = None
         self._processes: DecodeProcesses | None = None
         self._todo: deque[Batch] = deque()  # planned, not yet submitted
-        self._pending: deque[tuple[Batch, list[Future[Sample]]]] = deque()  # submitted, in plan order
+        self._pending: deque[tuple[Batch, list[Future[Item]]]] = deque()  # submitted, in plan order
 
     # -- the engine's side ------------------------------------------------------------------------
     def plan(self, batches: Sequence[Iterable[int]]) -> None:
@@ -71,7 +73,7 @@ class BatchLoader:
         self._todo = deque(tuple(int(i) for i in b) for b in batches)
         self._fill()
 
-    def take(self, batch: Iterable[int]) -> list[Sample]:
+    def take(self, batch: Iterable[int]) -> list[Item]:
         """The items of `batch`; read ahead when it is the next planned batch, else read now."""
         key = tuple(int(i) for i in batch)
         if not self._pending or self._pending[0][0] != key:
@@ -96,7 +98,7 @@ class BatchLoader:
             self._processes.close()
             self._processes = None
 
-    def __enter__(self) -> BatchLoader:
+    def __enter__(self) -> BatchLoader[Item]:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -107,7 +109,8 @@ class BatchLoader:
         while self._todo and len(self._pending) < self.depth:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
-                if hasattr(self.dataset, "load"):  # datasets that decode slide tiles
+                # datasets that decode slide tiles (stored features need no decoding processes)
+                if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
                     self._processes = DecodeProcesses(self.workers, buffers=self.depth)
             key = self._todo.popleft()
             futures = [self._threads.submit(load_item, self.dataset, i, self._processes) for i in key]

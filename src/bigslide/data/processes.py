@@ -41,9 +41,12 @@ from bigslide.slide import Slide
 # (`fork_from_server`, for multi-threaded GUI processes).
 _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
-# In a worker process: the slides it has opened, by (path, fallback mpp), and the shared buffers it was
-# given, by number (holding one keeps it mapped: torch finds it again when the buffer next comes).
+# In a worker process: the slides it has opened, by (path, fallback mpp), least recently read first, and the
+# shared buffers it was given, by number (holding one keeps it mapped: torch finds it again when the buffer
+# next comes). A cohort reads hundreds of slides once each: beyond MAX_OPEN_SLIDES the oldest is closed, so
+# a worker's open files stay bounded.
 _OPEN: dict[tuple[Path, float | None], Slide] = {}
+MAX_OPEN_SLIDES = 32
 _BUFFERS: dict[int, torch.Tensor] = {}
 
 
@@ -192,10 +195,12 @@ def _read(
 ) -> None:
     _BUFFERS[number] = buffer  # a grown buffer replaces its old one
     key = (path, slide_mpp)
-    if key not in _OPEN:
-        _OPEN[key] = open_with_mpp(path, slide_mpp)
+    slide = _OPEN.pop(key, None) or open_with_mpp(path, slide_mpp)
+    _OPEN[key] = slide  # the most recently read goes last
+    while len(_OPEN) > MAX_OPEN_SLIDES:
+        _OPEN.pop(next(iter(_OPEN))).close()
     shape = (len(coords), plan.size, plan.size, 3)
-    read_squares(_OPEN[key], plan, coords, into=_squares(buffer, shape))
+    read_squares(slide, plan, coords, into=_squares(buffer, shape))
 
 
 def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:

@@ -15,7 +15,9 @@ from bigslide.data.endpoint import Target
 class Sample:
     """One item from a dataset.
 
-    kind "bag": `x` is (N, 3, t, t), `coords` the (N, 2) level-0 top-left (x, y) of each tile.
+    kind "bag": `x` is (N, 3, t, t), `coords` the (N, 2) level-0 top-left (x, y) of each tile (or, with
+    `features`, (N, D) stored encoder features of those tiles). A case's bag spans its slides: `parts` says
+    which tiles are from which slide (empty: all from `slide`).
     kind "image": `x` is (3, H, W); image pixel (r, c) covers level-0 pixels starting at
     `origin + (c, r) * downsample`.
     Pixels are uint8 (as read: a quarter of float32's host memory and transfer) or float in [0, 1];
@@ -30,6 +32,32 @@ class Sample:
     origin: tuple[int, int] = (0, 0)
     downsample: float = 1.0
     stain: SampleStain | None = None  # the slide's stain fit and perturbation (`bigslide.data.colour`)
+    features: bool = False  # bags of stored features: `x` is (N, D) float32, one encoder row per tile
+    parts: tuple[SlidePart, ...] = ()
+
+    def by_slide(self) -> tuple[SlidePart, ...]:
+        """A bag's tiles slide by slide."""
+        return self.parts or (SlidePart(self.slide, np.arange(len(self.x)), self.tile_size_level0),)
+
+    def tile_keys(self) -> list[tuple[str, int, int, int]]:
+        """What names each tile of a bag on disk: (slide, level-0 side, x, y)."""
+        assert self.coords is not None
+        keys: list[tuple[str, int, int, int]] = [("", 0, 0, 0)] * len(self.coords)
+        for part in self.by_slide():
+            for i in part.tiles:
+                x, y = self.coords[i]
+                keys[i] = (part.slide, part.tile_size_level0, int(x), int(y))
+        return keys
+
+
+@dataclass(frozen=True)
+class SlidePart:
+    """The tiles of a case's bag (indices into it) that are from one slide, and their level-0 side there
+    (slides of one case may be scanned at different µm/px)."""
+
+    slide: str
+    tiles: np.ndarray
+    tile_size_level0: int
 
 
 @dataclass

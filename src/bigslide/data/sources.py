@@ -15,6 +15,7 @@ from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.config import DataConfig
 from bigslide.data.endpoint import Endpoint, fit_endpoint
+from bigslide.data.feature_bags import FeatureBagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
@@ -68,17 +69,32 @@ def slide_dataset(
     slides: SlideCache,
     endpoint: Endpoint | None = None,
 ) -> BagDataset | SlideImageDataset:
-    """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`."""
+    """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`; bags of
+    stored features with `data.features`."""
     stain: dict[str, Any] = {
         "stain_augment": data.stain_augment_strength if data.stain_augment and train else 0.0,
         "stain_normalise": data.stain_normalise,
     }
+    bag_size = data.bag_size if train else (0 if data.inference_repeats == 0 else data.bag_size)
+    if kind == "bag" and data.features:
+        return FeatureBagDataset(
+            table,
+            data.features,
+            tile_size=data.tile_size,
+            target_mpp=data.read_mpp,
+            bag_size=bag_size,
+            min_tissue=data.min_tissue,
+            seed=seed,
+            slides=slides,
+            endpoint=endpoint,
+            foreign_dim=data.feature_dim if data.features_foreign else 0,
+        )
     if kind == "bag":
         return BagDataset(
             table,
             tile_size=data.tile_size,
             target_mpp=data.read_mpp,
-            bag_size=data.bag_size if train else (0 if data.inference_repeats == 0 else data.bag_size),
+            bag_size=bag_size,
             min_tissue=data.min_tissue,
             augment=data.augment and train,
             seed=seed,

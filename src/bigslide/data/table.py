@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from bigslide.dicom_series import looks_like_dicom_folder
 from bigslide.errors import DataError
 
 SPLITS = ("train", "val", "test")
@@ -112,7 +113,8 @@ class SlideTable:
         task: str = "classification",
     ) -> SlideTable:
         """Read `slide` plus the task's columns (`label`; `time,event`; `target`) and the optional
-        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder.
+        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder. A slide is a
+        file, or a folder holding one DICOM whole-slide series.
 
         With `classes` given, a label outside them is an error naming the row. For prediction
         (`labels_required=False`) the task's columns may be missing or empty.
@@ -140,6 +142,7 @@ class SlideTable:
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
         case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
+        case_splits: dict[str, tuple[int, str | None]] = {}
         for row_no, raw in enumerate(reader, start=2):
             row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
             where = f"{path}, row {row_no}"
@@ -147,7 +150,7 @@ class SlideTable:
                 raise DataError(f"{where}: empty slide path")
             slide = _resolve(path, row["slide"])
             if check_files and not slide.is_file():
-                raise DataError(f"{where}: slide file not found: {slide}")
+                _check_slide_folder(slide, where)
             if slide in seen:
                 raise DataError(f"{where}: {slide.name} is listed twice (first at row {seen[slide]})")
             seen[slide] = row_no
@@ -162,6 +165,13 @@ class SlideTable:
             entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
             if entry.regions is not None and check_files and not entry.regions.is_file():
                 raise DataError(f"{where}: regions file not found: {entry.regions}")
+            if entry.case is not None:
+                first_row, split = case_splits.setdefault(entry.case, (row_no, entry.split))
+                if split != entry.split:
+                    raise DataError(
+                        f"{where}: case {entry.case!r} is in split {entry.split or '(none)'!r} here but in "
+                        f"{split or '(none)'!r} at row {first_row}; a case's slides must be on one side"
+                    )
             if entry.case is not None and labels_required:
                 first_row, outcome = case_rows.setdefault(entry.case, (row_no, entry.outcome(task)))
                 if outcome != entry.outcome(task):
@@ -222,6 +232,17 @@ class SlideTable:
                 for i in todo[k]:
                     entries[i].split = side
         return self.like(entries)
+
+
+def _check_slide_folder(slide: Path, where: str) -> None:
+    """A slide that is not a file must be a folder of DICOM files (one whole-slide series)."""
+    if not slide.is_dir():
+        raise DataError(f"{where}: slide file not found: {slide}")
+    if not looks_like_dicom_folder(slide):
+        raise DataError(
+            f"{where}: {slide} is a folder without DICOM files (a slide is a file, or a folder holding "
+            "one DICOM whole-slide series)"
+        )
 
 
 def _read_outcome(entry: SlideEntry, row: dict[str, str], task: str, required: bool, where: str) -> None:

@@ -52,10 +52,11 @@ def first_heatmap(method: Any, dataset: Any) -> tuple[str, np.ndarray] | None:
 
     if not isinstance(dataset, BagDataset | SlideImageDataset) or len(dataset) == 0:
         return None
-    grids = predict_dataset(method, dataset, repeats=0, with_grids=True, items=[0]).grids[0]
+    by_slide = predict_dataset(method, dataset, repeats=0, with_grids=True, items=[0]).grids[0]
+    slide, grids = next(iter(by_slide.items()), ("", {}))
     if not grids:
         return None
     key, grid = next(iter(grids.items()))
-    path = dataset.table.entries[0].path
+    path = Path(slide)
     image = overlay_image(grid, dataset.slides.open(path), max_size=HEATMAP_SIZE)
     return f"{Path(path).stem} {key}", image

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import default_workers, load_item
+from bigslide.data.processes import Pool
 from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
@@ -24,10 +26,12 @@ from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.features import attach_feature_store
 from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 
+Mpp = tuple[float, float] | None
 SlideDataset = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
 
 
@@ -35,7 +39,7 @@ SlideDataset = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
 class DatasetPredictions:
     labels: np.ndarray  # (n,) the targets as datasets give them ((n, 3) for survival)
     probs: np.ndarray  # (n, K) the endpoint's outputs (class probabilities for classes)
-    grids: list[dict[str, ScoreGrid]] = field(default_factory=list)
+    grids: list[dict[str, dict[str, ScoreGrid]]] = field(default_factory=list)  # per item: slide -> maps
 
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
@@ -46,15 +50,10 @@ def predict_sample(method: Method, sample: Sample) -> Prediction:
 
 
 def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | None) -> dict[str, ScoreGrid]:
-    """The prediction's per-tile scores or patch-grid maps placed on the slide's level-0 grid."""
+    """The prediction's per-tile scores or patch-grid maps placed on the slide's level-0 grid (a sample
+    from one slide)."""
     if sample.coords is not None:
-        per_tile = dict(pred.instance_maps)
-        if pred.instance_scores is not None:
-            per_tile = {"attention": pred.instance_scores, **per_tile}
-        return {
-            name: ScoreGrid.from_tiles(sample.coords, values, sample.tile_size_level0, mpp=mpp, name=name)
-            for name, values in per_tile.items()
-        }
+        return bag_grids([sample], [pred], lambda _slide: mpp).get(sample.slide, {})
     grids = {}
     for name, values in pred.maps.items():
         stride = pred.map_stride or sample.x.shape[-1] / values.shape[1]
@@ -64,6 +63,39 @@ def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | No
         )
         grids[name] = ScoreGrid(values, stride * sample.downsample, origin, mpp, name)
     return grids
+
+
+def slide_mpp(slides: SlideCache, slide: str) -> tuple[float, float] | None:
+    return slides.open(Path(slide)).mpp
+
+
+def bag_grids(
+    samples: Sequence[Sample], preds: Sequence[Prediction], mpp_of: Callable[[str], Mpp]
+) -> dict[str, dict[str, ScoreGrid]]:
+    """Per slide, the per-tile scores of one or more bags of an item (repeated bags of a slide pool into
+    one grid per map; a case's bag puts each tile on its own slide)."""
+    per_tile = [
+        {**({"attention": p.instance_scores} if p.instance_scores is not None else {}), **p.instance_maps}
+        for p in preds
+    ]
+    names = [n for n in per_tile[0] if all(n in t for t in per_tile)]
+    chunks: dict[str, list[tuple[np.ndarray, dict[str, np.ndarray], int]]] = {}
+    for sample, values in zip(samples, per_tile, strict=True):
+        assert sample.coords is not None
+        for part in sample.by_slide():
+            picked = {n: np.asarray(values[n])[part.tiles] for n in names}
+            tiles = (sample.coords[part.tiles], picked, part.tile_size_level0)
+            chunks.setdefault(part.slide, []).append(tiles)
+    out: dict[str, dict[str, ScoreGrid]] = {}
+    for slide, parts in chunks.items():
+        coords = np.concatenate([c for c, _, _ in parts])
+        out[slide] = {
+            n: ScoreGrid.from_tiles(
+                coords, np.concatenate([v[n] for _, v, _ in parts]), parts[0][2], mpp=mpp_of(slide), name=n
+            )
+            for n in names
+        }
+    return out
 
 
 def predict_dataset(
@@ -95,35 +127,39 @@ def _predict_dataset(
 ) -> DatasetPredictions:
     labels, probs, grids = [], [], []
     for i in range(len(dataset)) if items is None else items:
-        if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
-            samples = [
-                dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)
-            ]
-        elif isinstance(dataset, BagDataset):
-            samples = [dataset.read_bag(i, np.arange(len(dataset.grids[i])), pool)]
-        else:
-            samples = [load_item(dataset, i, pool)]
-        preds = [predict_sample(method, s) for s in samples]
+        samples = read_samples(dataset, i, repeats, pool)
+        item_probs, item_grids = predict_samples(method, dataset, samples, with_grids=with_grids)
         labels.append(samples[0].y)
-        probs.append(np.mean([p.probs for p in preds], axis=0))
-        if with_grids:
-            assert not isinstance(dataset, UltraMNIST | ArrayImageDataset), "heatmaps are placed on slides"
-            mpp = dataset.slides.open(Path(samples[0].slide)).mpp
-            if samples[0].coords is not None:  # pool repeated bags into one grid per map
-                coords = np.concatenate([s.coords for s in samples if s.coords is not None])
-                scores = None
-                if all(p.instance_scores is not None for p in preds):
-                    scores = np.concatenate([p.instance_scores for p in preds])  # type: ignore[misc]
-                maps = {
-                    k: np.concatenate([p.instance_maps[k] for p in preds]) for k in preds[0].instance_maps
-                }
-                merged = Sample(
-                    samples[0].x, samples[0].y, samples[0].slide, coords, samples[0].tile_size_level0
-                )
-                grids.append(sample_grids(merged, Prediction(preds[0].probs, scores, maps), mpp))
-            else:
-                grids.append(sample_grids(samples[0], preds[0], mpp))
+        probs.append(item_probs)
+        if item_grids is not None:
+            grids.append(item_grids)
     return DatasetPredictions(np.array(labels), np.array(probs), grids)
+
+
+def read_samples(dataset: SlideDataset, i: int, repeats: int, pool: Pool) -> list[Sample]:
+    """What item i is predicted from: every tile of a bag in one sample (`repeats` 0, or bags of all
+    tiles), else `repeats` sampled bags (Big-Layers §4.2.4); an image method's whole image."""
+    if isinstance(dataset, BagDataset) and repeats > 0 and dataset.bag_size > 0:
+        return [dataset.read_bag(i, dataset.tile_indices(i, repeat=1000 + k), pool) for k in range(repeats)]
+    if isinstance(dataset, BagDataset):
+        return [dataset.read_bag(i, np.arange(dataset.tile_count(i)), pool)]
+    return [load_item(dataset, i, pool)]
+
+
+def predict_samples(
+    method: Method, dataset: SlideDataset, samples: list[Sample], *, with_grids: bool
+) -> tuple[np.ndarray, dict[str, dict[str, ScoreGrid]] | None]:
+    """The item's outputs (averaged over its samples) and, `with_grids`, its heatmaps on each of its
+    slides (slide -> map name -> grid)."""
+    preds = [predict_sample(method, s) for s in samples]
+    probs = np.mean([p.probs for p in preds], axis=0)
+    if not with_grids:
+        return probs, None
+    assert not isinstance(dataset, UltraMNIST | ArrayImageDataset), "heatmaps are placed on slides"
+    mpp_of = partial(slide_mpp, dataset.slides)
+    if samples[0].coords is None:
+        return probs, {samples[0].slide: sample_grids(samples[0], preds[0], mpp_of(samples[0].slide))}
+    return probs, bag_grids(samples, preds, mpp_of)
 
 
 @dataclass
@@ -135,6 +171,7 @@ class SlidePrediction:
     titles: dict[str, str] = field(default_factory=dict)  # heatmap name -> title, from the method
     epochs: int = 0  # epochs the checkpoint's weights were trained for
     endpoint: Endpoint | None = None  # None: classification into `classes`
+    case: str | None = None  # the case the slide is part of: its prediction is the case's
 
     @property
     def task(self) -> str:
@@ -154,6 +191,14 @@ class SlidePrediction:
         if self.task == "survival":
             return f"risk {self.risk:.3g}"
         return self.classes[int(np.argmax(self.probs))]
+
+
+@dataclass
+class SlideFailure:
+    """A slide that has no prediction: the file would not open or decode, or the model failed on it."""
+
+    slide: Path
+    error: str  # one line
 
 
 class Trained(NamedTuple):
@@ -180,6 +225,15 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     return Trained(method, config, classes, len(state.get("history", [])))
 
 
+def prediction_table(table: SlideTable, classes: list[str], endpoint: Endpoint) -> SlideTable:
+    """`table` as the model reads it: labels are optional at prediction, so a missing one stands in as
+    the first class (datasets give every slide a target)."""
+    entries = table.entries
+    if endpoint.task == "classification":
+        entries = [replace(e, label=e.label if e.label in classes else classes[0]) for e in entries]
+    return SlideTable(entries, classes, endpoint.task)
+
+
 def predict_slides(
     checkpoint: str | Path,
     table: SlideTable,
@@ -189,35 +243,36 @@ def predict_slides(
     slide_mpp: float | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
+    The slides of a case are one bag: each gets the case's prediction and its own heatmaps.
 
     Every slide is read at the checkpoint's resolution (its data.target_mpp and tile or image size), whatever
     its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none.
     """
     method, config, classes, epochs = load_trained(checkpoint, device=device)
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
-    table = SlideTable(
-        [replace(e, label=e.label if e.label in classes else classes[0]) for e in table.entries]
-        if endpoint.task == "classification"
-        else table.entries,
-        classes,
-        endpoint.task,
-    )
+    table = prediction_table(table, classes, endpoint)
     slides = SlideCache(slide_mpp=slide_mpp if slide_mpp is not None else config.data.slide_mpp)
     try:
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
         )
+        if config.data.features:  # slides new to the store are encoded into it first
+            for _event in attach_feature_store(config, method, [dataset]):
+                pass
         preds = predict_dataset(
             method, dataset, repeats=repeats, with_grids=True, workers=config.data.workers
         )
     finally:
         slides.close()
-    out = [
-        SlidePrediction(
-            e.path, preds.probs[i], classes, preds.grids[i], dict(method.map_titles), epochs, endpoint
-        )
-        for i, e in enumerate(table.entries)
-    ]
+    out = []
+    for i, rows in enumerate(table.cases().values()):  # the datasets' items, in order
+        for row in rows:
+            e = table.entries[row]
+            grids = preds.grids[i].get(str(e.path), {})
+            titles = dict(method.map_titles)
+            out.append(
+                SlidePrediction(e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case)
+            )
     return out, preds
 
 

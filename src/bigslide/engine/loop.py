@@ -37,6 +37,7 @@ from bigslide.engine.checkpoint import (
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
+from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
@@ -96,7 +97,8 @@ def train(
     slides = SlideCache(slide_mpp=config.data.slide_mpp)
     data = data or setup.build_data(config, method_kind, slides)
     train_ds, val_ds, test_ds = data.train, data.val, data.test
-    endpoint = data.endpoint or Endpoint(classes=list(data.classes))
+    endpoint = data.endpoint
+    assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
     batch_size = method.batch_size(config.data.batch_size)
     if endpoint.survival_loss == "cox" and endpoint.task == "survival" and batch_size < 2:
@@ -104,6 +106,8 @@ def train(
             f"data.survival_loss: cox compares the bags of a batch, and {method.name} takes one bag per "
             "step; use data.survival_loss: nll"
         )
+    if config.data.features:
+        yield from attach_feature_store(config, method, (train_ds, val_ds, test_ds))
     loader = BatchLoader(train_ds, workers=config.data.workers, prefetch=config.data.prefetch)
     ranks.broadcast_module(method.model)
     if not ranks.is_main:
@@ -247,6 +251,11 @@ def train(
     if test_ds is not None:
         preds = predict_dataset(method, test_ds, repeats=config.data.inference_repeats)
         test = endpoint_metrics(endpoint, preds.labels, preds.probs)
+        if endpoint.task == "survival" and ranks.is_main and len(preds.labels) >= 2:
+            from bigslide.explain.survival import km_plot, risk_groups
+
+            labels = np.asarray(preds.labels, dtype=float)  # (time, event, interval) per case
+            km_plot(risk_groups(labels[:, 0], labels[:, 1], endpoint.risk(preds.probs)), out / "km.png")
         yield Metrics(state["epoch"], "test", test)
     if ranks.is_main:
         records = history + ([{"test": test}] if test is not None else [])

@@ -54,6 +54,7 @@ def build_method(
         weights=config.model.weights,
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
+        feature_dim=config.data.feature_dim if config.data.features_foreign else None,
     )
     method = cls(params, spec, device)
     data = config.data

@@ -59,5 +59,7 @@ def km_plot(groups: RiskGroups, path: str | Path, *, title: str = "", unit: str 
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
+    partial = path.with_name(f".{path.name}.partial")
+    figure.savefig(partial, format="png")
+    partial.replace(path)  # a reader never sees half a plot
     return path

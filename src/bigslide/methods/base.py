@@ -89,6 +89,7 @@ class ModelSpec:
     weights: str | None = None  # a local state-dict file for the backbone
     num_classes: int = 2  # outputs of a classifier when no endpoint is given
     endpoint: Endpoint | None = None  # what is predicted (None: `num_classes` classes)
+    feature_dim: int | None = None  # features stored by another tool's encoder (None: the backbone's)
 
     @property
     def outputs(self) -> int:
@@ -162,6 +163,12 @@ class Method(ABC, Generic[P]):
     def score(self, logits: torch.Tensor) -> torch.Tensor:
         """(B,) what heatmaps explain for survival (the risk) and regression (the standardised value)."""
         return endpoint_score(self.spec.endpoint, logits.float())
+
+    def frozen_encoder(self) -> nn.Module | None:
+        """The encoder whose tile features stay fixed through training, so that features stored once
+        (`data.features`) can stand in for it; None when the method trains its encoder. A method that
+        returns one takes bags of stored features (`Sample.features`) in `train_step` and `predict`."""
+        return None
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)

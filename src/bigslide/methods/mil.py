@@ -17,7 +17,7 @@ from bigslide.errors import ConfigError
 from bigslide.methods.base import Method, MethodParams, Prediction, Sample
 from bigslide.methods.batchnorm import freeze_batchnorm_affine
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
-from bigslide.nn.backbones import create_encoder
+from bigslide.nn.backbones import Encoder, NoEncoder, create_encoder
 from bigslide.nn.mil import Aggregator, make_aggregator
 from bigslide.nn.mil.base import split_head_output
 
@@ -96,6 +96,14 @@ class MILParams(MethodParams):
             "help": "hidden size of the attention scorer",
         },
     )
+    attention: Literal["softmax", "sigmoid"] = field(
+        default="softmax",
+        metadata={
+            "shown_with": {"aggregator": ("abmil", "abmil_gated")},
+            "help": "softmax: weights sum to 1 (what the slide holds); sigmoid: each in (0, 1), mean over "
+            "the bag (how much of it: burden-like survival or regression endpoints)",
+        },
+    )
     dropout: float = field(
         default=0.0, metadata={"min": 0, "max": 0.99, "help": "dropout after the head's projection"}
     )
@@ -131,6 +139,8 @@ def aggregator_kwargs(p: MILParams) -> dict[str, Any]:
     if p.aggregator == "transmil":
         return {"hidden": p.hidden, "heads": p.heads, "dropout": p.dropout}
     kwargs: dict[str, Any] = {"hidden": p.hidden, "attention_dim": p.attention_dim, "dropout": p.dropout}
+    if p.aggregator in ("abmil", "abmil_gated"):
+        kwargs["attention"] = p.attention
     if p.aggregator == "dtfd":
         kwargs.update(pseudo_bags=p.pseudo_bags, distill=p.distill)
     return kwargs
@@ -158,9 +168,13 @@ class MILMethod(Method[P]):
 
     def build_model(self) -> nn.Module:
         p = self.params
-        encoder = create_encoder(
-            self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
-        )
+        encoder: Encoder | NoEncoder
+        if self.spec.feature_dim:
+            encoder = NoEncoder(self.spec.feature_dim)
+        else:
+            encoder = create_encoder(
+                self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
+            )
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)

@@ -2,8 +2,8 @@
 
 "full_bag": encoder and head on the whole bag in one graph and a plain backward — the unoptimised
 truth, whose memory grows with the bag. "frozen_abmil": the usual two-stage MIL, a frozen encoder in
-eval mode computes features without grad (cached per tile when tiles are not augmented) and only
-the head trains.
+eval mode computes features without grad (cached per tile when tiles are not augmented, or read from
+the feature store with `data.features`) and only the head trains.
 """
 
 from __future__ import annotations
@@ -134,7 +134,9 @@ class FeatureCache:
 class FrozenABMIL(MILMethod[FrozenParams]):
     name = "frozen_abmil"
     Params = FrozenParams
-    summary = "Frozen encoder features (cached per tile), only the attention-MIL head trains."
+    summary = (
+        "Frozen encoder features (cached per tile, or stored per slide), only the attention-MIL head trains."
+    )
 
     def build_model(self) -> nn.Module:
         model = super().build_model()
@@ -149,7 +151,12 @@ class FrozenABMIL(MILMethod[FrozenParams]):
         encoder.requires_grad_(False)
         encoder.eval()
 
+    def frozen_encoder(self) -> nn.Module:
+        return self.mil_model.encoder
+
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
+        if sample is not None and sample.features:  # rows of the feature store: nothing to encode
+            return bag.to(self.device, torch.float32, non_blocking=True)
         p = self.params
         encoder = self.mil_model.encoder
         encoder.eval()  # the engine's model.train() must not switch the frozen encoder's BN/dropout on
@@ -163,7 +170,7 @@ class FrozenABMIL(MILMethod[FrozenParams]):
             or (colour is not None and colour.random)  # stain-augmented tiles: features of this draw only
         ):
             return encode_chunks(encoder, bag, chunk, device=self.device, colour=colour)
-        keys = [(sample.slide, sample.tile_size_level0, int(x), int(y)) for x, y in sample.coords]
+        keys = sample.tile_keys()
         rows: list[torch.Tensor | None] = [self.cache.get(key) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:

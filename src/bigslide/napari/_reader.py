@@ -1,8 +1,9 @@
-"""napari reader for whole-slide TIFFs (svs, tif, tiff, ndpi, ome.tif): a lazy multiscale RGB layer.
+"""napari reader for whole-slide TIFFs (svs, tif, tiff, ndpi, ome.tif) and DICOM (a .dcm file, or a folder
+of one series, read through OpenSlide): a lazy multiscale RGB layer.
 
-`get_reader` answers quickly from the file name and the first four bytes, so napari can ask it about
-any file; the layer holds one dask array per pyramid level chunked by the file's tiles, and nothing is
-decoded until napari draws the visible tiles of the level it needs.
+`get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
+the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one dask
+array per pyramid level, and nothing is decoded until napari draws the visible tiles of the level it needs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff")
+SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff", ".dcm")
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
@@ -21,23 +22,28 @@ ReaderFunction = Callable[[Any], list[Any]]
 
 
 def get_reader(path: str | list[str]) -> ReaderFunction | None:
-    """A reader function for one file with a slide's name, else None (never raises).
+    """A reader function for one file with a slide's name or one folder of DICOM files, else None
+    (never raises).
 
     A file with a slide's name that is not a slide we can open still gets a reader: it shows why in one
     line and adds no layer, instead of napari's bare "failed" and its reader dialog."""
+    from bigslide.dicom_series import looks_like_dicom_folder
+
     if isinstance(path, list):
         if len(path) != 1:
             return None
         path = path[0]
-    if not Path(path).name.lower().endswith(SUFFIXES):
-        return None
+    named = Path(path).name.lower().endswith(SUFFIXES)
+    dicom_folder = Path(path).is_dir() and looks_like_dicom_folder(path)
+    if not (named or dicom_folder):
+        return None  # other readers may know the file or folder
     from bigslide.errors import SlideError
     from bigslide.slide import open_slide
 
-    reason = refusal(path)
+    reason = None if dicom_folder else refusal(path)
     slide = None
     if reason is None:
-        try:  # parsing the TIFF directories is quick and reads no pixels
+        try:  # parsing the TIFF directories or DICOM headers is quick and reads no pixels
             slide = open_slide(path)
         except SlideError as err:
             reason = str(err).removeprefix(f"{path}: ")
@@ -58,6 +64,8 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
 
 def refusal(path: str | Path) -> str | None:
     """Why a file with a slide's name is no slide we can read (checks existence and magic bytes), or None."""
+    from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file
+
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -66,8 +74,10 @@ def refusal(path: str | Path) -> str | None:
         return "it is a folder, not a slide file"
     except OSError as err:
         return f"cannot read the file ({err.strerror or err})"
-    if head in _TIFF_MAGIC:
-        return None
     if not head:
         return "the file is empty"
+    if path.name.lower().endswith(DICOM_SUFFIX):
+        return None if is_dicom_file(path) else "not a DICOM file (no DICM marker after its preamble)"
+    if head in _TIFF_MAGIC:
+        return None
     return f"not a TIFF-based slide (it starts with {head!r}, not a TIFF header)"

@@ -62,6 +62,11 @@ class ResultsWidget(QWidget):
             "background, so you see the heatmap move as the model learns"
         )
         self.session.checkpoint_saved.connect(self.on_checkpoint)
+        self.run_plot = QLabel()  # the run's Kaplan-Meier plot of its test split (survival)
+        self.run_plot.setWordWrap(True)
+        self.run_plot.hide()
+        self.checkpoint.textChanged.connect(lambda _t: self.show_run_plot())
+        self.session.run_finished.connect(self.on_run_finished)
 
         self.heatmap_box = QComboBox()
         self.colormap = QComboBox()
@@ -104,6 +109,7 @@ class ResultsWidget(QWidget):
         layout.addWidget(self.run_button)
         layout.addWidget(self.follow)
         layout.addWidget(self.result)
+        layout.addWidget(self.run_plot)
         layout.addLayout(display)
         layout.addWidget(QLabel("Export the chosen heatmap:"))
         layout.addLayout(exports)
@@ -130,6 +136,21 @@ class ResultsWidget(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "Checkpoint", "", "Checkpoint (*.pt)")
         if path:
             self.checkpoint.setText(path)
+
+    def show_run_plot(self) -> None:
+        """Show the Kaplan-Meier plot of the checkpoint's run (its test split's predicted risk groups,
+        `<run>/km.png`), when it has one."""
+        from qtpy.QtGui import QPixmap
+
+        text = self.checkpoint.text().strip()
+        km = Path(text).expanduser().parent.parent / "km.png" if text else None
+        pixmap = QPixmap(str(km)) if km is not None and km.is_file() else QPixmap()
+        if pixmap.isNull():
+            self.run_plot.hide()
+            return
+        self.run_plot.setPixmap(pixmap.scaledToWidth(min(pixmap.width(), 380)))
+        self.run_plot.setToolTip(f"{km}: the test split's cases in two groups at the median predicted risk")
+        self.run_plot.show()
 
     # -- inference -----------------------------------------------------------------------------------
     def run(self, checkpoint: Path | None = None) -> Any:
@@ -180,6 +201,13 @@ class ResultsWidget(QWidget):
             checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
             self.run(checkpoint)
 
+    def on_run_finished(self, checkpoint: Path) -> None:
+        """A run of this viewer finished: offer its checkpoint here, unless another one is chosen."""
+        chosen = self.checkpoint.text().strip()
+        if not chosen or Path(chosen).expanduser().resolve() == Path(checkpoint).resolve():
+            self.checkpoint.setText(str(checkpoint))
+            self.show_run_plot()  # the run wrote its plot after the last checkpoint
+
     def on_checkpoint(self, checkpoint: Path) -> None:
         """A run of this viewer saved a checkpoint: when following, show it on the chosen slide."""
         if not self.follow.isChecked() or self.slide_layer() is None:
@@ -196,11 +224,15 @@ class ResultsWidget(QWidget):
         if slide not in self.viewer.layers:
             return
         self.prediction = prediction
-        probs = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+        detail = {
+            "classification": ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs)),
+            "survival": "higher = earlier event",
+            "regression": "the model's estimate, in the table's units",
+        }[prediction.task]
         trained = (
             f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
         )
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({probs})")
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail})")
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()

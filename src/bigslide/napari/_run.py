@@ -44,7 +44,7 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
     except DataError as err:
         return [str(err)]
     problems = []
-    labels = sorted({e.label for e in table.entries})
+    labels = sorted({e.label for e in table.entries}) if table.task == "classification" else ["", "-"]
     if len(labels) < 2:
         problems.append(
             f"every slide is labelled '{labels[0]}': a model needs at least two classes to learn; type "
@@ -52,7 +52,7 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
         )
     split = table.with_splits(seed=seed)
     train_labels = {e.label for e in split.entries if e.split == "train"}
-    if len(labels) >= 2 and len(train_labels) < 2:
+    if table.task == "classification" and len(labels) >= 2 and len(train_labels) < 2:
         problems.append(
             f"the training slides are all '{next(iter(train_labels), '-')}': set the Split column so that "
             "each class has a training slide"
@@ -104,6 +104,7 @@ def write_run_folder(
         target_mpp=session.target_mpp,
         slide_mpp=session.slide_mpp,
         min_tissue=session.min_tissue,
+        task=table.task,  # type: ignore[arg-type]  # a TASKS value: the table checked it
         **data_values,
     )
     config = TrainConfig(

@@ -5,6 +5,7 @@ napari builds each dock widget on its own; they meet here, one `Session` per vie
 
 from __future__ import annotations
 
+import csv
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ class SlideRow:
     regions: Path | None = None
     tiles: int | None = None
     from_layer: bool = False
+    case: str | None = None
+    time: float | None = None  # survival: time to event or censoring
+    event: int | None = None  # survival: 1 observed, 0 censored
+    target: float | None = None  # regression
 
 
 class Session:
@@ -40,6 +45,8 @@ class Session:
     """The fallback level-0 µm/px (float or None) changed."""
     checkpoint_saved = Signal(object)
     """A training run of this viewer saved a checkpoint (its Path)."""
+    run_finished = Signal(object)
+    """A training run of this viewer finished; its final checkpoint (Path), test split scored."""
 
     def __init__(self) -> None:
         defaults = DataConfig()
@@ -48,6 +55,8 @@ class Session:
         self.target_mpp = defaults.read_mpp  # µm/px tiles are read at
         self._slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
         self.min_tissue = defaults.min_tissue
+        self.columns: list[str] = []  # of the last slide table loaded
+        self.task = "classification"  # what those columns imply (data.task)
 
     @property
     def slide_mpp(self) -> float | None:
@@ -99,28 +108,60 @@ class Session:
         self.changed.emit()
 
     def load_csv(self, path: str | Path) -> int:
-        """Add every row of a slide table; returns how many were read."""
-        from bigslide.data.table import SlideTable
+        """Add every row of a slide table, with the endpoint its columns imply (time,event: survival;
+        target: regression; else classes); returns how many were read."""
+        from bigslide.data.table import SlideTable, implied_task
 
-        table = SlideTable.from_csv(path)
+        with Path(path).open(encoding="utf-8-sig", newline="") as f:
+            columns = [c.strip() for c in next(csv.reader(f), [])]
+        task = implied_task(columns)
+        table = SlideTable.from_csv(path, task=task)
+        self.columns, self.task = columns, task
         for entry in table.entries:
-            self.add(entry.path, label=entry.label, split=entry.split or "", regions=entry.regions)
+            row = self.add(entry.path, label=entry.label, split=entry.split or "", regions=entry.regions)
+            row.case, row.time, row.event, row.target = entry.case, entry.time, entry.event, entry.target
+        self.changed.emit()
         return len(table.entries)
 
     def table(self) -> SlideTable:
-        """The rows as a slide table; a slide without a label is a `DataError` naming it."""
-        from bigslide.data.table import SlideEntry, SlideTable
+        """The rows as a slide table of the session's task; a slide without what the task learns from (a
+        label; a time and event; a target) is a `DataError` naming it."""
+        from bigslide.data.table import TASK_COLUMNS, SlideEntry, SlideTable
 
         if not self.rows:
             raise DataError("the training set is empty: open slides or load a slide table (CSV) first")
-        unlabelled = [r.path.name for r in self.rows if not r.label.strip()]
-        if unlabelled:
+        missing = {
+            "classification": lambda r: not r.label.strip(),
+            "survival": lambda r: r.time is None or r.event is None,
+            "regression": lambda r: r.target is None,
+        }[self.task]
+        lacking = [r.path.name for r in self.rows if missing(r)]
+        if lacking and self.task == "classification":
             raise DataError(
-                f"slide(s) without a label: {', '.join(unlabelled)}; type a label in the Slides panel"
+                f"slide(s) without a label: {', '.join(lacking)}; type a label in the Slides panel"
             )
-        return SlideTable(
-            [SlideEntry(r.path, r.label.strip(), r.split or None, r.regions) for r in self.rows]
-        )
+        if lacking:
+            raise DataError(
+                f"slide(s) without {' and '.join(TASK_COLUMNS[self.task])} for {self.task}: "
+                f"{', '.join(lacking)}; load a slide table that gives them"
+            )
+        entries = [
+            SlideEntry(r.path, r.label.strip(), r.split or None, r.regions, r.case, r.time, r.event, r.target)
+            for r in self.rows
+        ]
+        return SlideTable(entries, task=self.task)
+
+    def describe(self) -> str:
+        """What the training set holds, in words: slides, cases, the columns read and the task."""
+        n_cases = len({r.case or str(r.path) for r in self.rows})
+        cases = f" in {n_cases} cases" if any(r.case for r in self.rows) else ""
+        read = f"columns {', '.join(self.columns)}; " if self.columns else ""
+        what = {
+            "classification": "classes",
+            "survival": "survival (time to event, censored)",
+            "regression": "regression (a number per slide)",
+        }[self.task]
+        return f"{len(self.rows)} slides{cases}; {read}task: {what}"
 
     def save_csv(self, path: str | Path) -> Path:
         return self.table().to_csv(path)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
 DATA_FIELDS = ("bag_size", "image_size", "batch_size", "augment")
 KIND_FIELDS = {"bag": ("bag_size",), "image": ("image_size", "batch_size")}
-PLOTTED_METRICS = ("accuracy", "auc")
+PLOTTED_METRICS = ("accuracy", "auc", "c_index", "pearson_r")  # classes; survival; regression
 GIL_SWITCH_S = 0.001
 
 
@@ -72,6 +72,12 @@ class TrainWidget(QWidget):
         self.method_box.setToolTip("Training method; its parameters are listed below")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
+        self.table_info = QLabel()
+        self.table_info.setWordWrap(True)
+        self.table_info.setToolTip(
+            "The slide table's columns set the task: time,event train survival; target, regression; "
+            "label, classes. A case column makes each case one bag over its slides."
+        )
         self.params_box = QGroupBox("Method parameters")
         self.params_layout = QVBoxLayout(self.params_box)
         self.params_form: DataclassForm | None = None
@@ -108,6 +114,7 @@ class TrainWidget(QWidget):
         out_row.addWidget(self.out_dir)
         out_row.addWidget(browse)
         settings = QFormLayout()
+        settings.addRow("slides", self.table_info)
         settings.addRow("method", self.method_box)
         settings.addRow(self.summary)
         settings.addRow("backbone", self.backbone)
@@ -144,8 +151,13 @@ class TrainWidget(QWidget):
 
         self.method_box.currentTextChanged.connect(self._on_method_changed)
         self._on_method_changed(self.method_box.currentText())
+        self.session.changed.connect(self._on_table_changed)
+        self._on_table_changed()
 
     # -- form ----------------------------------------------------------------------------------------
+    def _on_table_changed(self) -> None:
+        self.table_info.setText(self.session.describe() if self.session.rows else "none yet (Slides panel)")
+
     def _on_method_changed(self, name: str) -> None:
         from bigslide.methods.base import get_method
 
@@ -273,6 +285,8 @@ class TrainWidget(QWidget):
 
     def _on_returned(self, result: Any) -> None:
         self.last_checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
+        if self.last_checkpoint is not None:
+            self.session.run_finished.emit(self.last_checkpoint)
         self.status.setText(f"Finished. Checkpoint: {self.last_checkpoint}")
         show_info(f"Training finished; checkpoint saved to {self.last_checkpoint}")
 

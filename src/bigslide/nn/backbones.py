@@ -46,6 +46,21 @@ class Encoder(nn.Module):
         return self.backbone(self.normalize(x))
 
 
+class NoEncoder(nn.Module):
+    """Stands in for the encoder of a MIL head trained on features another tool's encoder computed: it holds
+    no weights, only the features' width, and cannot encode tiles."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ConfigError(
+            "this model was trained on features another tool stored (data.features_foreign): it has no "
+            "encoder of its own, so every slide needs a feature file in data.features"
+        )
+
+
 def normalised_in_place(encoder: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
     """(module, input) giving `encoder(x)`: for an `Encoder` and a float `x` the caller owns and gives up (a
     fresh copy made for this call), `x` normalised in place and the backbone, so that the batch is not held

@@ -22,11 +22,12 @@ class ABMIL(Aggregator):
         attention_dim: int = 128,
         gated: bool = False,
         dropout: float = 0.0,
+        attention: str = "softmax",
     ) -> None:
         super().__init__()
         self.in_dim, self.num_classes = in_dim, num_classes
         self.project = projection(in_dim, hidden, dropout)
-        self.pool = AttentionPool(hidden, attention_dim, gated)
+        self.pool = AttentionPool(hidden, attention_dim, gated, attention)
         self.classifier = nn.Linear(hidden, num_classes)
 
     def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,12 +36,10 @@ class ABMIL(Aggregator):
 
     def contributions(self, z: torch.Tensor, score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Each instance's share of `score(logits)` (N,): the score minus the score of the bag without
-        that instance. Leaving instance i out renormalises the softmax, so the pooled feature becomes
-        (M - a_i h_i) / (1 - a_i): every instance's leave-one-out score in one batched head call."""
+        that instance. Leaving instance i out renormalises the pool (softmax: (M - a_i h_i) / (1 - a_i)),
+        so every instance's leave-one-out score is one batched head call."""
         h = self.project(z)
         pooled, attention = self.pool(h)
-        without = (pooled.unsqueeze(0) - attention.unsqueeze(1) * h) / (1 - attention).clamp_min(
-            1e-12
-        ).unsqueeze(1)
+        without = self.pool.without_each(pooled, attention, h)
         whole = score(self.classifier(pooled).unsqueeze(0))
         return whole - score(self.classifier(without))

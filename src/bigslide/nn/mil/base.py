@@ -123,15 +123,33 @@ class GatedAttentionScore(nn.Module):
 
 
 class AttentionPool(nn.Module):
-    """Softmax attention over instances and the attention-weighted mean: (N, D) -> ((D,), (N,))."""
+    """Attention over instances and the attention-weighted pool: (N, D) -> ((D,), (N,)).
 
-    def __init__(self, in_dim: int, attention_dim: int, gated: bool) -> None:
+    softmax: weights summing to 1 (Ilse et al.): the pooled feature says what the attended tiles hold,
+    whatever their number. sigmoid: each weight in (0, 1), pooled as the mean over the bag: the pooled
+    feature grows with how much of the slide holds what is attended (a burden: survival, regression).
+    """
+
+    def __init__(self, in_dim: int, attention_dim: int, gated: bool, norm: str = "softmax") -> None:
         super().__init__()
         self.score = attention_mlp(in_dim, attention_dim, gated)
+        self.norm = norm
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.norm == "sigmoid":
+            attention = torch.sigmoid(self.score(h))
+            return attention @ h / h.shape[0], attention
         attention = torch.softmax(self.score(h), dim=0)
         return attention @ h, attention
+
+    def without_each(self, pooled: torch.Tensor, attention: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """(N, D): the pooled feature of the bag without instance i, for every i (the others' weights are
+        renormalised as pooling them alone would)."""
+        if self.norm == "sigmoid":
+            n = h.shape[0]
+            return (n * pooled.unsqueeze(0) - attention.unsqueeze(1) * h) / max(n - 1, 1)
+        rest = (1 - attention).clamp_min(1e-12).unsqueeze(1)
+        return (pooled.unsqueeze(0) - attention.unsqueeze(1) * h) / rest
 
 
 def projection(in_dim: int, hidden: int, dropout: float) -> nn.Sequential:

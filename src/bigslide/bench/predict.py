@@ -1,0 +1,256 @@
+"""Cohort prediction throughput: `bigslide predict` at 1 and 2 workers against the decode floor.
+
+Writes (and caches) a cohort of synthetic JPEG SVS slides (Q80, 256 px file tiles, tissue texture
+everywhere, a different seed per slide) and a checkpoint of an untrained model, then times the predict
+command's own path (`predict_to`: decode processes started, every tissue tile of every slide read and
+predicted, per-slide rows and heatmaps written, `predictions.csv` assembled; `--overwrite`, so nothing is
+skipped) at each worker count, against the decode floor: each JPEG file tile the slides' grids touch
+decoded once by imagecodecs from the file's bytes in one forked process (`bench io`'s floor). Every timing
+is repeated; min and median are reported. Each predict timing is paired with a floor timing around it (half
+the slides just before, half just after: this machine's speed drifts within a minute).
+
+The model is deliberately the smallest there is (default encoder `bench_16_pixels`: 16 pixels of each
+tile, no convolution), so what is measured is decode-bound prediction: reading, the uint8-to-float
+conversion and normalisation that every encoder pays on every pixel, the attention head, the outputs. A
+real encoder on a CPU costs many times the decode (`--backbone test_resnet` to see it); on a GPU it leaves
+the host's cores to the decode workers. For context, the slides are also read through predict's loader
+with no model ("reading" rows), and the model step alone is timed on tiles in memory.
+
+Targets (exit status 1 when one is missed; `--no-targets` only reports): predict (and reading) at w
+workers >= 0.8 x w x the 1-process decode floor, as the median over repeats of each timing against the
+floor timed around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bigslide.bench.io_slide import MPP, QUALITY, TILE, DecodeFloor, ensure_slide, touched_file_tiles
+from bigslide.bench.targets import Targets, add_target_argument, machine_line
+
+PIXELS16 = "bench_16_pixels"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slides", type=int, default=8, help="slides in the cohort (default 8)")
+    parser.add_argument("--width", type=int, default=8192, help="level-0 width of each slide (default 8192)")
+    parser.add_argument("--height", type=int, default=8192, help="level-0 height (default 8192)")
+    parser.add_argument("--tile-size", type=int, default=224, help="tile side at 0.5 µm/px (default 224)")
+    parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
+    parser.add_argument("--method", default="abmil_acc", help="a bag method (default abmil_acc)")
+    parser.add_argument(
+        "--backbone",
+        default=PIXELS16,
+        help=f"encoder (timm name; default {PIXELS16}, the smallest: decode-bound prediction)",
+    )
+    parser.add_argument("--no-heatmaps", action="store_true", help="as `predict --no-heatmaps`")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    add_target_argument(parser)
+    parser.add_argument(
+        "--cache", default=str(Path(tempfile.gettempdir()) / "bigslide-bench"), help="folder for the slides"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from bigslide.cli.predict import predict_to
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.table import SlideEntry, SlideTable
+    from bigslide.engine.cohort import read_cohort
+    from bigslide.engine.inference import load_trained
+
+    print(machine_line(), flush=True)
+    print(f"command: bigslide bench predict {' '.join(_argv(args))}", flush=True)
+    cache = Path(args.cache)
+    paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(args.slides)]
+    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    ckpt = _checkpoint(cache, args)
+    trained = load_trained(ckpt, device=args.device)
+    counts = [int(w) for w in args.workers.split(",")]
+
+    grids = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
+    n_tiles = sum(len(g) for g in grids.grids)
+    file_tiles = [touched_file_tiles(g.coords, g.plan.read_size, TILE) for g in grids.grids]
+    n_file_tiles = sum(len(f) for f in file_tiles)
+    model_alone = _model_step(trained, grids)
+    grids.slides.close()
+    print(
+        f"cohort: {args.slides} slides of {args.width} x {args.height} px (JPEG Q{QUALITY}, {TILE} px file "
+        f"tiles, {sum(p.stat().st_size for p in paths) / 1e6:.0f} MB); {n_tiles} tissue tiles of "
+        f"{args.tile_size} px at {MPP} µm/px, {n_file_tiles} file tiles decoded; {args.method} on "
+        f"{args.backbone}, {args.device}, heatmaps {'off' if args.no_heatmaps else 'on'}; "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+
+    floors = [DecodeFloor(p) for p in paths]
+
+    def floor(slides: range) -> float:
+        start = time.perf_counter()
+        for i in slides:
+            floors[i].decode_bags([file_tiles[i]], processes=1)
+        return time.perf_counter() - start
+
+    out = Path(tempfile.mkdtemp(prefix="bench-predict-", dir=cache))
+
+    def predict(w: int) -> int:
+        done = predict_to(
+            out,
+            trained,
+            table,
+            checkpoint=ckpt,
+            workers=w,
+            heatmaps=not args.no_heatmaps,
+            overwrite=True,
+            quiet=True,
+        )
+        return done.failed
+
+    def read(w: int) -> int:
+        failed = 0
+        for _rows, slide in read_cohort(trained, table, workers=w):
+            failed += slide.dataset is None
+            if slide.dataset is not None:
+                slide.dataset.slides.close()
+        return failed
+
+    runs: dict[str, tuple[int, Callable[[int], int]]] = {}
+    for w in counts:
+        runs[read_row(w)] = (w, read)
+        runs[predict_row(w)] = (w, predict)
+    timings: dict[str, list[float]] = {FLOOR_ROW: [], **{name: [] for name in runs}}
+    paired: dict[str, list[float]] = {name: [] for name in runs}
+    failed = 0
+    for _ in range(args.repeats):  # interleaved, so the machine's load hits every run alike
+        for name, (w, fn) in runs.items():
+            floor_time = floor(range(0, args.slides, 2))
+            start = time.perf_counter()
+            failed += fn(w)
+            run_time = time.perf_counter() - start
+            floor_time += floor(range(1, args.slides, 2))
+            timings[FLOOR_ROW].append(floor_time)
+            timings[name].append(run_time)
+            paired[name].append(floor_time / (w * run_time))
+    for f in floors:
+        f.close()
+    shutil.rmtree(out, ignore_errors=True)
+
+    print("\n| run | tiles/s, min | tiles/s, median | slides/s, median | vs 1-process floor |")
+    print("|---|---|---|---|---|")
+    floor_rate = n_tiles / statistics.median(timings[FLOOR_ROW])
+    for name, ts in timings.items():
+        rates = [n_tiles / t for t in ts]
+        print(
+            f"| {name} | {min(rates):.0f} | {statistics.median(rates):.0f} | "
+            f"{args.slides / statistics.median(ts):.2f} | {statistics.median(rates) / floor_rate:.2f}x |"
+        )
+    print(
+        f"(tiles/s counts the {n_tiles} tissue tiles; the floor decodes {n_file_tiles} file tiles: "
+        f"{n_file_tiles / statistics.median(timings[FLOOR_ROW]):.0f} file tiles/s; reading = the slides "
+        "through predict's loader, no model)"
+    )
+    one = statistics.median(timings[predict_row(counts[0])])
+    print(
+        f"model step alone (tiles in memory, this process): {model_alone:.2f} s for the cohort, "
+        f"{model_alone / one:.0%} of predict at {counts[0]} worker{'s' if counts[0] > 1 else ''}"
+    )
+    targets = Targets.from_args(args)
+    if failed:
+        targets.fail(f"predict: {failed} slide reads or predictions failed")
+    for name, (w, _fn) in runs.items():
+        what = f"{name} >= 0.8 x {w} x decode floor (median; min {min(paired[name]):.2f})"
+        targets.check(what, statistics.median(paired[name]), 0.8, at_most=False)
+    return targets.exit_code()
+
+
+FLOOR_ROW = "decode floor (1 process)"
+
+
+def predict_row(workers: int) -> str:
+    return f"predict, {workers} worker{'s' if workers > 1 else ''}"
+
+
+def read_row(workers: int) -> str:
+    return f"reading, {workers} worker{'s' if workers > 1 else ''}"
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    return [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if v not in (False, None) and k not in ("cache",)
+    ]
+
+
+def _checkpoint(cache: Path, args: argparse.Namespace) -> Path:
+    """An untrained model's checkpoint: prediction costs the same whatever the weights."""
+    import torch
+
+    from bigslide.engine import setup
+    from bigslide.engine.checkpoint import save_checkpoint
+    from bigslide.engine.config import TrainConfig
+
+    register_16_pixels()
+    config = TrainConfig()
+    config.method.name = args.method
+    config.model.backbone = args.backbone
+    config.data.tile_size = args.tile_size
+    config.data.target_mpp = MPP
+    torch.manual_seed(0)
+    method = setup.build_method(config, ["a", "b"], torch.device("cpu"))
+    state = {
+        "config": config.to_dict(),
+        "classes": ["a", "b"],
+        "method": args.method,
+        "model": method.model.state_dict(),
+    }
+    return save_checkpoint(state, cache / f"predict-{args.method}-{args.backbone}-{args.tile_size}.pt")
+
+
+def _model_step(trained: Any, grids: Any) -> float:
+    """Seconds the model takes on every slide's tiles already in memory (slide after slide)."""
+    from bigslide.engine.inference import predict_samples, read_samples
+
+    total = 0.0
+    for i in range(len(grids)):
+        samples = read_samples(grids, i, 0, None)
+        start = time.perf_counter()
+        predict_samples(trained.method, grids, samples, with_grids=True)
+        total += time.perf_counter() - start
+    return total
+
+
+def register_16_pixels() -> None:
+    """`bench_16_pixels` as a timm model name (this process only)."""
+    import timm
+    from timm.models import register_model
+    from torch import nn
+
+    class SixteenPixels(nn.Module):
+        """(B, 3, H, W) -> (B, 48): 16 pixels of each tile on a 4 x 4 grid, the least a model can look at."""
+
+        num_features = 48
+
+        def __init__(self, num_classes: int = 0) -> None:
+            super().__init__()
+            self.fc = nn.Linear(48, num_classes) if num_classes else nn.Identity()
+
+        def forward(self, x: Any) -> Any:
+            h, w = x.shape[-2] // 4, x.shape[-1] // 4
+            return self.fc(x[:, :, h // 2 :: h, w // 2 :: w][:, :, :4, :4].flatten(1))
+
+    def bench_16_pixels(pretrained: bool = False, num_classes: int = 0, **_: Any) -> nn.Module:
+        return SixteenPixels(num_classes)
+
+    if PIXELS16 not in timm.list_models(PIXELS16):
+        register_model(bench_16_pixels)

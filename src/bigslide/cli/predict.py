@@ -1,0 +1,209 @@
+"""`bigslide predict`: a cohort of slides through a trained checkpoint, resumable, with a progress bar.
+
+Slides are read ahead by the loader's decode processes (`--workers`, default data.workers as in
+training) while the model predicts one slide at a time. Each slide's outputs are written as soon as it is
+predicted (`slide_rows`); a rerun keeps the slides already done (`--overwrite` predicts them again), and
+`predictions.csv` is rebuilt from every slide's row at the end. A slide that fails (a file that does not
+open, a tile that does not decode) gets its error in the CSV and on stderr while the others go on; the exit
+status is then 1 (0: every slide predicted; 2: bad input before any slide, e.g. the table or checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from bigslide.cli import slide_rows
+from bigslide.cli.progress import stop_requests
+from bigslide.data.endpoint import Endpoint
+from bigslide.data.table import SlideTable
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.cohort import SlideOutcome, predict_cohort
+from bigslide.engine.inference import SlideFailure, Trained, load_trained
+from bigslide.errors import ConfigError, DataError
+
+
+@dataclass
+class CohortRun:
+    """What one `predict` invocation did."""
+
+    predicted: int
+    skipped: int
+    failed: int
+    tiles: int
+    seconds: float
+    csv: Path | None  # None when stopped before the end
+
+    def line(self) -> str:
+        rate = (self.predicted + self.failed) / self.seconds if self.seconds else 0.0
+        tiles = f", {self.tiles / self.seconds:.0f} tiles/s" if self.tiles and self.seconds else ""
+        return (
+            f"{self.predicted} slides predicted, {self.skipped} skipped (outputs present), {self.failed} "
+            f"failed; wall time {self.seconds:.1f} s ({rate:.2f} slides/s{tiles})"
+        )
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """The `predict` command: its exit status."""
+    state = load_checkpoint(args.checkpoint)
+    classes = [str(c) for c in state["classes"]]
+    endpoint = Endpoint.from_state(state.get("endpoint"), classes)
+    # the task's columns are optional here, but a label the model does not know is a typo
+    table = SlideTable.from_csv(
+        args.slides,
+        classes=classes if endpoint.task == "classification" else None,
+        labels_required=False,
+        task=endpoint.task,
+    )
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers {args.workers}: must be >= 0")
+    trained = load_trained(args.checkpoint, device=args.device or "auto")
+    run = predict_to(
+        Path(args.out),
+        trained,
+        table,
+        checkpoint=args.checkpoint,
+        workers=args.workers,
+        repeats=args.repeats,
+        slide_mpp=args.slide_mpp,
+        heatmaps=not args.no_heatmaps,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
+    print(run.line())
+    if run.csv is None:
+        print("bigslide: stopped; the slides predicted so far are kept: run again to go on", file=sys.stderr)
+        return 130
+    print(f"predictions: {run.csv}")
+    if (run.csv.parent / "km.png").is_file():
+        print(f"Kaplan-Meier plot: {run.csv.parent / 'km.png'}")
+    return 1 if run.failed else 0
+
+
+def predict_to(
+    out: Path,
+    trained: Trained,
+    table: SlideTable,
+    *,
+    checkpoint: str | Path,
+    workers: int | None = None,
+    repeats: int = 0,
+    slide_mpp: float | None = None,
+    heatmaps: bool = True,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> CohortRun:
+    """Predict `table`'s slides into `out` (per-slide outputs, then `predictions.csv`), keeping the slides
+    an earlier run predicted with the same settings unless `overwrite`. Ctrl-C stops after the slide
+    being predicted (its outputs and those waiting are written whole); the run then returns with no CSV."""
+    start = time.perf_counter()
+    fallback_mpp = slide_mpp if slide_mpp is not None else trained.config.data.slide_mpp
+    settings = {
+        "checkpoint": slide_rows.checkpoint_digest(checkpoint),
+        "repeats": repeats,
+        "slide_mpp": fallback_mpp,
+    }
+    todo = [
+        i
+        for i, e in enumerate(table.entries)
+        if overwrite or not slide_rows.kept(out, e.path, settings, heatmaps=heatmaps)
+    ]
+    skipped = len(table) - len(todo)
+    tally = _Tally(start, tqdm(total=len(todo), unit="slide", dynamic_ncols=True, disable=quiet or not todo))
+    outcomes = predict_cohort(
+        trained,
+        table,
+        todo=todo,
+        workers=workers,
+        repeats=repeats,
+        slide_mpp=fallback_mpp,
+        with_grids=heatmaps,
+    )
+    # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
+    # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.
+    writes: deque[tuple[SlideOutcome, Future[None]]] = deque()
+
+    def settle(keep: int) -> None:
+        while len(writes) > keep:
+            outcome, written = writes.popleft()
+            written.result()
+            tally.add(outcome)
+
+    stopped = False
+    with stop_requests() as stop:
+        writer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-write")
+        try:
+            for outcome in outcomes:
+                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps)))
+                settle(WRITES_AHEAD)
+                if stop.is_set():
+                    stopped = True
+                    break
+            settle(0)
+        except KeyboardInterrupt:
+            stopped = True
+        finally:
+            outcomes.close()  # stop reading ahead; join the decode processes
+            writer.shutdown(wait=True)  # the slides already predicted are written, whole
+            for outcome, written in writes:
+                if written.exception() is None:
+                    tally.add(outcome)
+            tally.bar.close()
+    predicted, failed, tiles = tally.predicted, tally.failed, tally.tiles
+    csv = None
+    if not stopped:
+        method = trained.method
+        csv = slide_rows.assemble_predictions(
+            out,
+            table,
+            classes=trained.classes,
+            endpoint=method.spec.endpoint or Endpoint(classes=trained.classes),
+            titles=dict(method.map_titles),
+            epochs=trained.epochs,
+        )
+    return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv)
+
+
+WRITES_AHEAD = 1
+
+
+@dataclass
+class _Tally:
+    """Slides written so far, on the progress bar."""
+
+    start: float
+    bar: tqdm
+    predicted: int = 0
+    failed: int = 0
+    tiles: int = 0
+
+    def add(self, outcome: SlideOutcome) -> None:
+        if isinstance(outcome.result, SlideFailure):
+            self.failed += 1
+            tqdm.write(f"{outcome.result.slide}: failed: {outcome.result.error}", file=sys.stderr)
+        else:
+            self.predicted += 1
+        self.tiles += outcome.tiles
+        self.bar.update()
+        if self.tiles:
+            self.bar.set_postfix_str(f"{self.tiles / (time.perf_counter() - self.start):.0f} tiles/s")
+
+
+def _write(out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool) -> None:
+    try:
+        slide_rows.write_slide_outputs(
+            out, outcome.result, settings=settings, heatmaps=heatmaps, tiles=outcome.tiles
+        )
+    except OSError as err:  # a full disk, a folder not ours: the run cannot go on
+        raise DataError(
+            f"{err.filename or out}: cannot write the outputs of {outcome.result.slide}: "
+            f"{err.strerror or err}"
+        ) from None

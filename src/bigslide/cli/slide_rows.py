@@ -1,0 +1,110 @@
+"""Per-slide outputs of `bigslide predict`, and `predictions.csv` assembled from them.
+
+Each slide, once predicted, gets its heatmaps (`heatmaps/<stem>.<map>.npz|png|geojson`) and then its row,
+`slides/<stem>.<key>.json` (key: a digest of the slide's path, so two slides of one name in different
+folders keep apart): the prediction's outputs, or the slide's error, with the settings it was predicted
+with. Every file is written under a temporary name and renamed, and the row last, so a row on disk means
+the slide's outputs are whole. A rerun keeps the slides whose row holds a prediction made with the same
+checkpoint (by content), repeats and slide_mpp (and heatmaps, when asked for) and predicts the others,
+failed ones included. `predictions.csv` is then rebuilt from the rows of the table's slides, in table order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bigslide.cli.report import write_heatmaps, write_predictions
+from bigslide.data.endpoint import Endpoint
+from bigslide.data.table import SlideTable
+from bigslide.engine.inference import SlideFailure, SlidePrediction
+from bigslide.files import atomic_write_text
+
+ROWS = "slides"
+HEATMAPS = "heatmaps"
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """sha256 of the checkpoint file: rows are kept only for the weights that made them."""
+    with Path(path).open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def row_path(out: Path, slide: Path) -> Path:
+    key = hashlib.sha256(str(slide).encode()).hexdigest()[:12]
+    return out / ROWS / f"{slide.name.split('.')[0]}.{key}.json"
+
+
+def write_slide_outputs(
+    out: Path,
+    result: SlidePrediction | SlideFailure,
+    *,
+    settings: dict[str, Any],
+    heatmaps: bool,
+    tiles: int = 0,
+) -> Path:
+    """The slide's heatmaps (a prediction's, when `heatmaps`), then its row."""
+    row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
+    if isinstance(result, SlideFailure):
+        row |= {"error": result.error, "outputs": None, "heatmaps": None}
+    else:
+        files = write_heatmaps(result, out / HEATMAPS) if heatmaps else None
+        row |= {
+            "error": "",
+            # JSON numbers round-trip a float exactly; the dtype brings back the very array predicted
+            "outputs": np.atleast_1d(result.probs).astype(float).tolist(),
+            "dtype": str(np.asarray(result.probs).dtype),
+            "heatmaps": None if files is None else [str(p.relative_to(out)) for p in files],
+        }
+    return atomic_write_text(row_path(out, result.slide), json.dumps(row, indent=1) + "\n")
+
+
+def read_row(out: Path, slide: Path) -> dict[str, Any] | None:
+    """The slide's row, or None when there is none (or an unreadable one: predicted again)."""
+    try:
+        row = json.loads(row_path(out, slide).read_text())
+    except (OSError, ValueError):
+        return None
+    return row if isinstance(row, dict) and row.get("slide") == str(slide) else None
+
+
+def kept(out: Path, slide: Path, settings: dict[str, Any], *, heatmaps: bool) -> bool:
+    """Whether an earlier run's outputs for `slide` stand for this run: a prediction (not an error) with
+    the same settings, and its heatmaps on disk when this run wants them."""
+    row = read_row(out, slide)
+    if row is None or row.get("error") or row.get("outputs") is None or row.get("settings") != settings:
+        return False
+    if not heatmaps:
+        return True
+    files = row.get("heatmaps")
+    return files is not None and all((out / f).is_file() for f in files)
+
+
+def assemble_predictions(
+    out: Path,
+    table: SlideTable,
+    *,
+    classes: list[str],
+    endpoint: Endpoint,
+    titles: dict[str, str] | None = None,
+    epochs: int = 0,
+) -> Path:
+    """`predictions.csv` (and the survival plot) from the rows of `table`'s slides, in table order; a
+    slide without a row (not reached yet) is left out."""
+    results: list[SlidePrediction | SlideFailure] = []
+    for entry in table.entries:
+        row = read_row(out, entry.path)
+        if row is None:
+            continue
+        if row.get("outputs") is None:
+            results.append(SlideFailure(entry.path, str(row.get("error") or "no outputs")))
+        else:
+            probs = np.asarray(row["outputs"], dtype=np.dtype(row.get("dtype", "float64")))
+            results.append(
+                SlidePrediction(entry.path, probs, classes, {}, dict(titles or {}), epochs, endpoint)
+            )
+    return write_predictions(results, out, heatmaps=False, table=table, endpoint=endpoint)

@@ -1,0 +1,145 @@
+"""Bags of stored tile features (`data.features`): item i = rows of slide i's feature file.
+
+The rows are sampled exactly as `BagDataset` samples tiles, from (seed, epoch, slide, repeat), so a bigslide
+file, whose rows are the slide's tile grid in order, gives the same tiles as reading the pixels would. The
+files are attached by the engine once it knows the encoder (`attach`), which first writes the missing ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bigslide.data.bags import BagDataset
+from bigslide.data.endpoint import Endpoint
+from bigslide.data.feature_store import (
+    ExpectedTiles,
+    FeatureFile,
+    StoreSettings,
+    check_unique_names,
+    feature_path,
+    open_feature_file,
+)
+from bigslide.data.processes import Pool
+from bigslide.data.sample import Sample
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideTable
+from bigslide.errors import DataError
+from bigslide.grid import TileGrid
+from bigslide.resolution import DEFAULT_MPP
+
+
+class FeatureBagDataset(BagDataset):
+    """Bags of `bag_size` rows of each slide's feature file in `folder` (0 = every row), unaugmented.
+
+    `foreign_dim` > 0 also takes files of other tools (CLAM, TRIDENT) of that width: their rows are their
+    own tiles, not this run's grid, and nothing is extracted for a slide without a file.
+    """
+
+    decodes_tiles = False  # the loader starts no decoding processes for it
+
+    def __init__(
+        self,
+        table: SlideTable,
+        folder: str | Path,
+        *,
+        tile_size: int,
+        target_mpp: float = DEFAULT_MPP,
+        bag_size: int = 32,
+        min_tissue: float = 0.6,
+        seed: int = 0,
+        slides: SlideCache | None = None,
+        endpoint: Endpoint | None = None,
+        foreign_dim: int = 0,
+    ) -> None:
+        # Not BagDataset.__init__: a slide's tile grid is needed only to extract or check bigslide's own
+        # files, so it is made on demand (`grid`), and foreign files need none.
+        several = next((c for c, rows in table.cases().items() if len(rows) > 1), None)
+        if several is not None:
+            raise DataError(
+                f"case {several!r} has {len(table.cases()[several])} slides, and bags of stored features "
+                "are read slide by slide: leave data.features unset to train on cases of several slides"
+            )
+        self.items = [[i] for i in range(len(table))]
+        self.table = table
+        self.folder = Path(folder)
+        self.endpoint = endpoint or Endpoint(classes=list(table.classes))
+        self.tile_size = tile_size
+        self.target_mpp = target_mpp
+        self.bag_size = bag_size
+        self.min_tissue = min_tissue
+        self.augment = False  # stored features are of the tiles as read
+        self.seed = seed
+        self.epoch = 0
+        self.slides = slides or SlideCache()
+        self.foreign_dim = foreign_dim
+        self.grids: list[TileGrid] = []  # unused: rows come from the files
+        self._grids: dict[int, TileGrid] = {}
+        self.files: list[FeatureFile | None] = [None] * len(table)
+        check_unique_names(self.folder, [e.path for e in table.entries])
+
+    def path(self, i: int) -> Path:
+        return feature_path(self.folder, self.table.entries[i].path)
+
+    def grid(self, i: int) -> TileGrid:
+        """Slide i's tile grid at this run's tile size, resolution and tissue threshold."""
+        grid = self._grids.get(i)
+        if grid is None:
+            entry = self.table.entries[i]
+            grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue)
+            if len(grid) == 0:
+                raise DataError(
+                    f"{entry.path}: no tile of {self.tile_size} px at {self.target_mpp} µm/px has tissue "
+                    f">= {self.min_tissue}"
+                    + (f" inside the regions of {entry.regions}" if entry.regions else "")
+                )
+            self._grids[i] = grid
+        return grid
+
+    def expected_tiles(self, i: int) -> ExpectedTiles:
+        grid = self.grid(i)
+        mpp = grid.slide_mpp or (DEFAULT_MPP, DEFAULT_MPP)
+        return ExpectedTiles(grid.coords, grid.tile_size_level0, (float(mpp[0]), float(mpp[1])))
+
+    def attach(self, i: int, settings: StoreSettings) -> FeatureFile:
+        """Open and check slide i's feature file (it must exist by now); a bigslide file must hold this
+        run's tile grid of the slide, row for row."""
+        path = self.path(i)
+        if not path.is_file():
+            raise DataError(
+                f"{self.table.entries[i].path}: no feature file {path}"
+                + (" (bigslide does not extract features beside foreign ones)" if self.foreign_dim else "")
+            )
+        file = open_feature_file(path, settings, foreign_dim=self.foreign_dim)
+        if not file.foreign:
+            self.expected_tiles(i).check(file)
+        self.files[i] = file
+        return file
+
+    def file(self, i: int) -> FeatureFile:
+        file = self.files[i]
+        if file is None:
+            raise RuntimeError(f"{self.path(i)}: feature file not attached (the engine attaches it)")
+        return file
+
+    def tile_count(self, i: int) -> int:
+        return self.file(i).rows
+
+    def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
+        """Rows `indices` (increasing) of slide i's features, with their tiles' level-0 corners."""
+        file = self.file(i)
+        entry = self.table.entries[i]
+        rows = file.read(None if len(indices) == file.rows else indices)
+        return Sample(
+            x=torch.from_numpy(rows),
+            y=self.endpoint.target(entry),
+            slide=str(entry.path),
+            coords=file.coords[indices],
+            tile_size_level0=file.tile_size_level0,
+            features=True,
+        )
+
+    def load(self, i: int, pool: Pool) -> Sample:
+        return self.read_bag(i, self.tile_indices(i))

@@ -1,0 +1,188 @@
+"""Predict a cohort: slides read ahead by the loader's decode processes, predicted in table order, and a
+slide that cannot be read or predicted reported with its error while the others go on.
+
+Each slide, or each case of several slides (one bag over them all), is read as a dataset of its own (its
+tile grids or image box made on a loader thread, its tiles decoded in the loader's worker processes), so
+several are in flight while the model predicts one, and a prediction depends on that slide (case) and the
+checkpoint only, never on the other rows: a resumed or reordered cohort predicts every slide the same.
+Bags of every tile (repeats 0) and image methods predict exactly what `predict_slides` does; sampled bags
+(repeats > 0) are drawn with the run's seed for each slide (case) as the only one of its table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bigslide.data.bags import BagDataset
+from bigslide.data.endpoint import Endpoint
+from bigslide.data.images import SlideImageDataset
+from bigslide.data.loader import BatchLoader
+from bigslide.data.processes import Pool
+from bigslide.data.sample import Sample
+from bigslide.data.slides import SlideCache
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.engine import setup
+from bigslide.engine.config import TrainConfig
+from bigslide.engine.inference import (
+    SlideFailure,
+    SlidePrediction,
+    Trained,
+    predict_samples,
+    prediction_table,
+    read_samples,
+)
+from bigslide.errors import BigslideError
+from bigslide.methods.base import Method
+
+
+@dataclass
+class SlideOutcome:
+    """One slide of the cohort: its prediction, or why it has none."""
+
+    index: int  # row of the table
+    result: SlidePrediction | SlideFailure
+    tiles: int = 0  # tiles read (bag methods)
+
+
+class SlideRead(NamedTuple):
+    dataset: BagDataset | SlideImageDataset | None
+    samples: list[Sample]
+    error: str  # empty when read
+
+
+def describe(err: BaseException) -> str:
+    """One line for a slide's error: bigslide's own messages name the file; others get their type."""
+    text = str(err) if isinstance(err, BigslideError) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split())
+
+
+class CohortSlides:
+    """Item i = case i of `table` (a slide, without a case column), read whole for prediction on the
+    loader's decode processes; a case that cannot be read is an item carrying its error, so the loader
+    reads on."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        kind: str,
+        table: SlideTable,
+        endpoint: Endpoint,
+        *,
+        repeats: int,
+        slide_mpp: float | None,
+    ) -> None:
+        self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
+        self.repeats, self.slide_mpp = repeats, slide_mpp
+        self.items = list(table.cases().values())  # table rows of each case
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> SlideRead:
+        return self.load(i, None)
+
+    def load(self, i: int, pool: Pool) -> SlideRead:
+        slides = SlideCache(slide_mpp=self.slide_mpp)  # closed once the slide is predicted
+        try:
+            dataset = setup.build_dataset(
+                self.config,
+                self.kind,
+                self.table.like([self.table.entries[r] for r in self.items[i]]),
+                train=False,
+                slides=slides,
+                endpoint=self.endpoint,
+            )
+            return SlideRead(dataset, read_samples(dataset, 0, self.repeats, pool), "")
+        except Exception as err:  # this slide is reported; the cohort goes on
+            slides.close()
+            return SlideRead(None, [], describe(err))
+
+
+def predict_cohort(
+    trained: Trained,
+    table: SlideTable,
+    *,
+    todo: Sequence[int] | None = None,
+    workers: int | None = None,
+    repeats: int = 0,
+    slide_mpp: float | None = None,
+    with_grids: bool = True,
+) -> Generator[SlideOutcome, None, None]:
+    """Predict the rows `todo` of `table` (all by default), in order, one outcome per slide.
+
+    The slides of a case are predicted together (rows of a case not in `todo` too) and each gets an
+    outcome. Slides are read ahead on `workers` decode processes (None: as in training,
+    `default_workers()`; 0: in this process), at most max(data.prefetch, workers + 1) slides (cases) at
+    once: their tiles are held in memory until predicted. `slide_mpp` is the level-0 µm/px of slides whose
+    files state none (None: the checkpoint's data.slide_mpp). Closing the generator stops the reading and
+    joins every thread and process.
+    """
+    method, _config, classes, epochs = trained
+    endpoint = method.spec.endpoint or Endpoint(classes=classes)
+    reads = read_cohort(trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp)
+    try:
+        for rows, read in reads:
+            entries = [table.entries[r] for r in rows]
+            if read.dataset is None:
+                yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
+                continue
+            tiles = sum(len(s.coords) for s in read.samples if s.coords is not None)
+            results = _predict(method, read, entries, with_grids, classes, epochs, endpoint)
+            del read  # the tiles' shared buffer is free for the slides read next
+            for k, (r, result) in enumerate(zip(rows, results, strict=True)):
+                yield SlideOutcome(r, result, tiles if k == 0 else 0)
+    finally:
+        reads.close()
+
+
+def read_cohort(
+    trained: Trained,
+    table: SlideTable,
+    *,
+    todo: Sequence[int] | None = None,
+    workers: int | None = None,
+    repeats: int = 0,
+    slide_mpp: float | None = None,
+) -> Generator[tuple[list[int], SlideRead], None, None]:
+    """(the case's rows, what was read) for the cases of the rows `todo` of `table`, in order, read ahead
+    as `predict_cohort` describes. A read holds a dataset of the case's own (close its `slides` when done)."""
+    method, config, classes, _epochs = trained
+    endpoint = method.spec.endpoint or Endpoint(classes=classes)
+    table = prediction_table(table, classes, endpoint)
+    fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
+    reader = CohortSlides(config, method.kind, table, endpoint, repeats=repeats, slide_mpp=fallback_mpp)
+    wanted = set(range(len(table)) if todo is None else todo)
+    order = [[k] for k, rows in enumerate(reader.items) if wanted & set(rows)]
+    with BatchLoader(reader, workers=workers, prefetch=config.data.prefetch) as loader:
+        loader.plan(order)
+        for batch in order:
+            # handed over, not kept: the slide's tiles (a shared buffer) are freed once the caller drops them
+            yield reader.items[batch[0]], loader.take(batch).pop()
+
+
+def _predict(
+    method: Method,
+    read: SlideRead,
+    entries: list[SlideEntry],
+    with_grids: bool,
+    classes: list[str],
+    epochs: int,
+    endpoint: Endpoint,
+) -> list[SlidePrediction | SlideFailure]:
+    """Per slide of the case read: the case's prediction with the slide's own heatmaps, or the error."""
+    assert read.dataset is not None
+    try:
+        probs, grids = predict_samples(method, read.dataset, read.samples, with_grids=with_grids)
+    except Exception as err:  # e.g. out of memory on one huge slide
+        return [SlideFailure(e.path, describe(err)) for e in entries]
+    finally:
+        read.dataset.slides.close()
+    titles = dict(method.map_titles)
+    return [
+        SlidePrediction(
+            e.path, probs, classes, (grids or {}).get(str(e.path), {}), titles, epochs, endpoint, e.case
+        )
+        for e in entries
+    ]
