@@ -64,3 +64,22 @@ def test_a_table_without_what_the_task_needs_is_named_before_start(dock: Any, su
     assert problems[0].startswith(
         f"slide(s) without time and event for survival: {session.rows[3].path.name}"
     )
+
+
+def test_stain_settings_from_the_train_panel_reach_the_run(
+    dock: Any, survival_set: Path, tmp_path: Path
+) -> None:
+    dock("Slides").load_csv(survival_set)
+    widget = dock("Train")
+    widget.data_form.set_values(
+        {"stain_augment": True, "stain_augment_strength": 1.5, "stain_normalise": "macenko"}
+    )
+    widget.out_dir.setText(str(tmp_path / "runs"))
+    config = widget.write_config()
+    saved = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
+    for c in (config, saved):
+        assert (c.data.stain_augment, c.data.stain_augment_strength, c.data.stain_normalise) == (
+            True,
+            1.5,
+            "macenko",
+        )

@@ -44,7 +44,15 @@ if TYPE_CHECKING:
     import napari
 
 BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
-DATA_FIELDS = ("bag_size", "image_size", "batch_size", "augment")
+DATA_FIELDS = (
+    "bag_size",
+    "image_size",
+    "batch_size",
+    "augment",
+    "stain_augment",
+    "stain_augment_strength",
+    "stain_normalise",
+)
 KIND_FIELDS = {"bag": ("bag_size",), "image": ("image_size", "batch_size")}
 PLOTTED_METRICS = ("accuracy", "auc", "c_index", "pearson_r")  # classes; survival; regression
 GIL_SWITCH_S = 0.001
