@@ -136,7 +136,12 @@ class DataConfig:
         },
     )
     inference_repeats: int = field(
-        default=1, metadata={"min": 0, "help": "sampled bags averaged at inference (0 = all tiles)"}
+        default=1,
+        metadata={
+            "min": 0,
+            "help": "sampled bags averaged when validating each epoch (0 = all tiles); the test split and "
+            "bigslide predict read every tile",
+        },
     )
     features: str | None = field(
         default=None,

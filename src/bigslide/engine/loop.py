@@ -249,7 +249,8 @@ def train(
         ranks.close()
     test = None
     if test_ds is not None:
-        preds = predict_dataset(method, test_ds, repeats=config.data.inference_repeats)
+        # every tile, as `bigslide predict` reads a slide: the figure a user reproduces from the CLI
+        preds = predict_dataset(method, test_ds, repeats=0)
         test = endpoint_metrics(endpoint, preds.labels, preds.probs)
         if endpoint.task == "survival" and ranks.is_main and len(preds.labels) >= 2:
             from bigslide.explain.survival import km_plot, risk_groups
