@@ -13,6 +13,7 @@ import torch
 
 from bigslide.cli.main import main
 from bigslide.data.bags import BagDataset
+from bigslide.data.feature_bags import FeatureBagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.table import SlideTable
 from bigslide.engine.inference import load_trained, predict_dataset
@@ -79,8 +80,14 @@ def test_case_tables_refuse_split_disagreement_and_image_methods(cases_csv: Path
         DataError, match=r"broken.csv, row 3: case 'case_000' is in split 'train' here but in 'val' at row 2"
     ):
         SlideTable.from_csv(broken)
+    table = SlideTable.from_csv(cases_csv)
     with pytest.raises(DataError, match=r"case 'case_000' has 3 slides, and whole-image methods"):
-        SlideImageDataset(SlideTable.from_csv(cases_csv), image_size=64)
+        SlideImageDataset(table, image_size=64)
+    with pytest.raises(DataError, match=r"case 'case_000' has 3 slides: stain normalisation is fitted"):
+        BagDataset(table, tile_size=32, stain_normalise="macenko")
+    with pytest.raises(DataError, match=r"case 'case_000' has 3 slides, and bags of stored features"):
+        FeatureBagDataset(table, tmp_path / "features", tile_size=32)
+    assert without_cases(table).case_of_several() is None
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,13 @@ class BagDataset(Dataset[Sample]):
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
     ) -> None:
+        several = table.case_of_several()
+        if stain_normalise != "none" and several is not None:  # refused before any slide is read
+            raise DataError(
+                f"case {several[0]!r} has {several[1]} slides: stain normalisation is "
+                "fitted slide by slide and a case's bag mixes its slides; set data.stain_normalise: none "
+                "(data.stain_augment draws one perturbation per case)"
+            )
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.tile_size = tile_size
@@ -85,13 +92,6 @@ class BagDataset(Dataset[Sample]):
                 )
             self.grids.append(grid)
         self.items = list(table.cases().values())  # table rows of each case, in table order
-        several = next((rows for rows in self.items if len(rows) > 1), None)
-        if stain_normalise != "none" and several is not None:
-            raise DataError(
-                f"case {table.entries[several[0]].case!r} has {len(several)} slides: stain normalisation is "
-                "fitted slide by slide and a case's bag mixes its slides; set data.stain_normalise: none "
-                "(data.stain_augment draws one perturbation per case)"
-            )
 
     def __len__(self) -> int:
         return len(self.items)

@@ -56,10 +56,10 @@ class FeatureBagDataset(BagDataset):
     ) -> None:
         # Not BagDataset.__init__: a slide's tile grid is needed only to extract or check bigslide's own
         # files, so it is made on demand (`grid`), and foreign files need none.
-        several = next((c for c, rows in table.cases().items() if len(rows) > 1), None)
+        several = table.case_of_several()
         if several is not None:
             raise DataError(
-                f"case {several!r} has {len(table.cases()[several])} slides, and bags of stored features "
+                f"case {several[0]!r} has {several[1]} slides, and bags of stored features "
                 "are read slide by slide: leave data.features unset to train on cases of several slides"
             )
         self.items = [[i] for i in range(len(table))]

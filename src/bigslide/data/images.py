@@ -68,10 +68,10 @@ class SlideImageDataset(Dataset[Sample]):
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
     ) -> None:
-        several = next((c for c, rows in table.cases().items() if len(rows) > 1), None)
+        several = table.case_of_several()
         if several is not None:
             raise DataError(
-                f"case {several!r} has {len(table.cases()[several])} slides, and whole-image methods "
+                f"case {several[0]!r} has {several[1]} slides, and whole-image methods "
                 "read one image per slide: train a MIL method (abmil_acc, full_bag, frozen_abmil, "
                 "biglayer_mil) on cases of several slides, or drop the table's case column"
             )

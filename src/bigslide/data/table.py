@@ -86,6 +86,11 @@ class SlideTable:
             out.setdefault(e.case_id, []).append(i)
         return out
 
+    def case_of_several(self) -> tuple[str, int] | None:
+        """The first case made of more than one slide, with its number of slides; None when every case is
+        one slide (for what reads slides one by one)."""
+        return next(((c, len(rows)) for c, rows in self.cases().items() if len(rows) > 1), None)
+
     def strata(self, case_rows: list[list[int]]) -> np.ndarray:
         """What splits are stratified by, one value per case: the class, the event (survival), or
         nothing (regression)."""
