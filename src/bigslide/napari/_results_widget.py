@@ -359,5 +359,7 @@ class ResultsWidget(QWidget):
 def _predict(checkpoint: Path, slide: str, **kwargs: Any) -> Any:
     # imported here, in the worker thread: the first import of torch and timm takes most of a second
     from bigslide.engine.inference import predict_slide
+    from bigslide.napari._gc import settle_imports
 
+    settle_imports()
     return predict_slide(checkpoint, slide, **kwargs)

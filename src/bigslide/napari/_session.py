@@ -177,8 +177,10 @@ def session_for(viewer: napari.Viewer) -> Session:
     session = _SESSIONS.get(viewer)
     if session is None:
         from bigslide.data.processes import fork_from_server
+        from bigslide.napari._gc import settle_imports
 
         fork_from_server()
+        settle_imports()
         session = _SESSIONS[viewer] = Session()
         _wire(viewer, session)
     return session

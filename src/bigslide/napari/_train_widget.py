@@ -34,6 +34,7 @@ from bigslide.engine.config import DataConfig, ModelConfig, OptimConfig, TrainCo
 from bigslide.engine.events import CheckpointSaved, Loss, Message, Metrics, Progress
 from bigslide.errors import BigslideError
 from bigslide.napari._forms import DataclassForm
+from bigslide.napari._gc import settle_imports
 from bigslide.napari._plot import LinePlot
 from bigslide.napari._qt import combo_box, float_box, spin_box
 from bigslide.napari._roles import slide_layers
@@ -242,6 +243,7 @@ class TrainWidget(QWidget):
             show_error(text)
             return None
         _limit_torch_threads()
+        settle_imports()
         self.run_gen = train(config)
         self.stopped = False
         self.last_checkpoint = None
