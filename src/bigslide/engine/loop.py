@@ -35,7 +35,7 @@ from bigslide.engine.checkpoint import (
     set_rng_state,
 )
 from bigslide.engine.config import TrainConfig
-from bigslide.engine.distributed import from_environment
+from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import predict_dataset
@@ -44,7 +44,7 @@ from bigslide.engine.metrics import endpoint_metrics
 from bigslide.errors import ConfigError, TrainingError
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
-from bigslide.methods.base import Method, get_method
+from bigslide.methods.base import Method, StepResult, get_method
 
 
 @dataclass
@@ -85,6 +85,27 @@ def train(
     config: TrainConfig, *, resume: bool = False, data: setup.RunData | None = None
 ) -> Generator[Event, None, RunResult]:
     """Train `config.method` on the configured data (or on `data`); yields events at least once per batch."""
+    run = yield from _start(config, data)
+    try:
+        resumed = resume and run.ckpt.is_file()
+        if resumed:
+            yield run.restore()
+        run.open_logs(resumed)
+        try:
+            while run.state["epoch"] < config.optim.epochs and run.state["step"] < run.total:
+                yield from run.epoch()
+        except GeneratorExit:  # stopped: keep what was trained since the last checkpoint
+            if run.state["step"] != run.saved_at:
+                run.save()
+            raise
+    finally:
+        run.close()
+    test = yield from run.score_test()
+    return run.finish(test)
+
+
+def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, None, _Run]:
+    """Everything a run needs before its first batch: ranks, data, method, optimizer and schedule."""
     out = Path(config.run.out_dir)
     ranks = from_environment(config.run.device, timeout_s=config.run.dist_timeout)
     if ranks.is_main:
@@ -93,10 +114,8 @@ def train(
     seed_everything(config.run.seed, deterministic=config.run.deterministic)
     device = ranks.device or setup.resolve_device(config.run.device)
 
-    method_kind = get_method(config.method.name).kind
     slides = SlideCache(slide_mpp=config.data.slide_mpp)
-    data = data or setup.build_data(config, method_kind, slides)
-    train_ds, val_ds, test_ds = data.train, data.val, data.test
+    data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
     endpoint = data.endpoint
     assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
@@ -107,161 +126,221 @@ def train(
             "step; use data.survival_loss: nll"
         )
     if config.data.features:
-        yield from attach_feature_store(config, method, (train_ds, val_ds, test_ds))
-    loader = BatchLoader(train_ds, workers=config.data.workers, prefetch=config.data.prefetch)
+        yield from attach_feature_store(config, method, (data.train, data.val, data.test))
     ranks.broadcast_module(method.model)
-    if not ranks.is_main:
-        val_ds = test_ds = None  # rank 0 validates and saves; the others only train
-    n_val = len(val_ds) if val_ds is not None else 0
+    # rank 0 validates and saves; the others only train
+    val, test = (data.val, data.test) if ranks.is_main else (None, None)
     yield Message(
-        f"{method.name} on {device.type}: {len(train_ds)} train / {n_val} val items, {_predicts(endpoint)}"
+        f"{method.name} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
+        f"val items, {_predicts(endpoint)}"
     )
 
-    batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(train_ds)))) / batch_size)
+    batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(data.train)))) / batch_size)
     total = config.optim.epochs * batches_per_epoch
     if config.optim.max_steps:
         total = min(total, config.optim.max_steps)
     optimizer = setup.build_optimizer(config, method)
-    schedule = setup.build_schedule(config, optimizer, total)
-    amp = None if config.run.amp == "none" else config.run.amp
     stepper = OptimStepper(
         optimizer,
         grad_clip=config.optim.grad_clip,
-        amp=amp,
+        amp=None if config.run.amp == "none" else config.run.amp,
         device=device,
         accumulate=config.optim.accumulate,
         grad_sync=ranks.average_gradients if ranks.active else None,
     )
+    return _Run(
+        config=config,
+        ranks=ranks,
+        slides=slides,
+        data=data,
+        endpoint=endpoint,
+        method=method,
+        val=val,
+        test=test,
+        batch_size=batch_size,
+        total=total,
+        optimizer=optimizer,
+        schedule=setup.build_schedule(config, optimizer, total),
+        stepper=stepper,
+        loader=BatchLoader(data.train, workers=config.data.workers, prefetch=config.data.prefetch),
+        loss_log=LossLog(out / "losses.csv"),
+    )
 
-    state = {"epoch": 0, "batch": 0, "step": 0}
-    history: list[dict[str, Any]] = []
-    ckpt = checkpoint_path(config)
-    resumed = resume and ckpt.is_file()
-    if resumed:
-        saved = load_checkpoint(ckpt, require=RESUME_KEYS)
-        method.model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["schedule"])
-        stepper.load_state_dict(saved["stepper"])
-        state = dict(saved["position"])
-        history = list(saved.get("history", []))
+
+@dataclass
+class _Run:
+    """A training run between batches: what it holds, and the steps that move it on."""
+
+    config: TrainConfig
+    ranks: DistContext
+    slides: SlideCache
+    data: setup.RunData
+    endpoint: Endpoint
+    method: Method
+    val: setup.TrainData | None
+    test: setup.TrainData | None
+    batch_size: int
+    total: int  # optimizer steps of the whole run
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    stepper: OptimStepper
+    loader: BatchLoader
+    loss_log: LossLog
+    board: RunBoard | None = None
+    state: dict[str, int] = field(default_factory=lambda: {"epoch": 0, "batch": 0, "step": 0})
+    history: list[dict[str, Any]] = field(default_factory=list)
+    saved_at: int = -1  # the step of the last checkpoint
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.run.out_dir)
+
+    @property
+    def ckpt(self) -> Path:
+        return checkpoint_path(self.config)
+
+    def restore(self) -> Message:
+        """Continue exactly where the last checkpoint left off: weights, optimizer, position and RNGs."""
+        saved = load_checkpoint(self.ckpt, require=RESUME_KEYS)
+        self.method.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.schedule.load_state_dict(saved["schedule"])
+        self.stepper.load_state_dict(saved["stepper"])
+        self.state = dict(saved["position"])
+        self.history = list(saved.get("history", []))
         set_rng_state(saved["rng"])
         if saved.get("stain"):
-            method.stain_reference = StainFit.from_state(saved["stain"])
-        yield Message(f"resumed from {ckpt} at epoch {state['epoch']}, batch {state['batch']}")
-    loss_log = LossLog(out / "losses.csv")
-    board = None
-    if ranks.is_main:
-        loss_log.start(resume_step=state["step"] if resumed else None)
-        if config.run.tensorboard:
-            board = RunBoard(out, resume_step=state["step"] if resumed else None)
+            self.method.stain_reference = StainFit.from_state(saved["stain"])
+        return Message(
+            f"resumed from {self.ckpt} at epoch {self.state['epoch']}, batch {self.state['batch']}"
+        )
 
-    def save() -> CheckpointSaved:
-        if not ranks.is_main:
-            return CheckpointSaved(str(ckpt), state["step"])
+    def open_logs(self, resumed: bool) -> None:
+        if not self.ranks.is_main:
+            return
+        self.loss_log.start(resume_step=self.state["step"] if resumed else None)
+        if self.config.run.tensorboard:
+            self.board = RunBoard(self.out, resume_step=self.state["step"] if resumed else None)
+
+    def save(self) -> CheckpointSaved:
+        if not self.ranks.is_main:
+            return CheckpointSaved(str(self.ckpt), self.state["step"])
+        method = self.method
         payload = {
-            "config": config.to_dict(),
-            "classes": data.classes,
-            "endpoint": endpoint.state(),
+            "config": self.config.to_dict(),
+            "classes": self.data.classes,
+            "endpoint": self.endpoint.state(),
             "method": method.name,
             "model": method.model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "stepper": stepper.state_dict(),
-            "position": dict(state),
-            "history": history,
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "stepper": self.stepper.state_dict(),
+            "position": dict(self.state),
+            "history": self.history,
             "rng": rng_state(),
             # what slides are normalised to, so prediction maps them as training did
             "stain": method.stain_reference.state() if method.stain_reference is not None else None,
         }
-        return CheckpointSaved(str(save_checkpoint(payload, ckpt)), state["step"])
+        self.saved_at = self.state["step"]
+        return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
 
-    saved_at = -1
-    try:
-        while state["epoch"] < config.optim.epochs and state["step"] < total:
-            epoch = state["epoch"]
-            train_ds.set_epoch(epoch)
-            order = ranks.shard(np.random.default_rng([config.run.seed, epoch]).permutation(len(train_ds)))
-            batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-            loader.plan(batches[state["batch"] : state["batch"] + total - state["step"]])
-            seen_y: list[Any] = []
-            seen_p: list[np.ndarray] = []
-            while state["batch"] < len(batches) and state["step"] < total:
-                batch = collate(loader.take(batches[state["batch"]]), device, uint8=method.takes_uint8)
-                if not method.takes_uint8 and (colour := method.colour(batch.samples)) is not None:
-                    batch.x = colour(batch.x)  # floats on the host already: the stain maps go there
-                method.model.train()
-                try:
-                    result = method.train_step(batch, stepper)
-                except torch.OutOfMemoryError:
-                    raise TrainingError(out_of_memory(config, method, state["step"] + 1, ckpt)) from None
-                if not math.isfinite(result.loss):
-                    where = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
-                    raise TrainingError(
-                        f"loss became {result.loss} at step {state['step'] + 1} (epoch {epoch}){where}. "
-                        "Lower optim.lr, set optim.grad_clip, or turn off run.amp."
-                    )
-                with warnings.catch_warnings():
-                    # with accumulation the first batches do not step the optimizer yet; that is intended
-                    warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
-                    schedule.step()
-                state["batch"] += 1
-                state["step"] += 1
-                loss_log.write(state["step"], epoch, result.loss)
-                if board is not None:
-                    board.step(state["step"], result.loss, float(schedule.get_last_lr()[0]))
-                seen_y.extend(batch.y.tolist())
-                seen_p.extend(method.outputs(result.logits).cpu().numpy())
-                yield Loss(state["step"], result.loss)
-                yield Progress(state["step"], total, epoch)
-                epoch_ends = state["batch"] >= len(batches) or state["step"] >= total  # saved below
-                every = config.run.checkpoint_every
-                if every and state["step"] % every == 0 and not epoch_ends:
-                    saved_at = state["step"]
-                    yield save()
-            record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
-            train_metrics = endpoint_metrics(endpoint, np.array(seen_y), np.array(seen_p))
-            record["train"] = train_metrics
-            yield Metrics(epoch, "train", train_metrics)
-            if val_ds is not None:
-                preds = predict_dataset(method, val_ds, repeats=config.data.inference_repeats)
-                val_metrics = endpoint_metrics(endpoint, preds.labels, preds.probs)
-                record["val"] = val_metrics
-                yield Metrics(epoch, "val", val_metrics)
-            if board is not None:
-                board.epoch(record, method, val_ds)
-            history.append(record)
-            if state["batch"] >= len(batches):
-                state["epoch"] += 1
-                state["batch"] = 0
-            saved_at = state["step"]
-            yield save()
-    except GeneratorExit:
-        if state["step"] != saved_at:
-            save()
-        raise
-    finally:
-        loader.close()
-        loss_log.close()
-        if board is not None:
-            board.close()
-        slides.close()
-        ranks.close()
-    test = None
-    if test_ds is not None:
-        # every tile, as `bigslide predict` reads a slide: the figure a user reproduces from the CLI
-        preds = predict_dataset(method, test_ds, repeats=0)
-        test = endpoint_metrics(endpoint, preds.labels, preds.probs)
-        if endpoint.task == "survival" and ranks.is_main and len(preds.labels) >= 2:
+    def epoch(self) -> Generator[Event, None, None]:
+        """Train the rest of the current epoch, then score it, validate and save."""
+        config, state, method = self.config, self.state, self.method
+        epoch = state["epoch"]
+        self.data.train.set_epoch(epoch)
+        order = self.ranks.shard(
+            np.random.default_rng([config.run.seed, epoch]).permutation(len(self.data.train))
+        )
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        self.loader.plan(batches[state["batch"] : state["batch"] + self.total - state["step"]])
+        seen_y: list[Any] = []
+        seen_p: list[np.ndarray] = []
+        while state["batch"] < len(batches) and state["step"] < self.total:
+            batch = collate(
+                self.loader.take(batches[state["batch"]]), method.device, uint8=method.takes_uint8
+            )
+            loss = self.step(batch)
+            seen_y.extend(batch.y.tolist())
+            seen_p.extend(method.outputs(loss.logits).cpu().numpy())
+            yield Loss(state["step"], loss.loss)
+            yield Progress(state["step"], self.total, epoch)
+            epoch_ends = state["batch"] >= len(batches) or state["step"] >= self.total  # saved below
+            every = config.run.checkpoint_every
+            if every and state["step"] % every == 0 and not epoch_ends:
+                yield self.save()
+        record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
+        record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
+        yield Metrics(epoch, "train", record["train"])
+        if self.val is not None:
+            preds = predict_dataset(method, self.val, repeats=config.data.inference_repeats)
+            record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+            yield Metrics(epoch, "val", record["val"])
+        if self.board is not None:
+            self.board.epoch(record, method, self.val)
+        self.history.append(record)
+        if state["batch"] >= len(batches):
+            state["epoch"] += 1
+            state["batch"] = 0
+        yield self.save()
+
+    def step(self, batch: Batch) -> StepResult:
+        """One training batch: forward, backward, and an optimizer step when one is due."""
+        method, state = self.method, self.state
+        if not method.takes_uint8 and (colour := method.colour(batch.samples)) is not None:
+            batch.x = colour(batch.x)  # floats on the host already: the stain maps go there
+        method.model.train()
+        try:
+            result = method.train_step(batch, self.stepper)
+        except torch.OutOfMemoryError:
+            raise TrainingError(out_of_memory(self.config, method, state["step"] + 1, self.ckpt)) from None
+        if not math.isfinite(result.loss):
+            where = f"; the last good checkpoint is {self.ckpt}" if self.ckpt.is_file() else ""
+            raise TrainingError(
+                f"loss became {result.loss} at step {state['step'] + 1} (epoch {state['epoch']}){where}. "
+                "Lower optim.lr, set optim.grad_clip, or turn off run.amp."
+            )
+        with warnings.catch_warnings():
+            # with accumulation the first batches do not step the optimizer yet; that is intended
+            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
+            self.schedule.step()
+        state["batch"] += 1
+        state["step"] += 1
+        self.loss_log.write(state["step"], state["epoch"], result.loss)
+        if self.board is not None:
+            self.board.step(state["step"], result.loss, float(self.schedule.get_last_lr()[0]))
+        return result
+
+    def close(self) -> None:
+        self.loader.close()
+        self.loss_log.close()
+        if self.board is not None:
+            self.board.close()
+        self.slides.close()
+        self.ranks.close()
+
+    def score_test(self) -> Generator[Event, None, dict[str, float] | None]:
+        """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
+        reproduces from the CLI); a survival run also draws its Kaplan-Meier plot."""
+        if self.test is None:
+            return None
+        preds = predict_dataset(self.method, self.test, repeats=0)
+        test = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+        if self.endpoint.task == "survival" and self.ranks.is_main and len(preds.labels) >= 2:
             from bigslide.explain.survival import km_plot, risk_groups
 
             labels = np.asarray(preds.labels, dtype=float)  # (time, event, interval) per case
-            km_plot(risk_groups(labels[:, 0], labels[:, 1], endpoint.risk(preds.probs)), out / "km.png")
-        yield Metrics(state["epoch"], "test", test)
-    if ranks.is_main:
-        records = history + ([{"test": test}] if test is not None else [])
-        atomic_write_text(out / "metrics.json", json.dumps(records, indent=2))
-    return RunResult(out, ckpt if ckpt.is_file() else None, history, state["step"], method, test)
+            groups = risk_groups(labels[:, 0], labels[:, 1], self.endpoint.risk(preds.probs))
+            km_plot(groups, self.out / "km.png")
+        yield Metrics(self.state["epoch"], "test", test)
+        return test
+
+    def finish(self, test: dict[str, float] | None) -> RunResult:
+        if self.ranks.is_main:
+            records = self.history + ([{"test": test}] if test is not None else [])
+            atomic_write_text(self.out / "metrics.json", json.dumps(records, indent=2))
+        ckpt = self.ckpt if self.ckpt.is_file() else None
+        return RunResult(self.out, ckpt, self.history, self.state["step"], self.method, test)
 
 
 def _predicts(endpoint: Endpoint) -> str:
