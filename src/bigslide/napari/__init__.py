@@ -7,24 +7,36 @@ Widgets are not imported here: napari loads each contribution from its own modul
 from __future__ import annotations
 
 import sys
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from typing import Any
 
 
-def _keep_triton_away_from_mesa() -> None:
-    """Stop torch from loading triton when Mesa's LLVM is already in the process.
+class _TritonBesideMesa(MetaPathFinder):
+    """Refuses `import triton` while Mesa's LLVM is in the process.
 
-    With software or Mesa GL (Xvfb, VMs, remote desktops, AMD), napari's canvas maps Mesa's
-    libLLVM; importing triton afterwards (torchvision and torch._dynamo do at import time) loads a
-    second LLVM and crashes the process. bigslide never compiles kernels, so torch runs without it.
+    With software or Mesa GL (Xvfb, VMs, remote desktops, AMD), napari's canvas maps Mesa's libLLVM;
+    importing triton afterwards (torchvision and torch._dynamo do at import time) loads a second LLVM and
+    crashes the process. The check is made when triton is imported, whenever that is: a script may
+    import the plugin before its viewer draws. bigslide never compiles kernels, so torch runs without
+    triton (it treats the ImportError as "not installed").
     """
-    if "triton" in sys.modules:
-        return
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        if fullname == "triton" and _mesa_llvm_loaded():
+            raise ModuleNotFoundError(
+                "triton is not loaded beside Mesa's LLVM (napari's OpenGL)", name=fullname
+            )
+        return None
+
+
+def _mesa_llvm_loaded() -> bool:
     try:
-        maps = Path("/proc/self/maps").read_text()
+        return "libLLVM" in Path("/proc/self/maps").read_text()
     except OSError:  # not Linux: no Mesa LLVM clash
-        return
-    if "libLLVM" in maps:
-        sys.modules["triton"] = None  # type: ignore[assignment]  # makes `import triton` fail cleanly
+        return False
 
 
-_keep_triton_away_from_mesa()
+if "triton" not in sys.modules and not any(isinstance(f, _TritonBesideMesa) for f in sys.meta_path):
+    sys.meta_path.insert(0, _TritonBesideMesa())
