@@ -33,6 +33,16 @@ def process(ms: int = 200) -> None:
         time.sleep(0.01)
 
 
+def dismiss_toasts() -> None:
+    """Close napari's notification pop-ups, so a window screenshot shows the state it is taken for."""
+    from napari._qt.dialogs.qt_notification import NapariQtNotification
+
+    for widget in QApplication.allWidgets():
+        if isinstance(widget, NapariQtNotification):
+            widget.close()
+    process(100)
+
+
 def save(image: np.ndarray | Any, name: str) -> None:
     path = IMAGES / name
     if isinstance(image, np.ndarray):
@@ -142,6 +152,7 @@ def main() -> None:
     assert train.start() is not None
     wait_until(lambda: train.progress.value() >= 3)
     process(300)
+    dismiss_toasts()
     save(viewer.screenshot(canvas_only=False), "window_training.png")
     save(train.grab(), "train_panel.png")
     while True:
@@ -181,8 +192,8 @@ def main() -> None:
     viewer.layers.selection.active = fine
     viewer.reset_view()  # both slides in view; then the second one fills it
     extent = fine.extent.world
-    viewer.camera.center = tuple((extent[0] + extent[1]) / 2)
-    viewer.camera.zoom *= 1.9
+    viewer.scene.camera.center = tuple((extent[0] + extent[1]) / 2)
+    viewer.scene.camera.zoom *= 1.9
     process(800)
     save(viewer.screenshot(canvas_only=True), "regions.png")
     save(regions.grab(), "regions_panel.png")
@@ -208,6 +219,7 @@ def main() -> None:
         print(f"{layer.name}: scale {tuple(layer.scale)} {[str(u) for u in layer.units]}")
     viewer.reset_view()
     process(800)
+    dismiss_toasts()
     save(viewer.screenshot(canvas_only=False), "tcga_like.png")
     save(results.grab(), "results_panel.png")
     viewer.close()

@@ -293,7 +293,8 @@ def show_legend(viewer: napari.Viewer, layer: napari.layers.Image | None) -> Non
     if layer is None:
         overlay.visible = False
         return
-    overlay.text = f"{layer.name} — {legend_text(layer)}"
+    meaning = legend_text(layer).removeprefix("colour: ").split(" (")[0]  # short: the canvas may be narrow
+    overlay.text = f"{layer.name} — {meaning}"
     overlay.position = "bottom_left"
     overlay.font_size = 11
     overlay.visible = True
