@@ -8,7 +8,6 @@ import tempfile
 import time
 
 import napari
-import timm  # noqa: F401  # before the viewer: torch's import must not follow Mesa's LLVM
 from qtpy.QtWidgets import QApplication
 
 from bigslide.data.sources import demo_dir
