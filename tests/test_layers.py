@@ -20,7 +20,7 @@ def lint(config: Path) -> subprocess.CompletedProcess[str]:
 def test_every_import_contract_is_kept() -> None:
     result = lint(ROOT / ".importlinter")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
@@ -35,3 +35,25 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "BROKEN" in result.stdout
     assert "bigslide.engine" in result.stdout
+
+
+def test_the_checker_sees_a_cycle(tmp_path: Path) -> None:
+    # two sibling modules importing each other (one only for type checking) break the acyclic contract
+    package = tmp_path / "cyclic"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from cyclic import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cyclic import a\n"
+    )
+    config = tmp_path / ".importlinter"
+    acyclic = (ROOT / ".importlinter").read_text().split("[importlinter:contract:acyclic]")[1]
+    config.write_text(
+        "[importlinter]\nroot_package = cyclic\n\n[importlinter:contract:acyclic]"
+        + acyclic.replace("bigslide", "cyclic")
+    )
+    result = subprocess.run(
+        [str(LINT), "--no-cache", str(config)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "No cycles are allowed in cyclic" in result.stdout

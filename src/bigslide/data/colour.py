@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -19,8 +19,14 @@ import torch
 from bigslide.data.stain import NO_JITTER, StainJitter
 from bigslide.data.stain_norm import LOG_EPS, LogAffine, StainFit, fit_stain, normalising_map
 
-if TYPE_CHECKING:
-    from bigslide.data.sample import Sample
+
+class _Stained(Protocol):
+    """What `row_colour` reads of a `bigslide.data.sample.Sample` (which holds a `SampleStain`)."""
+
+    x: torch.Tensor
+    coords: np.ndarray | None
+    slide: str
+    stain: SampleStain | None
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ def _stage(maps: Sequence[LogAffine]) -> _LogStage:
     )
 
 
-def row_colour(samples: Sequence[Sample], reference: StainFit | None) -> RowColour | None:
+def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowColour | None:
     """The colour maps of a batch of `samples` (bags: their tiles in order; images: one row each);
     None when no sample needs one (the pixels pass untouched)."""
     stains = [s.stain for s in samples]
@@ -141,5 +147,5 @@ def _compose(first: _LogStage, second: _LogStage) -> _LogStage:
     return _LogStage(matrix, shift, None, None)
 
 
-def _pixels(sample: Sample) -> np.ndarray:
+def _pixels(sample: _Stained) -> np.ndarray:
     return sample.x.movedim(-3, -1).reshape(-1, 3).cpu().numpy()

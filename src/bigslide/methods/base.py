@@ -245,10 +245,9 @@ def make_params(name: str, values: dict[str, Any] | None = None) -> MethodParams
 
 
 def _load_methods() -> None:
-    """The built-in methods (importing the package registers them), then, once, installed packages'."""
+    """Installed packages' methods, once. (The built-in ones registered when `bigslide.methods` was
+    imported, which Python does before any of its modules, this one included.)"""
     global _plugins_loaded
-    import bigslide.methods  # noqa: F401
-
     if _plugins_loaded:
         return
     _plugins_loaded = True
