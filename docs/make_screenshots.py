@@ -207,8 +207,9 @@ def main() -> None:
         results.checkpoint.setText(str(checkpoint))
         results.run()
         wait_until(lambda: results.worker is None and not results.pending_grids)
-    # the Z-block norm: where the encoder sees tissue; PatchGD's class evidence from a 3-epoch run does
-    # not localise lesions on this set, so it would show a failure of the model, not of the placement
+    # the Z-block norm (the size of each patch's encoding, not a lesion score): its cells cover the whole
+    # image, so its edges show the placement; PatchGD's class evidence from a 3-epoch run does not
+    # localise lesions on this set, so it would show a failure of the model, not of the placement
     norm = next(layer for layer in viewer.layers if layer.name.endswith("Z-block norm"))
     results.heatmap_box.setCurrentText(norm.name)
     results.colormap.setCurrentText("inferno")

@@ -50,6 +50,8 @@ def test_the_tabbed_panels_fit_the_screen_while_training(
     for widget in (train.stop_button, train.progress, train.status, train.loss_plot, train.metric_plot):
         assert on_screen(widget), widget
     assert train.stop_button.isEnabled()
+    # while it runs, an empty plot says what it waits for, not to press Start
+    assert "Start" not in train.metric_plot.placeholder
     qtbot.waitUntil(lambda: train.worker is None, timeout=120_000)
     assert train.status.text().startswith("Finished.")
 

@@ -13,12 +13,17 @@ from qtpy.QtWidgets import QSizePolicy, QWidget
 PALETTE = ("#4cc9f0", "#f72585", "#ffd60a", "#80ed99", "#b388eb", "#ff9f1c")
 
 
+IDLE = "no data yet — press Start"
+
+
 class LinePlot(QWidget):
-    """Named series of (x, y) points on one pair of axes, with a legend; `add_point` repaints."""
+    """Named series of (x, y) points on one pair of axes, with a legend; `add_point` repaints. Without
+    points it shows `placeholder`: what the plot is waiting for."""
 
     def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.title = title
+        self.placeholder = IDLE
         self.series: dict[str, list[tuple[float, float]]] = {}
         self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
@@ -28,8 +33,13 @@ class LinePlot(QWidget):
             self.series.setdefault(name, []).append((float(x), float(y)))
             self.update()
 
-    def clear(self) -> None:
+    def clear(self, placeholder: str = IDLE) -> None:
         self.series.clear()
+        self.placeholder = placeholder
+        self.update()
+
+    def set_placeholder(self, text: str) -> None:
+        self.placeholder = text
         self.update()
 
     def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 - Qt override
@@ -42,7 +52,7 @@ class LinePlot(QWidget):
         painter.drawText(QRectF(0, 2, self.width(), 18), Qt.AlignmentFlag.AlignHCenter, self.title)
         points = [p for values in self.series.values() for p in values]
         if not points:
-            painter.drawText(area, Qt.AlignmentFlag.AlignCenter, "no data yet — press Start")
+            painter.drawText(area, Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap, self.placeholder)
             painter.end()
             return
         x_lo, x_hi = _span(p[0] for p in points)

@@ -255,8 +255,8 @@ class TrainWidget(QWidget):
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self.worker = worker
-        self.loss_plot.clear()
-        self.metric_plot.clear()
+        self.loss_plot.clear("plotted from the first step on")
+        self.metric_plot.clear("plotted after each epoch's validation")
         self.progress.setRange(0, 0)
         self._set_running(True)
         self.status.setText(f"Starting {config.method.name} in {self.run_dir}…")
@@ -316,6 +316,8 @@ class TrainWidget(QWidget):
         self.worker = None
         self.run_gen = None
         self._set_running(False)
+        for plot in (self.loss_plot, self.metric_plot):
+            plot.set_placeholder("no data from that run — press Start")
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1)
 
