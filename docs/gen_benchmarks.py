@@ -1,6 +1,7 @@
 """Write the measured figures into docs/benchmarks*.md from saved `bigslide bench` output, never by hand.
 
     python docs/gen_benchmarks.py run acc -- --bag 100 --threads 1   # runs the bench, saves its output
+    python docs/gen_benchmarks.py run --save-as acc_gpu acc -- --device cuda   # saved beside, not over it
     python docs/gen_benchmarks.py render                             # rewrites the marked blocks
     python docs/gen_benchmarks.py render --check                     # exit 1 when a page is stale
 
@@ -32,7 +33,7 @@ BLOCK = re.compile(r"<!-- bench-output (\w+) -->\n.*?<!-- end bench-output -->",
 SUMMARY = re.compile(r"<!-- bench-summary -->\n.*?<!-- end bench-summary -->", re.S)
 
 
-def run(bench: str, extra: list[str]) -> int:
+def run(bench: str, extra: list[str], name: str | None = None) -> int:
     command = ["bigslide", "bench", bench, *extra]
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     done = subprocess.run(
@@ -43,7 +44,7 @@ def run(bench: str, extra: list[str]) -> int:
     )
     OUTPUT.mkdir(exist_ok=True)
     text = f"$ {' '.join(command)}\ndate: {started}\n{done.stdout.rstrip()}\nexit status: {done.returncode}\n"
-    (OUTPUT / f"{bench}.txt").write_text(text, encoding="utf-8")
+    (OUTPUT / f"{name or bench}.txt").write_text(text, encoding="utf-8")
     print(text + done.stderr[-2000:])
     return done.returncode
 
@@ -95,12 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run one bench and save its output")
     p.add_argument("bench")
+    p.add_argument(
+        "--save-as",
+        help="output name (letters, digits, _) when not the bench's, e.g. acc_gpu for another machine",
+    )
     p.add_argument("extra", nargs=argparse.REMAINDER, help="bench options after --")
     p = sub.add_parser("render", help="rewrite the marked blocks from the saved outputs")
     p.add_argument("--check", action="store_true", help="only report stale pages (exit 1)")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.bench, [a for a in args.extra if a != "--"])
+        return run(args.bench, [a for a in args.extra if a != "--"], args.save_as)
     stale = []
     for page in PAGES:
         old = page.read_text(encoding="utf-8")
