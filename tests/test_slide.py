@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tifffile
+import tiffslide
 
 from bigslide.errors import SlideError
 from bigslide.slide import open_slide
@@ -168,6 +170,26 @@ def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: Writ
     with pytest.raises(SlideError) as info:
         open_slide(path)
     assert str(path) in str(info.value)
+    assert "this environment has" not in str(info.value)  # the readers' versions fit: the file is at fault
+
+
+def test_a_tifffile_tiffslide_does_not_support_is_named(
+    svs_slide: WrittenSlide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what a newer tifffile than tiffslide declares does to every file: an error about zarr groups
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "2099.1.1" if name == "tifffile" else real(name))
+
+    def misread(path: object) -> None:
+        raise ValueError("No group found in store ZarrTiffStore at path ''")
+
+    monkeypatch.setattr(tiffslide, "TiffSlide", misread)
+    with pytest.raises(SlideError) as info:
+        open_slide(svs_slide.path)
+    message = str(info.value)
+    assert str(svs_slide.path) in message
+    assert f"tiffslide {real('tiffslide')} needs tifffile<" in message
+    assert "this environment has tifffile 2099.1.1" in message
 
 
 def test_missing_level_raises_slide_error(svs_slide: WrittenSlide) -> None:

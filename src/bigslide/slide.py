@@ -265,7 +265,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     try:
         handle = tiffslide.TiffSlide(path)
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
-        raise SlideError(f"{path}: not a readable TIFF slide ({exc})") from exc
+        raise SlideError(f"{path}: not a readable TIFF slide ({exc}){reader_conflict()}") from exc
     try:
         check_complete(path, handle)
         return Slide(path, handle)
@@ -274,7 +274,35 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         raise
     except Exception as exc:
         handle.close()
-        raise SlideError(f"{path}: unsupported slide layout ({exc})") from exc
+        raise SlideError(f"{path}: unsupported slide layout ({exc}){reader_conflict()}") from exc
+
+
+def reader_conflict() -> str:
+    """'; tiffslide X needs tifffile<Y, this environment has tifffile Z' when an installed tifffile or zarr
+    is outside what tiffslide declares (it then misreads every file with an error about zarr groups, which
+    looks like a broken slide), else ''."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = metadata.requires("tiffslide") or []
+    except metadata.PackageNotFoundError:
+        return ""
+    for text in declared:
+        need = Requirement(text)
+        if need.name.lower() not in ("tifffile", "zarr") or need.marker is not None:
+            continue
+        try:
+            have = metadata.version(need.name)
+        except metadata.PackageNotFoundError:
+            continue
+        if not need.specifier.contains(have, prereleases=True):
+            return (
+                f"; tiffslide {metadata.version('tiffslide')} needs {need}, this environment has {need.name} "
+                f"{have}: install one it supports (pip install '{need}')"
+            )
+    return ""
 
 
 _NAMED_SUFFIXES = (
