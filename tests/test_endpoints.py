@@ -223,8 +223,9 @@ def test_tile_risk_is_the_risk_lost_without_the_tile() -> None:
     def risk(logits: torch.Tensor) -> torch.Tensor:
         return -endpoint_outputs(endpoint, logits).sum(dim=1)
 
-    shares = head.contributions(z, risk)
-    whole = risk(head(z)[0])
-    for i in range(6):
-        without = risk(head(torch.cat([z[:i], z[i + 1 :]]))[0])
-        assert float(shares[i]) == pytest.approx(float(whole - without), rel=1e-9, abs=1e-12)
+    with torch.no_grad():  # as predict calls it
+        shares = head.contributions(z, risk)
+        whole = risk(head(z)[0])
+        for i in range(6):
+            without = risk(head(torch.cat([z[:i], z[i + 1 :]]))[0])
+            assert float(shares[i]) == pytest.approx(float(whole - without), rel=1e-9, abs=1e-12)
