@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
-def lint(config: Path) -> subprocess.CompletedProcess[str]:
+def lint(config: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """lint-imports on `config`, run in `cwd` (where the root package is importable)."""
     return subprocess.run(
-        [str(LINT), "--no-cache", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [str(LINT), "--no-cache", str(config)], cwd=cwd, capture_output=True, text=True, timeout=120
     )
 
 
@@ -52,8 +53,6 @@ def test_the_checker_sees_a_cycle(tmp_path: Path) -> None:
         "[importlinter]\nroot_package = cyclic\n\n[importlinter:contract:acyclic]"
         + acyclic.replace("bigslide", "cyclic")
     )
-    result = subprocess.run(
-        [str(LINT), "--no-cache", str(config)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    result = lint(config, cwd=tmp_path)
     assert result.returncode != 0
     assert "No cycles are allowed in cyclic" in result.stdout
