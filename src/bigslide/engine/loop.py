@@ -190,6 +190,9 @@ class _Run:
     state: dict[str, int] = field(default_factory=lambda: {"epoch": 0, "batch": 0, "step": 0})
     history: list[dict[str, Any]] = field(default_factory=list)
     saved_at: int = -1  # the step of the last checkpoint
+    # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
+    # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
+    risk_reference: dict[str, Any] | None = None
 
     @property
     def out(self) -> Path:
@@ -211,6 +214,7 @@ class _Run:
         set_rng_state(saved["rng"])
         if saved.get("stain"):
             self.method.stain_reference = StainFit.from_state(saved["stain"])
+        self.risk_reference = saved.get("risk_reference")
         return Message(
             f"resumed from {self.ckpt} at epoch {self.state['epoch']}, batch {self.state['batch']}"
         )
@@ -240,6 +244,7 @@ class _Run:
             "rng": rng_state(),
             # what slides are normalised to, so prediction maps them as training did
             "stain": method.stain_reference.state() if method.stain_reference is not None else None,
+            "risk_reference": self.risk_reference,
         }
         self.saved_at = self.state["step"]
         return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
@@ -272,10 +277,14 @@ class _Run:
         record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
         yield Metrics(epoch, "train", record["train"])
+        outputs, split = np.array(seen_p), "train"
         if self.val is not None:
             preds = predict_dataset(method, self.val, repeats=config.data.inference_repeats)
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+            outputs, split = preds.probs, "validation"
             yield Metrics(epoch, "val", record["val"])
+        if self.endpoint.task == "survival" and len(outputs):
+            self.risk_reference = {"split": split, "risks": [float(r) for r in self.endpoint.risk(outputs)]}
         if self.board is not None:
             self.board.epoch(record, method, self.val)
         self.history.append(record)
