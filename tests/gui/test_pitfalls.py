@@ -177,3 +177,23 @@ def test_plot_ticks_cover_the_data_and_read_differently(low: float, high: float)
     assert 2 <= len(ticks) <= 6
     labels = tick_labels(ticks)
     assert len(set(labels)) == len(labels)
+
+
+def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(viewer: Any, dock: Any) -> None:
+    slide, _ = viewer.open_sample("bigslide", "slide")
+    panel = dock("Results")
+    panel.normalisation.setCurrentText("raw")
+    scores = np.linspace(1.2e-4, 4.1e-4, 64).reshape(8, 8)  # raw attention of a large bag
+    layer = panel.add_grid(ScoreGrid(scores, 64.0), slide, "sample slide attention")
+    bar = panel.colour_bar
+    assert len(bar.colours) == 32  # drawn with the first map, before any control is touched
+    assert "as they are" in bar.caption
+    assert (bar.low_text, bar.high_text) == ("0.00012", "0.00041")
+    image = bar.grab().toImage()  # both end labels painted inside the widget: no text on its edges
+    band = range(2, 20)
+    for x in (0, 1, image.width() - 2, image.width() - 1):
+        assert all(image.pixelColor(x, y).lightness() < 150 for y in band), x
+    legend = viewer.canvas.overlays.text
+    assert legend.visible
+    assert legend.position == "top_left"  # napari's notifications rise at the bottom right
+    assert layer.name in legend.text

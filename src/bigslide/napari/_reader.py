@@ -55,6 +55,9 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
             show_error(f"bigslide cannot open {Path(path).name}: {reason}")
             return NOTHING
         from bigslide.napari._layers import slide_layer_data
+        from bigslide.napari._placement import keep_current_viewer_in_place
+
+        keep_current_viewer_in_place()  # before the layer is added: it goes beside the open slides
 
         # the slide stays open: its dask arrays read tiles from the file while the layer lives
         return [slide_layer_data(slide)]

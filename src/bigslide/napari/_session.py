@@ -204,21 +204,14 @@ def session_for(viewer: napari.Viewer) -> Session:
 
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
-    from bigslide.napari._placement import keep_in_place, set_slide_mpp
-    from bigslide.napari._roles import ROLE, slide_layers
+    from bigslide.napari._placement import set_fallback_mpp
 
-    keep_in_place(viewer)
     ref = weakref.ref(viewer)
 
     def apply(mpp: float | None) -> None:
         view = ref()
-        for layer in slide_layers(view) if view is not None else []:
-            set_slide_mpp(view, layer, mpp)
+        if view is not None:
+            set_fallback_mpp(view, mpp)
 
-    def on_inserted(event: Any) -> None:
-        view = ref()
-        if view is not None and event.value.metadata.get(ROLE) == "slide":
-            set_slide_mpp(view, event.value, session.slide_mpp)
-
+    apply(session.slide_mpp)
     session.slide_mpp_changed.connect(apply)
-    viewer.layers.events.inserted.connect(on_inserted)

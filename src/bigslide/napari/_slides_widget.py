@@ -34,6 +34,13 @@ if TYPE_CHECKING:
     from bigslide.napari._session import Session, SlideRow
 
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
+MPP_TIPS = {
+    "file": "Level-0 µm per pixel stated by the file",
+    "typed": "The file states none: the 'slide µm/px if unstated' value below",
+    "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
+    "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
+    "closed": "Read from the file when the slide is opened or trained on",
+}
 SPLIT_TIP = "auto: a stratified train/validation split is made when training starts"
 # The columns each task shows, after Slide: what it learns from (editable), then split, regions, tiles.
 TASK_COLUMNS = {"classification": ("Label",), "survival": ("Time", "Event"), "regression": ("Target",)}
@@ -178,7 +185,7 @@ class SlidesWidget(Panel):
     def refresh(self) -> None:
         self._filling = True
         try:
-            columns = ["Slide", *TASK_COLUMNS[self.session.task], "Split", "Regions", "Tiles"]
+            columns = ["Slide", *TASK_COLUMNS[self.session.task], "Split", "µm/px", "Regions", "Tiles"]
             columns += ["Case"] if any(r.case for r in self.session.rows) else []
             if columns != self.columns:
                 self.columns = columns
@@ -200,6 +207,8 @@ class SlidesWidget(Panel):
                         tip = str(row.path)
                     elif name == "Regions":
                         tip = str(row.regions or "whole slide")
+                    elif name == "µm/px":
+                        tip = MPP_TIPS[self._mpp_state(row)[1]]
                     self._set_item(i, columns.index(name), text, editable=editable, tip=tip)
                 split = self.table.item(i, columns.index("Split"))
                 assert split is not None
@@ -216,11 +225,27 @@ class SlidesWidget(Panel):
             "Event": "" if row.event is None else str(row.event),
             "Target": "" if row.target is None else f"{row.target:g}",
             "Split": SPLIT_WORDS.get(row.split, row.split),
+            "µm/px": self._mpp_state(row)[0],
             "Regions": row.regions.name if row.regions else "",
             "Tiles": "" if row.tiles is None else str(row.tiles),
             "Case": row.case or "",
         }
         return {name: cells[name] for name in self.columns}
+
+    def _mpp_state(self, row: SlideRow) -> tuple[str, str]:
+        """(what the µm/px cell shows, why) for a row: the file's, the fallback typed below, missing (the
+        slide is drawn at a provisional size), or not known until the slide is read (not open here)."""
+        from bigslide.napari._roles import slide_layers
+
+        layer = next((s for s in slide_layers(self.viewer) if Path(s.metadata["path"]) == row.path), None)
+        if layer is None:
+            return "", "closed"
+        stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
+        if stated:
+            return f"{float(stated[0]):g}", "file"
+        if mpp:
+            return f"{float(mpp[0]):g} (typed)", "typed"
+        return "missing", "missing"
 
     def describe(self) -> str:
         """What the table holds and what to do next, in one line."""
@@ -232,7 +257,13 @@ class SlidesWidget(Panel):
             "survival": "each slide's time and event (1 observed, 0 censored) come from the table",
             "regression": "each slide's target comes from the table",
         }[self.session.task]
-        return f"{self.session.describe()}: {what}."
+        missing = [r.path.name for r in rows if self._mpp_state(r)[1] == "missing"]
+        unstated = (
+            f" {', '.join(missing)}: no pixel size in the file; enter its scanner's µm/px below."
+            if missing
+            else ""
+        )
+        return f"{self.session.describe()}: {what}.{unstated}"
 
     def _set_item(self, row: int, column: int, text: str, *, editable: bool, tip: str = "") -> None:
         item = QTableWidgetItem(text)
