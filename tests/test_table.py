@@ -93,7 +93,9 @@ def test_prediction_tables_may_leave_labels_out(slide_dir: Path) -> None:
 
 
 def test_labels_differing_only_in_case_or_spaces_are_refused_with_their_rows(slide_dir: Path) -> None:
-    csv = write(slide_dir / "t.csv", "slide,label\ns/a.svs,tumor\ns/b.svs,Tumor \ns/c.svs,normal\ns/d.svs,tumor\n")
+    csv = write(
+        slide_dir / "t.csv", "slide,label\ns/a.svs,tumor\ns/b.svs,Tumor \ns/c.svs,normal\ns/d.svs,tumor\n"
+    )
     with pytest.raises(DataError) as err:
         SlideTable.from_csv(csv)
     message = str(err.value)

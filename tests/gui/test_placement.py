@@ -171,7 +171,9 @@ def test_a_heatmap_from_a_checkpoint_lands_on_an_unstated_slide(
 
 def world_boxes(viewer: Any) -> dict[str, tuple[float, float]]:
     """(left, right) world µm of every slide, by name."""
-    return {s.name: (float(s.extent.world[0][-1]), float(s.extent.world[1][-1])) for s in slide_layers(viewer)}
+    return {
+        s.name: (float(s.extent.world[0][-1]), float(s.extent.world[1][-1])) for s in slide_layers(viewer)
+    }
 
 
 @pytest.mark.parametrize("panels_first", [False, True])

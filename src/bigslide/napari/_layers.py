@@ -63,7 +63,9 @@ def slide_layer_data(
         "metadata": metadata,
         "contrast_limits": (0, 255),
     }
-    return slide.pyramid(), kwargs, "image"
+    from bigslide.napari._tile_errors import tile_error_reporter
+
+    return slide.pyramid(tile_error_reporter(slide.path)), kwargs, "image"
 
 
 def slide_display_name(path: str | Path) -> str:

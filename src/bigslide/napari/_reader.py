@@ -2,8 +2,9 @@
 of one series, read through OpenSlide): a lazy multiscale RGB layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
-the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one dask
-array per pyramid level, and nothing is decoded until napari draws the visible tiles of the level it needs.
+the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
+array per pyramid level (`bigslide.slide_view`), and nothing is decoded until napari draws the visible
+tiles of the level it needs; a tile that will not decode is drawn blank and named once in a notification.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
 
         keep_current_viewer_in_place()  # before the layer is added: it goes beside the open slides
 
-        # the slide stays open: its dask arrays read tiles from the file while the layer lives
+        # the slide stays open: its levels read tiles from the file while the layer lives
         return [slide_layer_data(slide)]
 
     return read
