@@ -132,3 +132,25 @@ def test_a_tile_that_will_not_decode_is_blank_and_named_once(
     assert len(told) == 1, told
     assert "cannot decode file tile (row 0, col 1) of level 2" in told[0]
     assert "shown blank" in told[0]
+
+
+def test_bigslide_is_the_reader_napari_picks_for_slide_files(
+    viewer: Any, dock: Any, qtbot: Any, svs_slide: Any, notifications: list[Any]
+) -> None:
+    from napari.plugins.utils import get_preferred_reader
+    from napari.settings import get_settings
+
+    get_settings().plugins.extension2reader = {"*.ndpi": "some-other-reader"}  # a user's own choice
+    dock("Slides")
+    assert get_preferred_reader(svs_slide.path) == "bigslide"  # File ▸ Open asks no question
+    assert get_preferred_reader("scan.dcm") == "bigslide"
+    assert get_preferred_reader("scan.ndpi") == "some-other-reader"  # kept
+    assert get_preferred_reader("stack.tif") is None  # TIFFs are other images too: the user's call
+
+    # a slide opened through napari's own reader (in pixels) is opened again through bigslide's
+    viewer.open(svs_slide.path, plugin="napari")
+    qtbot.waitUntil(lambda: any(layer.metadata.get("bigslide_role") == "slide" for layer in viewer.layers))
+    [layer] = viewer.layers
+    assert layer.source.reader_plugin == "bigslide"
+    assert [str(u) for u in layer.units] == ["micrometer", "micrometer"]
+    assert any("opened again with bigslide's reader" in str(n.message) for n in notifications)

@@ -16,14 +16,17 @@ even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
 import select
 import signal
+import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -67,7 +70,8 @@ class DecodeProcesses:
         # Fork every worker now, on the thread making the loader: forked later from an item thread, a worker
         # would copy the locks that other item threads hold at that instant held (e.g. a cached_property's
         # on Python 3.11, taken while opening a slide) and wait on them for ever.
-        self._pool.submit(os.getpid).result()
+        with main_script_left_alone():
+            self._pool.submit(os.getpid).result()
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
         self._lock = threading.Lock()
         # by number: (buffer, the array last lent from it, alive while any view of it is)
@@ -155,6 +159,26 @@ def fork_from_server() -> None:
     forkserver.set_forkserver_preload([__name__])
     forkserver.ensure_running()
     _START_METHOD = "forkserver"
+
+
+@contextlib.contextmanager
+def main_script_left_alone() -> Iterator[None]:
+    """Start processes that do not run the parent's main script again.
+
+    A process started from the fork server (or spawned) first imports the script the parent runs, as
+    spawn does, so that functions defined there can be unpickled. A decode worker only runs this module's
+    functions, and a script without an `if __name__ == "__main__":` guard (a napari script that opens a
+    viewer and trains) would run again in every worker. Python imports it only when the main module has a
+    file: while the workers start, it has none.
+    """
+    main = sys.modules.get("__main__")
+    by_path = main is not None and getattr(main, "__spec__", None) is None and hasattr(main, "__file__")
+    script = main.__dict__.pop("__file__") if by_path and main is not None else None
+    try:
+        yield
+    finally:
+        if script is not None and main is not None:
+            main.__file__ = script
 
 
 def _start_worker(parent: int) -> None:

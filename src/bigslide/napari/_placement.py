@@ -185,6 +185,9 @@ def keep_in_place(viewer: napari.Viewer) -> None:
                 place_layer(layer, slide)
 
     viewer.layers.events.inserted.connect(on_inserted)
+    from bigslide.napari._foreign_slides import watch
+
+    watch(viewer)
     for layer in list(viewer.layers):
         if layer.metadata.get(ROLE) == "slide":
             layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))

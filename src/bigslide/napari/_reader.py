@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff", ".dcm")
+SLIDE_ONLY_PATTERNS = ("*.svs", "*.SVS", "*.ndpi", "*.NDPI", "*.dcm", "*.DCM")
+"""Names only whole-slide images have: napari is told to open them with this reader. (TIFFs are also
+other microscopy images: for those the choice stays the user's, see the user guide.)"""
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
@@ -59,11 +62,26 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
         from bigslide.napari._placement import keep_current_viewer_in_place
 
         keep_current_viewer_in_place()  # before the layer is added: it goes beside the open slides
+        prefer_this_reader()
 
         # the slide stays open: its levels read tiles from the file while the layer lives
         return [slide_layer_data(slide)]
 
     return read
+
+
+def prefer_this_reader() -> None:
+    """Make bigslide napari's reader for `SLIDE_ONLY_PATTERNS` (its preference 'extension2reader', the
+    setting napari's reader dialog writes when asked to remember a choice), unless the user chose another
+    reader for one of them. napari then opens such files here directly, not through a choice between
+    readers (napari's built-in one would open a slide in pixels, out of place beside the others)."""
+    from napari.settings import get_settings
+
+    plugins = get_settings().plugins
+    chosen = dict(plugins.extension2reader)
+    missing = {pattern: "bigslide" for pattern in SLIDE_ONLY_PATTERNS if pattern not in chosen}
+    if missing:
+        plugins.extension2reader = {**chosen, **missing}
 
 
 def refusal(path: str | Path) -> str | None:

@@ -205,7 +205,9 @@ def session_for(viewer: napari.Viewer) -> Session:
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from bigslide.napari._placement import set_fallback_mpp
+    from bigslide.napari._reader import prefer_this_reader
 
+    prefer_this_reader()
     ref = weakref.ref(viewer)
 
     def apply(mpp: float | None) -> None:
