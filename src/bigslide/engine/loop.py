@@ -131,7 +131,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     # rank 0 validates and saves; the others only train
     val, test = (data.val, data.test) if ranks.is_main else (None, None)
     yield Message(
-        f"{method.name} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
+        f"{method.title()} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
         f"val items, {_predicts(endpoint)}"
     )
 
@@ -354,14 +354,13 @@ class _Run:
 
 def _predicts(endpoint: Endpoint) -> str:
     if endpoint.task == "classification":
-        return f"classes {endpoint.classes}"
+        return f"classes {', '.join(endpoint.classes)}"
     if endpoint.task == "regression":
         return f"regression (target mean {endpoint.mean:.3g}, sd {endpoint.sd:.3g})"
     if endpoint.survival_loss == "cox":
         return "survival (Cox partial likelihood)"
-    return (
-        f"survival ({len(endpoint.bins) + 1} time intervals, cut at {[round(b, 3) for b in endpoint.bins]})"
-    )
+    cuts = ", ".join(f"{b:.3g}" for b in endpoint.bins)
+    return f"survival ({len(endpoint.bins) + 1} time intervals, cut at {cuts})"
 
 
 def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:
