@@ -35,7 +35,7 @@ def test_methods_and_fields_read_as_words(dock: Any) -> None:
         assert not {"bn mode", "forward chunk size", "hidden", "chunk size"} & set(labels), labels
         assert "→" not in widget.summary.text()
     widget.set_method("abmil_acc")
-    assert "tiles per pass without gradients" in form_labels(widget.params_form)
+    assert "tiles per pass without gradients (0 = auto)" in form_labels(widget.params_form)
     assert "encoder BatchNorm" in form_labels(widget.params_form)
     normalise = widget.data_form.widgets["stain_normalise"]
     assert [normalise.itemText(i) for i in range(normalise.count())] == ["off", "Macenko", "Reinhard"]

@@ -95,7 +95,7 @@ class DataConfig:
     bag_size: int = field(
         default=32,
         metadata={
-            "label": "tiles per slide",
+            "label": "tiles per slide (0 = all)",
             "min": 0,
             "help": "tiles sampled per slide for training (0 = all)",
         },

@@ -124,7 +124,7 @@ class ABMILACCParams(EndToEndParams):
     forward_chunk_size: int = field(
         default=0,
         metadata={
-            "label": "tiles per pass without gradients",
+            "label": "tiles per pass without gradients (0 = auto)",
             "min": 0,
             "help": "tiles per no-grad encoder call; 0 = 4 x chunk_size",
         },

@@ -49,7 +49,7 @@ from bigslide.methods.batchnorm import (
     freeze_batchnorm_affine,
     frozen_batchnorm,
 )
-from bigslide.methods.mil import MILParams, aggregator_kwargs, bn_policy
+from bigslide.methods.mil import BN_WORDS, MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
@@ -113,7 +113,7 @@ class BigLayerMILParams(MILParams):
     stages: int = field(default=2, metadata=_STAGES)
     budget_mb: float = field(default=1024.0, metadata=_BUDGET)
     bn_mode: Literal["eval", "frozen", "batch"] = field(
-        default="eval", metadata={"label": "encoder BatchNorm", "help": _MIL_BN_HELP}
+        default="eval", metadata={"label": "encoder BatchNorm", "choices": BN_WORDS, "help": _MIL_BN_HELP}
     )
 
 

@@ -40,7 +40,7 @@ class FullImageParams(MethodParams):
     img_size: int = field(
         default=0,
         metadata={
-            "label": "input side (px)",
+            "label": "input side (px, 0 = the backbone's)",
             "min": 0,
             "help": "Input size for fixed-size backbones (ViTs); 0 = the backbone's default.",
         },

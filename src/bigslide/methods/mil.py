@@ -22,6 +22,13 @@ from bigslide.nn.mil import Aggregator, make_aggregator
 from bigslide.nn.mil.base import split_head_output
 
 BNMode = Literal["eval", "frozen", "batch"]
+BN_WORDS = {"eval": "eval (exact)", "frozen": "frozen (exact)", "batch": "batch statistics (inexact)"}
+AGGREGATOR_WORDS = {
+    "abmil": "ABMIL",
+    "abmil_gated": "gated ABMIL",
+    "transmil": "TransMIL",
+    "dtfd": "DTFD-MIL",
+}
 
 
 class BagStep(NamedTuple):
@@ -84,7 +91,11 @@ class MILModel(nn.Module):
 class MILParams(MethodParams):
     aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
         default="abmil",
-        metadata={"label": "MIL head", "help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL"},
+        metadata={
+            "label": "MIL head",
+            "choices": AGGREGATOR_WORDS,
+            "help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL",
+        },
     )
     hidden: int = field(
         default=256,
@@ -159,6 +170,7 @@ class EndToEndParams(MILParams):
         default="eval",
         metadata={
             "label": "encoder BatchNorm",
+            "choices": BN_WORDS,
             "help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)",
         },
     )

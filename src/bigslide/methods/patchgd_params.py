@@ -19,7 +19,7 @@ class PatchGDParams(MethodParams):
     stride: int = field(
         default=0,
         metadata={
-            "label": "patch step (px)",
+            "label": "patch step (px, 0 = patch side)",
             "min": 0,
             "help": "Step between patches; 0 = patch size, less = overlap.",
         },
@@ -36,7 +36,7 @@ class PatchGDParams(MethodParams):
     k: int = field(
         default=0,
         metadata={
-            "label": "patches per inner step",
+            "label": "patches per inner step (0 = from the share)",
             "min": 0,
             "help": "Patches re-encoded per image per inner iteration; > 0 overrides sampling.",
         },
@@ -44,7 +44,7 @@ class PatchGDParams(MethodParams):
     inner_iterations: int = field(
         default=0,
         metadata={
-            "label": "inner steps per batch",
+            "label": "inner steps per batch (0 = every patch once)",
             "min": 0,
             "help": "Inner iterations ζ per batch; 0 = enough to cover every patch once.",
         },
@@ -72,7 +72,7 @@ class PatchGDParams(MethodParams):
     head_width: int = field(
         default=0,
         metadata={
-            "label": "head width",
+            "label": "head width (0 = paper's)",
             "min": 0,
             "help": "Head channels; 0 = paper's (CNN 256, transformer 384).",
         },
@@ -113,7 +113,7 @@ class PatchGDParams(MethodParams):
     grad_chunk: int = field(
         default=0,
         metadata={
-            "label": "patches per pass with gradients",
+            "label": "patches per pass with gradients (0 = all)",
             "min": 0,
             "help": "Patches per with-grad encoder call in an inner iteration; 0 = all B·k at once. "
             "Bounds memory at one extra no-grad pass; exact unless encoder BatchNorm trains.",

@@ -41,6 +41,8 @@ class DataclassForm(QWidget):
             fields.sort(key=lambda f: wanted.index(f.name))
         self.layout_ = QFormLayout(self)
         self.layout_.setContentsMargins(0, 0, 0, 0)
+        # a long label goes above its field rather than widening the panel past its dock
+        self.layout_.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.widgets: dict[str, QWidget] = {}
         self.shown_with: dict[str, dict[str, tuple[str, ...]]] = {}
         for f in fields:

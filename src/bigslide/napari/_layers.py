@@ -242,7 +242,9 @@ def heatmap_layer_kwargs(
     if grid.is_rgb:
         kwargs["rgb"] = True
     else:
-        kwargs.update(colormap="inferno", contrast_limits=_limits(grid.normalized(normalisation)))
+        kwargs.update(
+            colormap="inferno", contrast_limits=_limits(grid.normalized(normalisation), normalisation)
+        )
     return kwargs
 
 
@@ -311,11 +313,14 @@ def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> Non
     if grid is None or grid.is_rgb:
         return
     layer.data = heatmap_display(grid, normalisation)
-    layer.contrast_limits = _limits(layer.data)
+    layer.contrast_limits = _limits(layer.data, normalisation)
     layer.metadata["normalisation"] = normalisation
 
 
-def _limits(values: np.ndarray) -> tuple[float, float]:
+def _limits(values: np.ndarray, normalisation: str) -> tuple[float, float]:
+    """Colour scale ends: 0 and 1 for the normalised maps (what their legend says), the data's range raw."""
+    if normalisation != "raw":
+        return (0.0, 1.0)
     finite = values[np.isfinite(values)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     return (low, high if high > low else low + 1.0)

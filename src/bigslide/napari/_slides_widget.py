@@ -349,7 +349,7 @@ class SlidesWidget(Panel):
             self.status.setText(f"Not loaded: {err}")
             show_error(str(err))
             return
-        self.status.setText(f"Loaded {count} slides from {Path(path).name}. {self.describe()}")
+        self.status.setText(f"Loaded {count} slides. {self.describe()}")
 
     def save_csv(self, path: str | Path | None = None) -> Path | None:
         from bigslide.errors import BigslideError

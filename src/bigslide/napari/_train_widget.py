@@ -123,7 +123,7 @@ class TrainWidget(Panel):
             tip="Peak learning rate, e.g. 1e-4 or 0.0001 (scientific notation is fine)",
         )
         self.max_steps = NumberField(
-            int, 0, name="max steps", minimum=0, tip="Stop after this many steps (0 = run all epochs)"
+            int, 0, name="max steps", minimum=0, tip="Stop after this many steps (0 = no limit: every epoch)"
         )
         self.device = QComboBox()
         self.device.addItems(["auto", "cpu", "cuda"])
@@ -153,13 +153,14 @@ class TrainWidget(Panel):
         out_row.addWidget(self.out_dir)
         out_row.addWidget(browse)
         settings = QFormLayout()
+        settings.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         settings.addRow("slides", self.table_info)
         settings.addRow("method", self.method_box)
         settings.addRow(self.summary)
         settings.addRow("backbone", self.backbone)
         settings.addRow("epochs", self.epochs)
         settings.addRow("learning rate", self.lr)
-        settings.addRow("max steps", self.max_steps)
+        settings.addRow("max steps (0 = no limit)", self.max_steps)
         settings.addRow("device", self.device)
         settings.addRow("runs folder", out_row)
         data_box = QGroupBox("Data")
@@ -170,8 +171,9 @@ class TrainWidget(Panel):
         form_layout.addWidget(self.params_box)
         form_layout.addWidget(data_box)
         form_layout.addStretch()
-        scroll = QScrollArea()
+        scroll = self.form_scroll = QScrollArea()
         scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setWidget(form)
         scroll.setMinimumHeight(160)
         buttons = QHBoxLayout()
@@ -318,6 +320,17 @@ class TrainWidget(Panel):
         forms = [*self.data_form.problems(), *(self.params_form.problems() if self.params_form else [])]
         return [text for text in own if text] + forms + self.session.problems()
 
+    def _show_first_refused(self) -> None:
+        """Scroll to the first field of this panel holding a refused number, its reason in view."""
+        forms = [self.data_form, *([self.params_form] if self.params_form else [])]
+        fields = [self.epochs, self.lr, self.max_steps] + [w for f in forms for w in f.widgets.values()]
+        refused = next(
+            (f for f in fields if isinstance(f, NumberField) and f.problem() and f.isVisible()), None
+        )
+        if refused is not None:
+            self.form_scroll.ensureWidgetVisible(refused.message)
+            refused.edit.setFocus()
+
     def problems(self) -> list[str]:
         """What would make this run fail or mean nothing, checked before anything is written."""
         from bigslide.napari._roles import slide_layers
@@ -352,6 +365,7 @@ class TrainWidget(Panel):
             text = "Not started: " + "; ".join(problems) + "."
             self.status.setText(text)
             show_error(text)
+            self._show_first_refused()
             return None
         _limit_torch_threads()
         settle_imports()
