@@ -173,7 +173,8 @@ def main() -> None:
         lines.append(f"| {epoch} | {after} | {following} | {tiles} |")
     final = [d for d in drawn if d[2] == 1]
     if final:
-        lines.append(f"\nThe full map (every tile) was drawn {final[-1][0] - start - trained:.1f} s after the run.")
+        after_run = final[-1][0] - start - trained
+        lines.append(f"\nThe full map (every tile) was drawn {after_run:.1f} s after the run.")
     report = "\n".join(lines)
     print(report, flush=True)
     if args.out is not None:
