@@ -11,14 +11,26 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from bigslide.errors import SlideError
 
-if TYPE_CHECKING:
-    from bigslide.slide import Slide
+
+class Slide(Protocol):
+    """What a view reads of a slide (`bigslide.slide.Slide`)."""
+
+    @property
+    def level_count(self) -> int: ...
+
+    @property
+    def level_dimensions(self) -> tuple[tuple[int, int], ...]: ...
+
+    def tile_shape(self, level: int) -> tuple[int, int]: ...
+
+    def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray: ...
+
 
 CACHE_BYTES = 96 << 20
 """Decoded tiles kept across slices (panning back over a region decodes nothing again)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from qtpy.QtCore import QTimer
 
-from bigslide.napari._reader import SLIDE_ONLY_PATTERNS, SUFFIXES
+from bigslide.napari._formats import SLIDE_ONLY_PATTERNS, SUFFIXES
 from bigslide.napari._roles import ROLE
 
 if TYPE_CHECKING:

@@ -13,10 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff", ".dcm")
-SLIDE_ONLY_PATTERNS = ("*.svs", "*.SVS", "*.ndpi", "*.NDPI", "*.dcm", "*.DCM")
-"""Names only whole-slide images have: napari is told to open them with this reader. (TIFFs are also
-other microscopy images: for those the choice stays the user's, see the user guide.)"""
+from bigslide.napari._formats import SLIDE_ONLY_PATTERNS, SUFFIXES
+
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
