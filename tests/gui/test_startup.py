@@ -83,5 +83,6 @@ def test_panels_open_while_pytorch_loads_on_a_thread(tmp_path: Path) -> None:
         assert thread != report["main"], f"{module} was imported on the GUI thread"
     assert set(report["first_import"]) == {"torch", "timm", "bigslide.engine.loop"}
     assert "ABMIL-ACC" in report["method_names"]
-    # the viewer kept drawing: the freeze was 4.8-5.8 s; a wide margin for a loaded 2-core machine
-    assert report["longest_gap_ms"] < 1500, report
+    # the viewer kept drawing while they loaded: imported on the GUI thread, its longest freeze was the
+    # whole import (4.8-5.8 s); judged against the import's own time, which a loaded machine stretches too
+    assert report["longest_gap_ms"] < 0.5 * report["ready_after_s"] * 1000, report
