@@ -60,6 +60,9 @@ def until(condition: Any, timeout: float = 600.0) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    parser.add_argument(
+        "--shots", type=Path, default=None, help="save the window with a preview map and the full map here"
+    )
     args = parser.parse_args()
     from bigslide.data.sources import demo_dir
     from bigslide.synthetic.slide_set import make_slide_set
@@ -112,6 +115,8 @@ def main() -> None:
     r = p.results
     r.slide_box.setCurrentText(slide.name)
     r.device.setCurrentText("cpu")
+    viewer.layers.selection.active = slide
+    panels.tabs.setCurrentWidget(r)
 
     # what following costs the run: the same run without it first (its steps then read the same tiles)
     gaps.action = "train, not followed"
@@ -130,6 +135,12 @@ def main() -> None:
     def on_drawn(prediction: Any, layer: Any) -> None:
         draw(prediction, layer)
         drawn.append((time.perf_counter(), prediction.epochs, prediction.thinned))
+        if args.shots is not None and prediction.thinned > 1 and prediction.epochs == 2:
+            QTimer.singleShot(500, lambda: shot("follow_large_preview.png"))
+
+    def shot(name: str) -> None:
+        args.shots.mkdir(parents=True, exist_ok=True)
+        viewer.screenshot(str(args.shots / name), canvas_only=False, flash=False)
 
     r.show_prediction = on_drawn
     add_grid = r.add_grid
@@ -155,6 +166,8 @@ def main() -> None:
     until(lambda: r.worker is None and not r.pending_grids and r.run_button.isEnabled())
     process(1.0)
     gaps.timer.stop()
+    if args.shots is not None:
+        shot("follow_large_full.png")
 
     lines = [
         f"Machine: {platform.processor() or platform.machine()}, {QApplication.platformName()}; "
