@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from bigslide.errors import BigslideError, ConfigError
+from bigslide.files import out_of_files, too_many_open_files
 from bigslide.plan.arguments import add_arguments as add_plan_arguments
 
 BENCHES = (
@@ -283,6 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bigslide: stopped; the last checkpoint is kept", file=sys.stderr)
         return 130
+    except OSError as err:
+        if not out_of_files(err):
+            raise
+        print(f"bigslide: error: {too_many_open_files()}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
