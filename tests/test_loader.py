@@ -17,6 +17,7 @@ import pytest
 import tifffile
 import torch
 
+from bigslide.data import decode_worker
 from bigslide.data import processes as processes_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
@@ -168,13 +169,13 @@ def test_workers_are_forked_before_item_threads_take_locks(
     threads take locks while loading (opening a slide takes a cached_property's on Python 3.11), so the
     workers must exist before the first item thread runs; forked by the first read, this run hung."""
     gate = threading.Lock()  # a lock item threads take in the parent and decode workers in the child
-    open_slide = processes_module.open_with_mpp
+    open_slide = decode_worker.open_with_mpp
 
     def gated_open(*args: Any) -> Any:
         with gate:
             return open_slide(*args)
 
-    monkeypatch.setattr(processes_module, "open_with_mpp", gated_open)
+    monkeypatch.setattr(decode_worker, "open_with_mpp", gated_open)
 
     class Gated(BagDataset):
         def load(self, i: int, pool: Any) -> Any:
@@ -308,5 +309,5 @@ def test_bags_come_channels_last_and_workers_yield_to_the_training_process(slide
         assert torch.equal(from_worker, here)
         assert loader._processes is not None
         niceness = [os.getpriority(os.PRIO_PROCESS, pid) for pid in loader._processes.pids()]
-    assert niceness == [os.nice(0) + processes_module.WORKER_NICENESS]
+    assert niceness == [os.nice(0) + decode_worker.WORKER_NICENESS]
     bags.slides.close()

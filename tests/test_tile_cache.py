@@ -3,7 +3,9 @@ setting changes), and a bounded number of slides open in the training process wh
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import numpy as np
 import pytest
 import shapely
 
+from bigslide.cli import main as main_module
+from bigslide.cli.main import main
 from bigslide.data import slides as slides_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
@@ -23,6 +27,7 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.tile_cache import TileCache, tile_cache_for
 from bigslide.engine import Message, TrainConfig, train
 from bigslide.engine.cv import prepare_folds
+from bigslide.files import too_many_open_files
 from bigslide.grid import TileGrid
 from bigslide.regions import Region, save_regions
 from bigslide.synthetic.slide_set import make_slide_set
@@ -257,3 +262,24 @@ def test_a_table_longer_than_the_open_files_limit_trains(slide_csv: Path, tmp_pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+
+
+def test_running_out_of_files_anyway_is_one_line_naming_the_limit(
+    slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tiffslide
+
+    def refused(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    monkeypatch.setattr(tiffslide, "TiffSlide", refused)  # a slide opened when no descriptor is left
+    code = main(["train", "--set", f"data.csv={slide_csv}", "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1
+    assert err[0].startswith("bigslide: error: ")
+    assert f"too many open files: this process may have {soft} open at once (`ulimit -n`)" in err[0]
+    monkeypatch.setattr(main_module, "cmd_methods", refused)  # anywhere else: the command's own line
+    assert main(["methods"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"bigslide: error: {too_many_open_files()}"]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bigslide.cli.main import main
+from bigslide.data import decode_worker
 from bigslide.data import processes as processes_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.processes import DecodeProcesses
@@ -57,14 +58,14 @@ def kill_a_worker() -> int:
 
 def poison(monkeypatch: pytest.MonkeyPatch, slide: Path) -> None:
     """A decoder that kills its worker process on `slide` (replacements are forked, so they share it)."""
-    read = processes_module.read_squares
+    read = decode_worker.read_squares
 
     def crashing(opened: Any, *args: Any, **kwargs: Any) -> Any:
         if Path(opened.path) == slide:
             os.kill(os.getpid(), signal.SIGKILL)
         return read(opened, *args, **kwargs)
 
-    monkeypatch.setattr(processes_module, "read_squares", crashing)
+    monkeypatch.setattr(decode_worker, "read_squares", crashing)
     monkeypatch.setattr(processes_module, "_replacement_method", lambda: "fork")
 
 

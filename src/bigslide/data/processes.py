@@ -15,25 +15,24 @@ Each worker reads one item at a time over a pipe of its own, so a worker that di
 memory, a crash in a decoder) is known with the item it was reading: it is replaced and the item read
 again, once; an item that kills a second worker is an error naming its slide. Replacements come from a
 fork server (a process forked from this one while other threads hold locks would wait on them for ever).
-Worker processes ignore Ctrl-C (the parent catches it and shuts them down), drop the signal handlers they
-inherit, and exit on their own when the parent dies, even by SIGKILL.
+What a worker runs is `bigslide.data.decode_worker`: it ignores Ctrl-C (the parent catches it and shuts
+the workers down) and exits on its own when the parent dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import multiprocessing
 import os
 import queue
-import select
 import signal
 import threading
-import time
 import warnings
 import weakref
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -44,21 +43,15 @@ import numpy as np
 import torch
 
 from bigslide.data.decode import channels_first, read_squares
-from bigslide.data.slides import MAX_OPEN_SLIDES, SlideCache, open_with_mpp
+from bigslide.data.decode_worker import Unreceived, serve
+from bigslide.data.slides import SlideCache
 from bigslide.errors import DataError
+from bigslide.files import open_files_limit, out_of_files, too_many_open_files
 from bigslide.resolution import ReadPlan
-from bigslide.slide import Slide
 
 # How decode workers start: forked from this process (default), or from a server process
 # (`fork_from_server`, for multi-threaded GUI processes).
 _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-# In a worker process: the slides it has opened, by (path, fallback mpp), least recently read first, and the
-# shared buffers it was given, by number (holding one keeps it mapped: torch finds it again when the buffer
-# next comes). A cohort reads hundreds of slides once each: beyond MAX_OPEN_SLIDES the oldest is closed, so
-# a worker's open files stay bounded.
-_OPEN: dict[tuple[Path, float | None], Slide] = {}
-_BUFFERS: dict[int, torch.Tensor] = {}
 
 ATTEMPTS = 2
 """Workers an item may take down before it is an error naming its slide: the first may have been killed
@@ -70,6 +63,9 @@ _CLOSE_WAIT_S = 5.0
 class _Worker:
     process: BaseProcess
     conn: Connection  # the parent's end of the worker's pipe
+    # the shared buffers it holds, by number: the generation of each (a buffer is sent once, not per read:
+    # sending one passes its file descriptor through a socket of its own)
+    holds: dict[int, int] = field(default_factory=dict)
 
     def run(self, task: tuple[Any, ...]) -> tuple[bool, Any]:
         """(True, what the worker answered) or (False, how it died)."""
@@ -117,8 +113,9 @@ class DecodeProcesses:
             self._idle.put(worker)
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
         self._lock = threading.Lock()
-        # by number: (buffer, the array last lent from it, alive while any view of it is)
-        self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None]] = []
+        # by number: (buffer, the array last lent from it, alive while any view of it is, its generation)
+        self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int]] = []
+        self._made = 0  # buffers made so far: the generation of the next
         self._reading: set[int] = set()
 
     def pids(self) -> list[int]:
@@ -131,33 +128,45 @@ class DecodeProcesses:
         is reused once nothing refers to it (keep a copy to hold the squares for long, e.g. in a cache)."""
         shape = (len(coords), plan.size, plan.size, 3)
         with self._reads:  # waits while `buffers` reads are under way
-            number, buffer = self._lend(math.prod(shape))
+            number, buffer, generation = self._lend(math.prod(shape))
             try:
                 task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
-                self._run(task, f"{path}: a decode worker process died while reading {len(coords)} tiles")
+                what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
+                self._run(task, generation, what)
                 lent = buffer.numpy()  # a new array object: every view handed out keeps it alive
                 with self._lock:
-                    self._buffers[number] = (buffer, weakref.ref(lent))
+                    self._buffers[number] = (buffer, weakref.ref(lent), generation)
                 return channels_first(lent[: math.prod(shape)].reshape(shape))
             finally:
                 with self._lock:
                     self._reading.discard(number)
 
-    def _run(self, task: tuple[Any, ...], what: str) -> None:
-        """Run `task` on an idle worker; a worker that dies on it is replaced and the task tried again."""
+    def _run(self, task: tuple[Any, ...], generation: int, what: str) -> None:
+        """Run `task` (its buffer `generation`) on an idle worker; a worker that dies on it is replaced
+        and the task tried again."""
         deaths: list[str] = []
+        number = task[0]
         while len(deaths) < ATTEMPTS:
             worker = self._idle.get()
             if worker is None:
                 worker = self._replacement()
+            held = worker.holds.get(number) == generation
             try:
-                answered, outcome = worker.run(task)
+                answered, outcome = worker.run((number, None, *task[2:]) if held else task)
             except BaseException:  # interrupted (Ctrl-C): the worker may still be writing into the buffer
                 self._drop(worker)
                 self._idle.put(None)
                 raise
             if answered:
+                if outcome is None:
+                    worker.holds[number] = generation
                 self._idle.put(worker)
+                if isinstance(outcome, Unreceived):
+                    if _out_of_files():  # this process could not hand the buffer over
+                        raise OSError(errno.EMFILE, too_many_open_files())
+                    raise DataError(
+                        f"{what.split(': ')[0]}: a decode worker could not receive its task ({outcome})"
+                    )
                 if isinstance(outcome, BaseException):
                     raise outcome
                 return
@@ -200,13 +209,13 @@ class DecodeProcesses:
         for worker in workers:
             worker.stop()
 
-    def _lend(self, size: int) -> tuple[int, torch.Tensor]:
-        """A buffer of at least `size` bytes that no read and no handed-out view uses: an idle one that
-        fits, else an idle one grown, else a new one."""
+    def _lend(self, size: int) -> tuple[int, torch.Tensor, int]:
+        """(number, buffer, generation): a buffer of at least `size` bytes that no read and no handed-out
+        view uses: an idle one that fits, else an idle one grown, else a new one."""
         with self._lock:
             idle = [
                 n
-                for n, (_buffer, lent) in enumerate(self._buffers)
+                for n, (_buffer, lent, _made) in enumerate(self._buffers)
                 if n not in self._reading and (lent is None or lent() is None)
             ]
             fits = [n for n in idle if self._buffers[n][0].numel() >= size]
@@ -215,13 +224,15 @@ class DecodeProcesses:
             else:
                 number = idle[0] if idle else len(self._buffers)
                 buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
-                entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None] = (buffer, None)
+                entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int] = (buffer, None, self._made)
+                self._made += 1
                 if number == len(self._buffers):
                     self._buffers.append(entry)
                 else:
                     self._buffers[number] = entry  # the worker drops the smaller one when this comes
             self._reading.add(number)
-            return number, self._buffers[number][0]
+            buffer, _lent, generation = self._buffers[number]
+            return number, buffer, generation
 
 
 Pool = Executor | DecodeProcesses | None
@@ -235,9 +246,6 @@ def read_slide_squares(
         return pool.read(path, slides.slide_mpp, plan, coords)
     with slides.opened(path) as slide:
         return read_squares(slide, plan, coords, pool)
-
-
-WORKER_NICENESS = 10  # the training process comes first; decoding fills the time it leaves
 
 
 def fork_from_server() -> None:
@@ -275,10 +283,20 @@ def _replacement_method() -> str:
 
 def _start(context: BaseContext) -> _Worker:
     ours, theirs = context.Pipe()
-    process = context.Process(target=_serve, args=(theirs, os.getpid()), daemon=True)  # type: ignore[attr-defined]
+    process = context.Process(target=serve, args=(theirs, os.getpid()), daemon=True)  # type: ignore[attr-defined]
     process.start()
     theirs.close()
     return _Worker(process, ours)
+
+
+def _out_of_files() -> bool:
+    """Whether this process is at (or a few descriptors short of) its limit of open files."""
+    limit = open_files_limit()
+    try:
+        count = len(os.listdir("/proc/self/fd"))
+    except OSError as err:  # listing them takes a descriptor too
+        return out_of_files(err)
+    return limit is not None and count >= limit - 8
 
 
 def _death(exitcode: int | None) -> str:
@@ -288,78 +306,3 @@ def _death(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit status {exitcode}"
-
-
-def _serve(conn: Connection, parent: int) -> None:
-    """A worker's life: tasks from its pipe until None comes, or the pipe or the parent goes."""
-    _start_worker(parent)
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        try:
-            _read(*task)
-            answer: BaseException | None = None
-        except Exception as err:  # the parent raises it in the reading thread
-            answer = err
-        try:
-            conn.send(answer)
-        except Exception:  # an error that does not pickle: its text does
-            conn.send(DataError(f"{type(answer).__name__}: {answer}"))
-
-
-def _start_worker(parent: int) -> None:
-    # On a CPU run the step's threads use every core: a worker at the same priority preempts one of them,
-    # and the others wait for it at their next synchronisation (a loader-fed step took 1.13x the in-memory
-    # step on two cores; the decode alone is 5 % of it). Where cores are free, niceness changes nothing.
-    os.nice(WORKER_NICENESS)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's graceful-stop handler is not ours
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    torch.set_num_threads(1)  # the worker decodes; a forked copy of the parent's thread pool would compete
-
-
-def _exit_with(parent: int) -> None:
-    # A worker waits on a pipe that its own copy keeps open, so it would outlive a killed parent (and hold
-    # the parent's stdout open). A fork server's children keep the server alive, so neither would exit.
-    # poll, not select: a process with more than 1,024 open files gets descriptors select cannot take.
-    try:
-        watch = select.poll()
-        watch.register(os.pidfd_open(parent), select.POLLIN)  # readable once the parent has exited
-        watch.poll()
-    except (AttributeError, OSError):  # no pidfd (not Linux): the parent is gone or we were re-parented
-        started_by = os.getppid()
-        while os.getppid() == started_by and _alive(parent):
-            time.sleep(0.5)
-    os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _read(
-    number: int, buffer: torch.Tensor, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray
-) -> None:
-    _BUFFERS[number] = buffer  # a grown buffer replaces its old one
-    key = (path, slide_mpp)
-    slide = _OPEN.pop(key, None) or open_with_mpp(path, slide_mpp)
-    _OPEN[key] = slide  # the most recently read goes last
-    while len(_OPEN) > MAX_OPEN_SLIDES:
-        _OPEN.pop(next(iter(_OPEN))).close()
-    shape = (len(coords), plan.size, plan.size, 3)
-    read_squares(slide, plan, coords, into=_squares(buffer, shape))
-
-
-def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
-    """The front of a shared byte buffer viewed as channels-last squares of `shape` (N, H, W, 3)."""
-    return buffer[: math.prod(shape)].numpy().reshape(shape)

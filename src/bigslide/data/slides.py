@@ -18,6 +18,7 @@ from typing import Any
 from bigslide.data.table import SlideEntry
 from bigslide.data.tile_cache import TileCache
 from bigslide.errors import RegionError
+from bigslide.files import open_files_limit
 from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
 from bigslide.resolution import check_mpp, slide_mpp
@@ -25,7 +26,15 @@ from bigslide.slide import Slide, open_slide
 from bigslide.tissue import TissueMask, tissue_mask
 
 MAX_OPEN_SLIDES = 32
-"""Slides a process keeps open (each holds one or two file descriptors, and a decode worker's copy too)."""
+"""Slides a process keeps open (each holds one or two file descriptors, and a decode worker's copy too),
+fewer under a limit of open files below 512 (`open_slides_limit`)."""
+
+
+def open_slides_limit() -> int:
+    """MAX_OPEN_SLIDES, or fewer where this process may open fewer than 512 files: a sixteenth of them
+    (at least 2), so that two descriptors per slide leave most of the limit to everything else."""
+    limit = open_files_limit()
+    return MAX_OPEN_SLIDES if limit is None else max(2, min(MAX_OPEN_SLIDES, limit // 16))
 
 
 def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
@@ -53,12 +62,12 @@ class SlideCache:
         *,
         slide_mpp: float | None = None,
         tiles: TileCache | None = None,
-        max_open: int = MAX_OPEN_SLIDES,
+        max_open: int | None = None,
     ) -> None:
         check_mpp(slide_mpp, "data.slide_mpp")
         self.slide_mpp = slide_mpp
         self.tiles = tiles
-        self.max_open = max_open
+        self.max_open = open_slides_limit() if max_open is None else max_open
         self._open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [slide, users], oldest first
         self._mpp: dict[Path, tuple[float, float] | None] = {}
         self._grids: dict[tuple, TileGrid] = {}
