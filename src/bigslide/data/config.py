@@ -104,7 +104,8 @@ class DataConfig:
         default=False,
         metadata={
             "help": "leave out of training, with a message, a slide that cannot be tiled or read (a file "
-            "that does not open or decode, one that took down two decode workers) instead of stopping the run"
+            "that does not open or decode, one that took down two decode workers) instead of stopping the "
+            "run (one rank: not with torchrun)"
         },
     )
     bag_size: int = field(

@@ -115,6 +115,11 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     seed_everything(config.run.seed, deterministic=config.run.deterministic)
     device = ranks.device or setup.resolve_device(config.run.device)
 
+    if ranks.active and config.data.skip_bad_slides:
+        raise ConfigError(
+            "data.skip_bad_slides: not with several ranks (a rank that leaves a batch out would wait for the "
+            "others' gradients for ever); fix or drop the slide, or train on one rank"
+        )
     tiles = tile_cache_for(config.data.tile_cache, out)
     slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles)
     data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
@@ -314,7 +319,7 @@ class _Run:
                 self.save()
             kept = (
                 f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
-                if self.ckpt.is_file()
+                if self.saved_at >= 0
                 else "no checkpoint was saved"
             )
             raise type(err)(
