@@ -183,7 +183,7 @@ def _table(tmp_path: Path, header: str, *rows: str) -> Path:
             "survival",
             "slide,label",
             ["a.tif,tumor"],
-            "missing column(s) ['event', 'time'] for data.task survival",
+            "missing column(s) event, time for data.task survival",
         ),
         ("classification", "slide,time,event", ["a.tif,3,1"], "its columns suggest data.task: survival"),
     ],

@@ -43,7 +43,7 @@ def test_round_trip_writes_paths_relative_to_the_csv(slide_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("path,label\ns/a.svs,x\n", "missing column(s) ['slide']"),
+        ("path,label\ns/a.svs,x\n", "missing column(s) slide for"),
         ("slide,label\ns/zz.svs,x\n", "row 2: slide file not found"),
         ("slide,label\ns/a.svs,x\ns/a.svs,y\n", "row 3: a.svs is listed twice (first at row 2)"),
         ("slide,label\ns/a.svs,\n", "row 2: empty label"),
@@ -90,3 +90,42 @@ def test_prediction_tables_may_leave_labels_out(slide_dir: Path) -> None:
     assert [e.label for e in table.entries] == ["", "tumor"]
     with pytest.raises(DataError, match="row 2: empty label"):
         SlideTable.from_csv(mixed)
+
+
+def test_labels_differing_only_in_case_or_spaces_are_refused_with_their_rows(slide_dir: Path) -> None:
+    csv = write(
+        slide_dir / "t.csv", "slide,label\ns/a.svs,tumor\ns/b.svs,Tumor \ns/c.svs,normal\ns/d.svs,tumor\n"
+    )
+    with pytest.raises(DataError) as err:
+        SlideTable.from_csv(csv)
+    message = str(err.value)
+    assert "'tumor' at row(s) 2, 5" in message
+    assert "'Tumor' at row(s) 3" in message
+    assert "upper/lower case" in message
+    # typed in a panel (no rows): the slides are named
+    with pytest.raises(DataError, match=r"'Tumor' at slide\(s\) b.svs"):
+        SlideTable([SlideEntry(slide_dir / "s/a.svs", "tumor"), SlideEntry(slide_dir / "s/b.svs", "Tumor")])
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_spreadsheet_table_with_another_separator_is_read(slide_dir: Path, separator: str) -> None:
+    rows = ["slide,label,split", "s/a.svs,tumor,train", "s/b.svs,normal,val"]
+    csv = write(slide_dir / "t.csv", "\n".join(r.replace(",", separator) for r in rows) + "\n")
+    table = SlideTable.from_csv(csv)
+    assert [(e.path.name, e.label, e.split) for e in table.entries] == [
+        ("a.svs", "tumor", "train"),
+        ("b.svs", "normal", "val"),
+    ]
+
+
+def test_a_semicolon_table_reads_decimal_commas(slide_dir: Path) -> None:
+    csv = write(slide_dir / "t.csv", "slide;time;event\ns/a.svs;12,5;1\ns/b.svs;3;0\n")
+    table = SlideTable.from_csv(csv, task="survival")
+    assert [(e.time, e.event) for e in table.entries] == [(12.5, 1), (3.0, 0)]
+
+
+def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path) -> None:
+    csv = write(slide_dir / "t.csv", "slide|label\ns/a.svs|tumor\n")
+    with pytest.raises(DataError) as err:
+        SlideTable.from_csv(csv)
+    assert "columns read, separated by commas: slide|label" in str(err.value)

@@ -75,13 +75,16 @@ def _float_text(text: str) -> float | str:
 
 
 def check_ranges(obj: Any, where: str) -> None:
-    """Every field of dataclass `obj` within its `metadata["min"]` / `["max"]`, else a `ConfigError`
+    """Every field of dataclass `obj` within its `metadata["min"]` / `["max"]` (inclusive) and `["above"]`
+    (exclusive), else a `ConfigError`
     naming it. The forms read the same bounds, so a value the GUI refuses is refused everywhere."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        low, high = f.metadata.get("min"), f.metadata.get("max")
+        low, high, above = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("above")
+        if above is not None and value <= above:
+            raise ConfigError(f"{where}.{f.name}: must be > {above}{_hint(f)}, got {value}")
         if low is not None and value < low:
             raise ConfigError(f"{where}.{f.name}: must be >= {low}{_hint(f)}, got {value}")
         if high is not None and value > high:

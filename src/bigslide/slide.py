@@ -17,13 +17,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-import dask.array as da
 import numpy as np
 from PIL import Image
 
 from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file, opens_as_dicom, series_file
 from bigslide.errors import SlideError
 from bigslide.files import out_of_files, too_many_open_files
+from bigslide.slide_view import OnError, TileLevel, tile_levels
 from bigslide.tiff_levels import check_complete, level_arrays, parse_mpp, tiled_pages
 
 Backend = Literal["auto", "tiffslide", "openslide"]
@@ -153,9 +153,10 @@ class Slide:
                 chosen = level
         return chosen
 
-    def pyramid(self) -> list[da.Array]:
-        """One lazy (h, w, 3) uint8 dask array per level, chunked by the file's own tiles."""
-        return [_rgb_dask(a) for a in self._arrays]
+    def pyramid(self, on_error: OnError | None = None) -> list[TileLevel]:
+        """One lazy (h, w, 3) uint8 array per level for a viewer: a slice decodes the file tiles it covers
+        (kept in a shared cache); a tile that will not decode is background and goes to `on_error`."""
+        return tile_levels(self, on_error)
 
     def tile_shape(self, level: int) -> tuple[int, int]:
         """(height, width) of the file's own tiles (chunks) at `level`: the unit a decoder reads."""
@@ -380,12 +381,3 @@ def _to_rgb(block: np.ndarray) -> np.ndarray:
     if block.ndim == 2:
         return np.repeat(block[..., None], 3, axis=2)
     return np.ascontiguousarray(block[..., :3])
-
-
-def _rgb_dask(array: Any) -> da.Array:
-    if not hasattr(array, "store"):  # not zarr: an OpenSlide level
-        return da.from_array(array, chunks=array.chunks, asarray=False, fancy=False)
-    lazy = da.from_zarr(array)
-    if lazy.ndim == 2:
-        return da.stack([lazy] * 3, axis=-1)
-    return lazy[..., :3] if lazy.shape[2] != 3 else lazy

@@ -52,11 +52,13 @@ def notifications() -> Iterator[list[Any]]:
 
 
 @pytest.fixture
-def dock(viewer: Any) -> Any:
-    """Opens one of our dock widgets through napari's plugin machinery (as the Plugins menu does)."""
+def dock(viewer: Any, qtbot: Any) -> Any:
+    """Opens one of our dock widgets through napari's plugin machinery (as the Plugins menu does), once
+    its content is built (at once when PyTorch is loaded, else when the panels' warm-up has loaded it)."""
 
     def open_dock(name: str) -> Any:
         _, widget = viewer.window.add_plugin_dock_widget("bigslide", name)
+        qtbot.waitUntil(lambda: widget.ready, timeout=120_000)
         return widget
 
     return open_dock

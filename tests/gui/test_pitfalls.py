@@ -35,17 +35,13 @@ def test_abmil_form_shows_only_the_chosen_heads_parameters(dock: Any) -> None:
     assert {"pseudo_bags", "distill", "attention_dim"} <= set(form.visible_fields())
 
 
-def test_impossible_values_are_refused_where_typed_and_floats_kept_as_entered(
-    dock: Any, tiny_set: Path, tmp_path: Path
-) -> None:
+def test_floats_set_from_code_are_shown_and_saved_as_given(dock: Any, tiny_set: Path, tmp_path: Path) -> None:
     widget = train_panel(dock, tiny_set, tmp_path / "runs", "abmil_acc")
     chunk = widget.params_form.widgets["chunk_size"]
-    chunk.setValue(0)
-    assert chunk.value() == 1  # the box stops at the smallest allowed value
-    bag = widget.data_form.widgets["bag_size"]
-    bag.setValue(-5)
-    assert bag.value() == 0  # 0 = all tiles, documented; below is refused
-    assert "≥ 1" in chunk.toolTip()
+    with pytest.raises(ValueError, match="at least 1"):
+        chunk.setValue(0)  # refused from code as when typed, never clamped
+    assert chunk.value() == 4
+    assert "≥ 1" in chunk.edit.toolTip()
 
     widget.set_method("patchgd", patch_size=32, latent_dim=16, epsilon=2, encoder_bn="frozen")
     sampling = widget.params_form.widgets["sampling"]
@@ -53,7 +49,7 @@ def test_impossible_values_are_refused_where_typed_and_floats_kept_as_entered(
     sampling.setValue(0.0625)
     assert sampling.text() == "0.0625"
     widget.lr.setValue(0.00003)
-    assert widget.lr.text() == "0.00003"
+    assert widget.lr.value() == 0.00003
     widget.write_config()
     config = yaml.safe_load((widget.run_dir / "config.yaml").read_text())
     assert config["method"]["params"]["sampling"] == 0.0625
@@ -181,3 +177,23 @@ def test_plot_ticks_cover_the_data_and_read_differently(low: float, high: float)
     assert 2 <= len(ticks) <= 6
     labels = tick_labels(ticks)
     assert len(set(labels)) == len(labels)
+
+
+def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(viewer: Any, dock: Any) -> None:
+    slide, _ = viewer.open_sample("bigslide", "slide")
+    panel = dock("Results")
+    panel.normalisation.setCurrentText("raw")
+    scores = np.linspace(1.2e-4, 4.1e-4, 64).reshape(8, 8)  # raw attention of a large bag
+    layer = panel.add_grid(ScoreGrid(scores, 64.0), slide, "sample slide attention")
+    bar = panel.colour_bar
+    assert len(bar.colours) == 32  # drawn with the first map, before any control is touched
+    assert "as they are" in bar.caption
+    assert (bar.low_text, bar.high_text) == ("0.00012", "0.00041")
+    image = bar.grab().toImage()  # both end labels painted inside the widget: no text on its edges
+    band = range(2, 20)
+    for x in (0, 1, image.width() - 2, image.width() - 1):
+        assert all(image.pixelColor(x, y).lightness() < 150 for y in band), x
+    legend = viewer.canvas.overlays.text
+    assert legend.visible
+    assert legend.position == "top_left"  # napari's notifications rise at the bottom right
+    assert layer.name in legend.text

@@ -94,7 +94,8 @@ def test_overlays_cover_the_pngs_pixels_on_every_slide(
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*nconsistent units.*")
         [unstated] = viewer.open(three_slides["unstated"].path, plugin="bigslide")
-        assert [str(u) for u in unstated.units] == ["pixel", "pixel"]
+        assert [str(u) for u in unstated.units] == ["micrometer", "micrometer"]  # provisional 1 µm/px
+        np.testing.assert_allclose(unstated.scale, (1.0, 1.0))
         slides_panel.slide_mpp.setValue(0.5)  # the panel's "slide µm/px if unstated"
         assert [str(u) for u in unstated.units] == ["micrometer", "micrometer"]
         np.testing.assert_allclose(unstated.scale, (0.5, 0.5))
@@ -166,3 +167,52 @@ def test_a_heatmap_from_a_checkpoint_lands_on_an_unstated_slide(
     corner = slide.world_to_data(attention.data_to_world(np.array(attention.data.shape) - 0.5))
     assert np.all(np.asarray(corner) <= np.array(written.levels[0].shape[:2]) + grid.cell_size_level0)
     assert "(" in panel.result.text()  # the outcome, not "Running …"
+
+
+def world_boxes(viewer: Any) -> dict[str, tuple[float, float]]:
+    """(left, right) world µm of every slide, by name."""
+    return {
+        s.name: (float(s.extent.world[0][-1]), float(s.extent.world[1][-1])) for s in slide_layers(viewer)
+    }
+
+
+@pytest.mark.parametrize("panels_first", [False, True])
+def test_slides_open_side_by_side_in_either_order_and_move_when_a_pixel_size_is_typed(
+    viewer: Any,
+    dock: Any,
+    qtbot: Any,
+    three_slides: dict[str, Any],
+    notifications: list[Any],
+    panels_first: bool,
+) -> None:
+    from tests.gui.test_typed_numbers import type_into
+
+    if panels_first:
+        slides_panel = dock("Slides")
+    for key in ("unstated", "stated 0.5", "stated 0.25"):
+        viewer.open(three_slides[key].path, plugin="bigslide")
+        qtbot.wait(50)  # napari checks the layers' units when it next draws
+    if not panels_first:
+        slides_panel = dock("Slides")
+    qtbot.wait(50)
+    assert viewer.layers.extent.units is not None  # one unit for all: napari keeps using it
+    boxes = world_boxes(viewer)
+    order = sorted(boxes, key=lambda name: boxes[name][0])
+    assert order == ["unstated", "stated", "scanner-025"]  # opened left to right
+    for left, right in itertools.pairwise(order):
+        assert boxes[left][1] < boxes[right][0]
+    assert boxes["unstated"][1] - boxes["unstated"][0] == pytest.approx(1100 * 1.0, abs=1)  # provisional
+    gaps = [boxes[b][0] - boxes[a][1] for a, b in itertools.pairwise(order)]
+    # marked as waiting: in a notification and in its Slides row
+    assert any("unstated" in str(n.message) and "no pixel size" in str(n.message) for n in notifications)
+    row = next(i for i, r in enumerate(slides_panel.session.rows) if r.path.name.startswith("unstated"))
+    assert slides_panel.table.item(row, slides_panel.column("µm/px")).text() == "missing"
+
+    type_into(qtbot, slides_panel.slide_mpp, "0.5")
+    boxes = world_boxes(viewer)
+    assert boxes["unstated"][1] - boxes["unstated"][0] == pytest.approx(1100 * 0.5, abs=1)
+    # the slides to its right moved with its right edge: the same gaps, no overlap, no hole
+    assert [boxes[b][0] - boxes[a][1] for a, b in itertools.pairwise(order)] == pytest.approx(gaps, abs=1e-6)
+    assert slides_panel.table.item(row, slides_panel.column("µm/px")).text() == "0.5 (typed)"
+    qtbot.wait(50)
+    assert not any("nconsistent units" in str(n.message) for n in notifications)

@@ -6,24 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 import pytest
-from dask.callbacks import Callback
+import tifffile
 
 from bigslide.napari._reader import get_reader
-from bigslide.synthetic.pyramid import LazyLevel, write_pyramid
-
-
-class ComputedKeys(Callback):
-    """Records the names of every dask array whose chunks get computed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
-        self.names.add(key[0] if isinstance(key, tuple) else str(key))
+from bigslide.synthetic.pyramid import LazyLevel, downsample_pyramid, write_pyramid
 
 
 @pytest.mark.parametrize("flavour", ["svs_slide", "tiff_slide", "ome_slide"])
@@ -37,7 +25,7 @@ def test_open_through_napari(viewer: Any, flavour: str, request: pytest.FixtureR
     assert len(layer.data) == len(written.levels) == layer.metadata["levels"]
     for level, expected in zip(layer.data, written.levels):
         assert level.shape == expected.shape
-        assert level.chunksize[:2] == (256, 256) or level.shape[0] < 256
+        assert level.tile_shape == (256, 256)
     np.testing.assert_allclose(layer.scale, (written.mpp, written.mpp))
     assert [str(u) for u in layer.units] == ["micrometer", "micrometer"]
     assert layer.metadata["path"] == str(written.path)
@@ -104,15 +92,65 @@ def huge_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_huge_slide_opens_lazily(viewer: Any, qtbot: Any, huge_slide: Path) -> None:
-    recorder = ComputedKeys()
     start = time.perf_counter()
-    with recorder, dask.config.set(scheduler="threads"):
-        [layer] = viewer.open(huge_slide, plugin="bigslide")
-        opened = time.perf_counter() - start
-        viewer.window._qt_window.show()
-        qtbot.wait(300)  # let napari draw what is on screen
+    [layer] = viewer.open(huge_slide, plugin="bigslide")
+    opened = time.perf_counter() - start
+    viewer.window._qt_window.show()
+    qtbot.wait(300)  # let napari draw what is on screen
     assert opened < 2.0
     assert layer.data[0].shape == (16384, 24576, 3)
-    names = [level.name for level in layer.data]
-    assert names[-1] in recorder.names  # napari did draw, from the coarsest level
-    assert names[0] not in recorder.names
+    decoded = layer.data[0].cache.slide.pixels_read
+    assert decoded[len(layer.data) - 1] > 0  # napari did draw, from the coarsest level
+    assert decoded[0] == 0
+
+
+def test_a_tile_that_will_not_decode_is_blank_and_named_once(
+    viewer: Any, qtbot: Any, tmp_path: Path, notifications: list[Any]
+) -> None:
+    rng = np.random.default_rng(4)
+    image = np.clip(rng.normal(170, 40, (768, 1024, 3)), 0, 255).astype(np.uint8)
+    levels = downsample_pyramid(image, 3)
+    path = write_pyramid(tmp_path / "unreadable.svs", levels, mpp=0.5, tile=128, compression="jpeg")
+    with tifffile.TiffFile(path) as tif:  # the coarsest level's second tile: its JPEG data overwritten
+        page = tif.pages[len(tif.pages) - 1]
+        offset, count = page.dataoffsets[1], page.databytecounts[1]
+        assert page.shape[:2] == levels[-1].shape[:2]
+    with path.open("r+b") as f:
+        f.seek(offset + 2)
+        f.write(bytes([0xFF, 0xC4, 0x00, 0x01]) * ((count - 4) // 4))
+    [layer] = viewer.open(path, plugin="bigslide")  # no exception from napari's first draw
+    viewer.window._qt_window.show()
+    qtbot.wait(300)
+    coarsest = np.asarray(layer.data[-1])
+    np.testing.assert_array_equal(coarsest[:128, 128:256], 255)  # the damaged tile: blank glass
+    rest = np.abs(coarsest[128:].astype(float) - levels[-1][128:])  # the rest: the file's pixels (JPEG)
+    assert rest.mean() < 10
+    qtbot.waitUntil(lambda: any("unreadable.svs" in str(n.message) for n in notifications), timeout=5000)
+    np.asarray(layer.data[-1])  # read again: told once per slide, not per read
+    qtbot.wait(100)
+    told = [str(n.message) for n in notifications if "unreadable.svs" in str(n.message)]
+    assert len(told) == 1, told
+    assert "cannot decode file tile (row 0, col 1) of level 2" in told[0]
+    assert "shown blank" in told[0]
+
+
+def test_bigslide_is_the_reader_napari_picks_for_slide_files(
+    viewer: Any, dock: Any, qtbot: Any, svs_slide: Any, notifications: list[Any]
+) -> None:
+    from napari.plugins.utils import get_preferred_reader
+    from napari.settings import get_settings
+
+    get_settings().plugins.extension2reader = {"*.ndpi": "some-other-reader"}  # a user's own choice
+    dock("Slides")
+    assert get_preferred_reader(svs_slide.path) == "bigslide"  # File ▸ Open asks no question
+    assert get_preferred_reader("scan.dcm") == "bigslide"
+    assert get_preferred_reader("scan.ndpi") == "some-other-reader"  # kept
+    assert get_preferred_reader("stack.tif") is None  # TIFFs are other images too: the user's call
+
+    # a slide opened through napari's own reader (in pixels) is opened again through bigslide's
+    viewer.open(svs_slide.path, plugin="napari")
+    qtbot.waitUntil(lambda: any(layer.metadata.get("bigslide_role") == "slide" for layer in viewer.layers))
+    [layer] = viewer.layers
+    assert layer.source.reader_plugin == "bigslide"
+    assert [str(u) for u in layer.units] == ["micrometer", "micrometer"]
+    assert any("opened again with bigslide's reader" in str(n.message) for n in notifications)

@@ -26,6 +26,7 @@ def test_the_tabbed_panels_fit_the_screen_while_training(
 ) -> None:
     window = viewer.window._qt_window
     _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
+    qtbot.waitUntil(lambda: panels.ready, timeout=120_000)
     window.setGeometry(SCREEN)
     window.show()
     qtbot.waitExposed(window)

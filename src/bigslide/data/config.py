@@ -109,29 +109,48 @@ class DataConfig:
         },
     )
     bag_size: int = field(
-        default=32, metadata={"min": 0, "help": "tiles sampled per slide for training (0 = all)"}
+        default=32,
+        metadata={
+            "label": "tiles per slide (0 = all)",
+            "min": 0,
+            "help": "tiles sampled per slide for training (0 = all)",
+        },
     )
     min_tissue: float = field(
         default=0.6, metadata={"min": 0, "max": 1, "help": "minimum tissue fraction of a tile"}
     )
     image_size: int = field(
         default=256,
-        metadata={"min": 1, "help": "side of the image read per slide at data.target_mpp (image methods)"},
+        metadata={
+            "label": "image side (px)",
+            "min": 1,
+            "help": "side of the image read per slide at data.target_mpp (image methods)",
+        },
     )
     batch_size: int = field(
-        default=1, metadata={"min": 1, "help": "images, or bags of tiles, per optimizer step"}
+        default=1,
+        metadata={
+            "label": "slides per step",
+            "min": 1,
+            "help": "images, or bags of tiles, per optimizer step",
+        },
     )
-    augment: bool = field(default=True, metadata={"help": "flips/rotations, the same for a whole bag"})
+    augment: bool = field(
+        default=True,
+        metadata={"label": "flips and rotations", "help": "flips/rotations, the same for a whole bag"},
+    )
     stain_augment: bool = field(
         default=False,
         metadata={
+            "label": "stain augmentation",
             "help": "random hematoxylin/eosin amounts, stain vectors, hue and saturation, one draw per "
-            "slide and epoch (recommended for real cohorts: slides from other labs)"
+            "slide and epoch (recommended for real cohorts: slides from other labs)",
         },
     )
     stain_augment_strength: float = field(
         default=1.0,
         metadata={
+            "label": "stain augmentation strength",
             "min": 0,
             "max": 3,
             "help": "scales every range of data.stain_augment (1: dye amounts x0.70-1.42, hue ±11°)",
@@ -140,8 +159,10 @@ class DataConfig:
     stain_normalise: Literal["none", "macenko", "reinhard"] = field(
         default="none",
         metadata={
+            "label": "stain normalisation",
+            "choices": {"none": "off", "macenko": "Macenko", "reinhard": "Reinhard"},
             "help": "map every slide's stain onto a reference's (training, prediction and heatmaps): "
-            "macenko (stain vectors and amounts) or reinhard (colour statistics)"
+            "macenko (stain vectors and amounts) or reinhard (colour statistics)",
         },
     )
     stain_reference: str | None = field(

@@ -28,9 +28,11 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -272,6 +274,26 @@ def _server_context() -> BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
+@contextlib.contextmanager
+def main_script_left_alone() -> Iterator[None]:
+    """Start processes that do not run the parent's main script again.
+
+    A process started from the fork server (or spawned) first imports the script the parent runs, as
+    spawn does, so that functions defined there can be unpickled. A decode worker only runs this module's
+    functions, and a script without an `if __name__ == "__main__":` guard (a napari script that opens a
+    viewer and trains) would run again in every worker. Python imports it only when the main module has a
+    file: while the workers start, it has none.
+    """
+    main = sys.modules.get("__main__")
+    by_path = main is not None and getattr(main, "__spec__", None) is None and hasattr(main, "__file__")
+    script = main.__dict__.pop("__file__") if by_path and main is not None else None
+    try:
+        yield
+    finally:
+        if script is not None and main is not None:
+            main.__file__ = script
+
+
 def _replacement_method() -> str:
     """How a worker that died is replaced: from the fork server where there is one (this process's other
     threads hold locks at any moment), else as the first ones were started."""
@@ -284,7 +306,8 @@ def _replacement_method() -> str:
 def _start(context: BaseContext) -> _Worker:
     ours, theirs = context.Pipe()
     process = context.Process(target=serve, args=(theirs, os.getpid()), daemon=True)  # type: ignore[attr-defined]
-    process.start()
+    with main_script_left_alone():
+        process.start()
     theirs.close()
     return _Worker(process, ours)
 

@@ -45,6 +45,28 @@ class SlideEntry:
         )
 
 
+SEPARATORS = {",": "commas", ";": "semicolons", "\t": "tabs"}
+NUMBER_COLUMNS = ("time", "event", "target")
+
+
+def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
+    """The header, the rows and the separator of a CSV slide table. A spreadsheet saves with `;` or tabs
+    where a comma is the decimal mark: the header line says which (the slide column's name holds none)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such slide table") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a text CSV file") from None
+    lines = text.splitlines()
+    header = lines[0] if lines else ""
+    separator = max(SEPARATORS, key=lambda s: (header.count(s), s == ","))
+    reader = csv.DictReader(lines, delimiter=separator)
+    columns = [c.strip() for c in reader.fieldnames or []]
+    rows = [{(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
+    return columns, rows, separator
+
+
 def implied_task(columns: list[str] | set[str]) -> str:
     """The task a table's columns imply: survival with time and event, regression with target, else
     classification (for viewers that show what a table holds)."""
@@ -61,7 +83,11 @@ class SlideTable:
 
     def __post_init__(self) -> None:
         if not self.classes and self.task == "classification":
-            self.classes = sorted({e.label for e in self.entries})
+            named: dict[str, list[str]] = {}
+            for e in self.entries:
+                named.setdefault(e.label, []).append(e.path.name)
+            check_label_spelling(named, "", "slide")
+            self.classes = sorted(named)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -127,29 +153,25 @@ class SlideTable:
         path = Path(path)
         if task not in TASKS:
             raise DataError(f"data.task: {task!r} is not one of {list(TASKS)}")
-        try:
-            text = path.read_text(encoding="utf-8-sig")
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such slide table") from None
-        except UnicodeDecodeError:
-            raise DataError(f"{path}: not a text CSV file") from None
-        reader = csv.DictReader(text.splitlines())
-        columns = [c.strip() for c in reader.fieldnames or []]
+        columns, rows, separator = read_table_text(path)
         wanted = TASK_COLUMNS[task]
         missing = ({"slide", *wanted} if labels_required else {"slide"}) - set(columns)
         if missing:
             implied = implied_task(columns)
             hint = f"; its columns suggest data.task: {implied}" if implied != task else ""
             raise DataError(
-                f"{path}: missing column(s) {sorted(missing)} for data.task {task}; "
+                f"{path}: missing column(s) {', '.join(sorted(missing))} for data.task {task} "
+                f"(columns read, separated by {SEPARATORS[separator]}: {', '.join(columns) or 'none'}); "
                 f"expected slide,{','.join(wanted)}[,split][,regions][,case]{hint}"
             )
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
         case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
         case_splits: dict[str, tuple[int, str | None]] = {}
-        for row_no, raw in enumerate(reader, start=2):
-            row = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        label_rows: dict[str, list[int]] = {}
+        for row_no, row in enumerate(rows, start=2):
+            if separator == ";":  # a spreadsheet's decimal comma: 12,5 is 12.5
+                row = {k: v.replace(",", ".") if k in NUMBER_COLUMNS else v for k, v in row.items()}
             where = f"{path}, row {row_no}"
             if not row.get("slide"):
                 raise DataError(f"{where}: empty slide path")
@@ -185,8 +207,12 @@ class SlideTable:
                         f"{_said(outcome, task)} at row {first_row}; a case's slides must agree"
                     )
             entries.append(entry)
+            if entry.label:
+                label_rows.setdefault(entry.label, []).append(row_no)
         if not entries:
             raise DataError(f"{path}: the slide table has no rows")
+        if task == "classification":
+            check_label_spelling(label_rows, f"{path}: ", "row")
         return cls(entries, list(classes) if classes else [], task)
 
     def to_csv(self, path: str | Path) -> Path:
@@ -237,6 +263,21 @@ class SlideTable:
                 for i in todo[k]:
                     entries[i].split = side
         return self.like(entries)
+
+
+def check_label_spelling(where: dict[str, list[int]] | dict[str, list[str]], prefix: str, noun: str) -> None:
+    """Labels that differ only in upper/lower case or spaces (`tumor`, `Tumor `) would be two classes: a
+    `DataError` naming each spelling and where it is (`where`: label -> rows or slides)."""
+    spellings: dict[str, list[str]] = {}
+    for label in where:
+        spellings.setdefault(" ".join(label.split()).casefold(), []).append(label)
+    for same in spellings.values():
+        if len(same) > 1:
+            told = "; ".join(f"{label!r} at {noun}(s) {', '.join(map(str, where[label]))}" for label in same)
+            raise DataError(
+                f"{prefix}labels {told} differ only in upper/lower case or spaces, which would make them "
+                "different classes: spell each class one way"
+            )
 
 
 def _check_slide_folder(slide: Path, where: str) -> None:

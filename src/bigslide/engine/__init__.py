@@ -1,9 +1,38 @@
-"""The training engine: config, the event-generator training loop, checkpoints, metrics and inference."""
+"""The training engine: config, the event-generator training loop, checkpoints, metrics and inference.
 
-from bigslide.engine.config import DataConfig, MethodConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
-from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
-from bigslide.engine.inference import SlidePrediction, load_trained, predict_slide, predict_slides
-from bigslide.engine.loop import RunResult, run_to_end, train
+The loop and inference pull in PyTorch and timm: they load on first use, so reading or writing a config
+(`bigslide.engine.config`, the napari panels' forms) does not wait for them.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bigslide.engine.config import (
+        DataConfig,
+        MethodConfig,
+        ModelConfig,
+        OptimConfig,
+        RunConfig,
+        TrainConfig,
+    )
+    from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
+    from bigslide.engine.inference import SlidePrediction, load_trained, predict_slide, predict_slides
+    from bigslide.engine.loop import RunResult, run_to_end, train
+
+_LAZY = {
+    **dict.fromkeys(
+        ("DataConfig", "MethodConfig", "ModelConfig", "OptimConfig", "RunConfig", "TrainConfig"),
+        "bigslide.engine.config",
+    ),
+    **dict.fromkeys(
+        ("CheckpointSaved", "Event", "Loss", "Message", "Metrics", "Progress"), "bigslide.engine.events"
+    ),
+    **dict.fromkeys(
+        ("SlidePrediction", "load_trained", "predict_slide", "predict_slides"), "bigslide.engine.inference"
+    ),
+    **dict.fromkeys(("RunResult", "run_to_end", "train"), "bigslide.engine.loop"),
+}
 
 __all__ = [
     "CheckpointSaved",
@@ -26,3 +55,9 @@ __all__ = [
     "run_to_end",
     "train",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bigslide.engine' has no attribute {name!r}")

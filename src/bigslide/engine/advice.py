@@ -13,14 +13,13 @@ from bigslide.methods.base import Method
 def predicts(endpoint: Endpoint) -> str:
     """What a run predicts, in words (its first message)."""
     if endpoint.task == "classification":
-        return f"classes {endpoint.classes}"
+        return f"classes {', '.join(endpoint.classes)}"
     if endpoint.task == "regression":
         return f"regression (target mean {endpoint.mean:.3g}, sd {endpoint.sd:.3g})"
     if endpoint.survival_loss == "cox":
         return "survival (Cox partial likelihood)"
-    return (
-        f"survival ({len(endpoint.bins) + 1} time intervals, cut at {[round(b, 3) for b in endpoint.bins]})"
-    )
+    cuts = ", ".join(f"{b:.3g}" for b in endpoint.bins)
+    return f"survival ({len(endpoint.bins) + 1} time intervals, cut at {cuts})"
 
 
 def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:

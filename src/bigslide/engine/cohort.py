@@ -122,7 +122,7 @@ def predict_cohort(
     files state none (None: the checkpoint's data.slide_mpp). `tiles`: where tile grids are kept between
     runs (None: made anew). Closing the generator stops the reading and joins every thread and process.
     """
-    method, _config, classes, epochs = trained
+    method, _config, classes, epochs, _reference = trained
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     reads = read_cohort(
         trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp, tiles=tiles
@@ -154,7 +154,7 @@ def read_cohort(
 ) -> Generator[tuple[list[int], SlideRead], None, None]:
     """(the case's rows, what was read) for the cases of the rows `todo` of `table`, in order, read ahead
     as `predict_cohort` describes. A read holds a dataset of the case's own (close its `slides` when done)."""
-    method, config, classes, _epochs = trained
+    method, config, classes, _epochs, _reference = trained
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     table = prediction_table(table, classes, endpoint)
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp

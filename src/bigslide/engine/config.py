@@ -52,7 +52,7 @@ class OptimConfig:
     optimizer: Literal["adamw", "sgd"] = field(
         default="adamw", metadata={"help": "adamw, or sgd with momentum 0.9"}
     )
-    lr: float = field(default=1e-4, metadata={"min": 0, "help": "peak learning rate"})
+    lr: float = field(default=1e-4, metadata={"above": 0, "help": "peak learning rate"})
     weight_decay: float = field(
         default=0.0, metadata={"min": 0, "help": "decoupled weight decay (AdamW) or L2 penalty (SGD)"}
     )

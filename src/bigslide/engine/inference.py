@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -173,6 +174,9 @@ class SlidePrediction:
     epochs: int = 0  # epochs the checkpoint's weights were trained for
     endpoint: Endpoint | None = None  # None: classification into `classes`
     case: str | None = None  # the case the slide is part of: its prediction is the case's
+    # survival: the risks of the run's last validation (else training) cases, that a risk is read against
+    risk_reference: dict[str, Any] | None = None
+    thinned: int = 1  # a preview: one tile in thinned x thinned was read, its score drawn over the block
 
     @property
     def task(self) -> str:
@@ -183,6 +187,29 @@ class SlidePrediction:
         """Survival: the predicted risk (higher = earlier event)."""
         assert self.endpoint is not None
         return float(self.endpoint.risk(self.probs)[0])
+
+    def context(self) -> str:
+        """Where a survival risk or a regression estimate falls among the training cohort's, in words
+        ('' for classes): a risk has no unit of its own."""
+        if self.task == "survival":
+            risks = np.asarray((self.risk_reference or {}).get("risks", []), dtype=float)
+            if not risks.size:
+                return "higher = earlier event"
+            below = float(np.mean(risks < self.risk))
+            group = "high" if self.risk > float(np.median(risks)) else "low"
+            split = (self.risk_reference or {}).get("split", "reference")
+            return (
+                f"higher than {below:.0%} of the {risks.size} {split} cases' risks: {group}-risk group "
+                "(split at their median); higher = earlier event"
+            )
+        if self.task == "regression" and self.endpoint is not None and self.endpoint.sd:
+            value = float(self.probs[0])
+            sds = (value - self.endpoint.mean) / self.endpoint.sd
+            return (
+                f"the training targets' mean is {self.endpoint.mean:.4g} (sd {self.endpoint.sd:.3g}): "
+                f"{abs(sds):.1f} sd {'above' if sds >= 0 else 'below'} it, in the table's units"
+            )
+        return ""
 
     @property
     def label(self) -> str:
@@ -207,6 +234,7 @@ class Trained(NamedTuple):
     config: TrainConfig
     classes: list[str]
     epochs: int  # epochs the weights were trained for (the checkpoint's history)
+    risk_reference: dict[str, Any] | None = None  # survival: the risks a prediction is read against
 
 
 def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
@@ -223,7 +251,7 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain)
     method.model.load_state_dict(state["model"])
     method.model.eval()
-    return Trained(method, config, classes, len(state.get("history", [])))
+    return Trained(method, config, classes, len(state.get("history", [])), state.get("risk_reference"))
 
 
 def prediction_table(table: SlideTable, classes: list[str], endpoint: Endpoint) -> SlideTable:
@@ -243,6 +271,7 @@ def predict_slides(
     repeats: int = 0,
     slide_mpp: float | None = None,
     tiles: TileCache | None = None,
+    max_tiles: int | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
     The slides of a case are one bag: each gets the case's prediction and its own heatmaps.
@@ -250,8 +279,10 @@ def predict_slides(
     Every slide is read at the checkpoint's resolution (its data.target_mpp and tile or image size), whatever
     its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none. Tile grids come from
     `tiles`, else from the training run's tile cache (data.tile_cache) when its run folder is here.
+    `max_tiles` makes a preview of a bag method: a slide with more tiles is read one tile in s x s (a
+    regular lattice) and its map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
     """
-    method, config, classes, epochs = load_trained(checkpoint, device=device)
+    method, config, classes, epochs, reference = load_trained(checkpoint, device=device)
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     table = prediction_table(table, classes, endpoint)
     if tiles is None and Path(config.run.out_dir).is_dir():
@@ -262,6 +293,7 @@ def predict_slides(
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
         )
+        steps = _thin(dataset, max_tiles) if max_tiles and isinstance(dataset, BagDataset) else {}
         if config.data.features:  # slides new to the store are encoded into it first
             for _event in attach_feature_store(config, method, [dataset]):
                 pass
@@ -275,9 +307,14 @@ def predict_slides(
         for row in rows:
             e = table.entries[row]
             grids = preds.grids[i].get(str(e.path), {})
+            step = steps.get(row, 1)
+            if step > 1:
+                grids = {name: _coarse(grid, step) for name, grid in grids.items()}
             titles = dict(method.map_titles)
             out.append(
-                SlidePrediction(e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case)
+                SlidePrediction(
+                    e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case, reference, step
+                )
             )
     return out, preds
 
@@ -290,9 +327,39 @@ def predict_slide(
     device: str = "auto",
     repeats: int = 0,
     slide_mpp: float | None = None,
+    max_tiles: int | None = None,
 ) -> SlidePrediction:
-    """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence")."""
+    """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence");
+    `max_tiles` makes a quicker preview of a large slide (see `predict_slides`)."""
     entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
     table = SlideTable([entry], ["?"])
-    preds, _ = predict_slides(checkpoint, table, device=device, repeats=repeats, slide_mpp=slide_mpp)
+    preds, _ = predict_slides(
+        checkpoint, table, device=device, repeats=repeats, slide_mpp=slide_mpp, max_tiles=max_tiles
+    )
     return preds[0]
+
+
+def _thin(dataset: BagDataset, max_tiles: int) -> dict[int, int]:
+    """Keep one tile in s x s of each grid with more than `max_tiles` (a lattice from its first tile);
+    returns s per table row that was thinned."""
+    steps = {}
+    for row, grid in enumerate(dataset.grids):
+        if len(grid) <= max_tiles:
+            continue
+        step = math.ceil(math.sqrt(len(grid) / max_tiles))
+        t = grid.tile_size_level0
+        lattice = (grid.coords - grid.coords.min(axis=0)) // t % step
+        keep = (lattice == 0).all(axis=1)
+        if keep.any():
+            dataset.grids[row] = replace(grid, coords=grid.coords[keep], tissue=grid.tissue[keep])
+            steps[row] = step
+    return steps
+
+
+def _coarse(grid: ScoreGrid, step: int) -> ScoreGrid:
+    """A thinned slide's map with each read tile's score over its step x step block of cells (bags give
+    one score per tile: no RGB maps here)."""
+    rows, cols = np.nonzero(np.isfinite(grid.scores))
+    coords = np.stack([cols, rows], axis=1) * grid.cell_size_level0 + np.asarray(grid.origin)
+    cell = round(grid.cell_size_level0 * step)
+    return ScoreGrid.from_tiles(coords, grid.scores[rows, cols], cell, mpp=grid.mpp, name=grid.name)

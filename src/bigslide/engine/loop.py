@@ -143,7 +143,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     # rank 0 validates and saves; the others only train
     val, test = (data.val, data.test) if ranks.is_main else (None, None)
     yield Message(
-        f"{method.name} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
+        f"{method.title()} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
         f"val items, {predicts(endpoint)}"
     )
 
@@ -208,6 +208,9 @@ class _Run:
     history: list[dict[str, Any]] = field(default_factory=list)
     saved_at: int = -1  # the step of the last checkpoint
     reported: set[int] = field(default_factory=set)  # bad training items already named in a message
+    # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
+    # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
+    risk_reference: dict[str, Any] | None = None
 
     @property
     def out(self) -> Path:
@@ -230,6 +233,7 @@ class _Run:
         set_rng_state(saved["rng"])
         if saved.get("stain"):
             self.method.stain_reference = StainFit.from_state(saved["stain"])
+        self.risk_reference = saved.get("risk_reference")
         return Message(
             f"resumed from {self.ckpt} at epoch {self.state['epoch']}, batch {self.state['batch']}"
         )
@@ -259,6 +263,7 @@ class _Run:
             "rng": rng_state(),
             # what slides are normalised to, so prediction maps them as training did
             "stain": method.stain_reference.state() if method.stain_reference is not None else None,
+            "risk_reference": self.risk_reference,
         }
         self.saved_at = self.state["step"]
         return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
@@ -296,10 +301,14 @@ class _Run:
         record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
         yield Metrics(epoch, "train", record["train"])
+        outputs, split = np.array(seen_p), "train"
         if self.val is not None:
             preds = predict_dataset(method, self.val, repeats=config.data.inference_repeats)
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+            outputs, split = preds.probs, "validation"
             yield Metrics(epoch, "val", record["val"])
+        if self.endpoint.task == "survival" and len(outputs):
+            self.risk_reference = {"split": split, "risks": [float(r) for r in self.endpoint.risk(outputs)]}
         if self.board is not None:
             self.board.epoch(record, method, self.val)
         self.history.append(record)

@@ -114,16 +114,27 @@ def bag_backward(*args: Any, **kwargs: Any) -> torch.Tensor:
 @dataclass
 class ABMILACCParams(EndToEndParams):
     chunk_size: int = field(
-        default=32, metadata={"min": 1, "help": "tiles per replayed encoder call (sets memory)"}
+        default=32,
+        metadata={
+            "label": "tiles per pass with gradients",
+            "min": 1,
+            "help": "tiles per replayed encoder call (sets memory)",
+        },
     )
     forward_chunk_size: int = field(
-        default=0, metadata={"min": 0, "help": "tiles per no-grad encoder call; 0 = 4 x chunk_size"}
+        default=0,
+        metadata={
+            "label": "tiles per pass without gradients (0 = auto)",
+            "min": 0,
+            "help": "tiles per no-grad encoder call; 0 = 4 x chunk_size",
+        },
     )
 
 
 @register
 class ABMILACC(MILMethod[ABMILACCParams]):
     name = "abmil_acc"
+    display_name = "ABMIL-ACC"
     Params = ABMILACCParams
     summary = "End-to-end attention MIL on whole bags: exact full-bag gradients, chunk-sized memory."
     memory_params = ("chunk_size", "forward_chunk_size")

@@ -72,9 +72,11 @@ class Stepper(Protocol):
 @dataclass
 class MethodParams:
     """Base of every method's parameters. Fields must be int, float, bool, str or a Literal of str:
-    the GUI builds its form from them. `metadata={"help": ...}` gives the tooltip, `"min"` / `"max"`
-    bound the value (checked here and in the form), `"shown_with": {"other_field": (values, ...)}` shows
-    the field in the form only while another field has one of those values."""
+    the GUI builds its form from them. `metadata={"label": ...}` names the field in the form (in words,
+    with its unit), `"help"` gives the tooltip, `"min"` / `"max"` (inclusive) and `"above"` (exclusive)
+    bound the value (checked here and in the form), `"choices": {value: words}` says how a Literal's
+    values read, `"shown_with": {"other_field": (values, ...)}` shows the field in the form only while
+    another field has one of those values."""
 
     def __post_init__(self) -> None:
         check_ranges(self, "method.params")
@@ -109,6 +111,7 @@ class Method(ABC, Generic[P]):
     kind: ClassVar[Kind]
     Params: ClassVar[type[MethodParams]]
     summary: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""  # how people call it (the panels show it); "" = `name`
     # Parameters that bound a step's memory: an out-of-memory error suggests halving them.
     memory_params: ClassVar[tuple[str, ...]] = ()
     # The heatmaps `predict` gives (`instance_scores` are "attention"), with their titles in the viewers.
@@ -119,6 +122,11 @@ class Method(ABC, Generic[P]):
     # float32's transfer, and applies `colour(samples)` there). False: the engine hands it floats in
     # [0, 1], stain maps applied.
     takes_uint8: ClassVar[bool] = False
+
+    @classmethod
+    def title(cls) -> str:
+        """The method's name as people say it (its registry name when it has no other)."""
+        return cls.display_name or cls.name
 
     def __init__(self, params: P, spec: ModelSpec, device: torch.device) -> None:
         self.params: P = params

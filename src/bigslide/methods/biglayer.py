@@ -49,7 +49,7 @@ from bigslide.methods.batchnorm import (
     freeze_batchnorm_affine,
     frozen_batchnorm,
 )
-from bigslide.methods.mil import MILParams, aggregator_kwargs, bn_policy
+from bigslide.methods.mil import BN_WORDS, MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
@@ -102,8 +102,8 @@ class BigImageModel(nn.Module):
         return self.head(self.encoder(images))
 
 
-_STAGES = {"min": 0, "max": 4, "help": _STAGES_HELP}
-_BUDGET = {"min": 0.001, "help": _BUDGET_HELP}
+_STAGES = {"label": "Big-Layer stages", "min": 0, "max": 4, "help": _STAGES_HELP}
+_BUDGET = {"label": "memory per partition (MiB)", "min": 0.001, "help": _BUDGET_HELP}
 
 
 @dataclass
@@ -112,14 +112,16 @@ class BigLayerMILParams(MILParams):
 
     stages: int = field(default=2, metadata=_STAGES)
     budget_mb: float = field(default=1024.0, metadata=_BUDGET)
-    bn_mode: Literal["eval", "frozen", "batch"] = field(default="eval", metadata={"help": _MIL_BN_HELP})
+    bn_mode: Literal["eval", "frozen", "batch"] = field(
+        default="eval", metadata={"label": "encoder BatchNorm", "choices": BN_WORDS, "help": _MIL_BN_HELP}
+    )
 
 
 @dataclass
 class BigLayerImageParams(MethodParams):
     stages: int = field(default=2, metadata=_STAGES)
     budget_mb: float = field(default=1024.0, metadata=_BUDGET)
-    bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
+    bn_mode: ImageBnMode = field(default="batch", metadata={"label": "BatchNorm", "help": IMAGE_BN_MODE_HELP})
 
 
 def _to_host(x: torch.Tensor, colour: RowColour | None) -> torch.Tensor:
@@ -131,6 +133,7 @@ def _to_host(x: torch.Tensor, colour: RowColour | None) -> torch.Tensor:
 @register
 class BigLayerMIL(Method[BigLayerMILParams]):
     name = "biglayer_mil"
+    display_name = "Big-Layer, tiles"
     kind = "bag"
     takes_uint8 = True
     Params = BigLayerMILParams
@@ -179,6 +182,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
 @register
 class BigLayerImage(Method[BigLayerImageParams]):
     name = "biglayer_image"
+    display_name = "Big-Layer, whole image"
     kind = "image"
     takes_uint8 = True
     Params = BigLayerImageParams

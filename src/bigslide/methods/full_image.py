@@ -40,19 +40,22 @@ class FullImageParams(MethodParams):
     img_size: int = field(
         default=0,
         metadata={
+            "label": "input side (px, 0 = the backbone's)",
             "min": 0,
             "help": "Input size for fixed-size backbones (ViTs); 0 = the backbone's default.",
         },
     )
     channels_last: bool = field(
-        default=True, metadata={"help": "Feed images in channels-last memory format."}
+        default=True,
+        metadata={"label": "channels-last memory", "help": "Feed images in channels-last memory format."},
     )
-    bn_mode: ImageBnMode = field(default="batch", metadata={"help": IMAGE_BN_MODE_HELP})
+    bn_mode: ImageBnMode = field(default="batch", metadata={"label": "BatchNorm", "help": IMAGE_BN_MODE_HELP})
 
 
 @register
 class FullImage(Method[FullImageParams]):
     name = "full_image"
+    display_name = "Whole image, standard"
     kind = "image"
     takes_uint8 = True
     Params = FullImageParams

@@ -22,6 +22,13 @@ from bigslide.nn.mil import Aggregator, make_aggregator
 from bigslide.nn.mil.base import split_head_output
 
 BNMode = Literal["eval", "frozen", "batch"]
+BN_WORDS = {"eval": "eval (exact)", "frozen": "frozen (exact)", "batch": "batch statistics (inexact)"}
+AGGREGATOR_WORDS = {
+    "abmil": "ABMIL",
+    "abmil_gated": "gated ABMIL",
+    "transmil": "TransMIL",
+    "dtfd": "DTFD-MIL",
+}
 
 
 class BagStep(NamedTuple):
@@ -83,14 +90,21 @@ class MILModel(nn.Module):
 @dataclass
 class MILParams(MethodParams):
     aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
-        default="abmil", metadata={"help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL"}
+        default="abmil",
+        metadata={
+            "label": "MIL head",
+            "choices": AGGREGATOR_WORDS,
+            "help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL",
+        },
     )
     hidden: int = field(
-        default=256, metadata={"min": 1, "help": "size of the head's projection of the features"}
+        default=256,
+        metadata={"label": "head width", "min": 1, "help": "size of the head's projection of the features"},
     )
     attention_dim: int = field(
         default=128,
         metadata={
+            "label": "attention width",
             "shown_with": {"aggregator": ("abmil", "abmil_gated", "dtfd")},
             "min": 1,
             "help": "hidden size of the attention scorer",
@@ -99,31 +113,54 @@ class MILParams(MethodParams):
     attention: Literal["softmax", "sigmoid"] = field(
         default="softmax",
         metadata={
+            "label": "attention weights",
             "shown_with": {"aggregator": ("abmil", "abmil_gated")},
             "help": "softmax: weights sum to 1 (what the slide holds); sigmoid: each in (0, 1), mean over "
             "the bag (how much of it: burden-like survival or regression endpoints)",
         },
     )
     dropout: float = field(
-        default=0.0, metadata={"min": 0, "max": 0.99, "help": "dropout after the head's projection"}
+        default=0.0,
+        metadata={
+            "label": "head dropout",
+            "min": 0,
+            "max": 0.99,
+            "help": "dropout after the head's projection",
+        },
     )
     heads: int = field(
         default=8,
-        metadata={"shown_with": {"aggregator": ("transmil",)}, "min": 1, "help": "TransMIL: attention heads"},
+        metadata={
+            "label": "attention heads",
+            "shown_with": {"aggregator": ("transmil",)},
+            "min": 1,
+            "help": "TransMIL: attention heads",
+        },
     )
     pseudo_bags: int = field(
         default=4,
-        metadata={"shown_with": {"aggregator": ("dtfd",)}, "min": 1, "help": "DTFD: pseudo-bags per bag"},
+        metadata={
+            "label": "pseudo-bags per slide",
+            "shown_with": {"aggregator": ("dtfd",)},
+            "min": 1,
+            "help": "DTFD: pseudo-bags per bag",
+        },
     )
     distill: Literal["afs", "maxs"] = field(
         default="afs",
         metadata={
+            "label": "second-tier features",
             "shown_with": {"aggregator": ("dtfd",)},
             "help": "DTFD: tier-2 features (attention-pooled or max-scoring instance)",
         },
     )
     inference_chunk_size: int = field(
-        default=128, metadata={"min": 1, "help": "tiles per encoder call at prediction"}
+        default=128,
+        metadata={
+            "label": "tiles per pass when predicting",
+            "min": 1,
+            "help": "tiles per encoder call at prediction",
+        },
     )
 
 
@@ -131,7 +168,11 @@ class MILParams(MethodParams):
 class EndToEndParams(MILParams):
     bn_mode: Literal["eval", "frozen", "batch"] = field(
         default="eval",
-        metadata={"help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)"},
+        metadata={
+            "label": "encoder BatchNorm",
+            "choices": BN_WORDS,
+            "help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)",
+        },
     )
 
 

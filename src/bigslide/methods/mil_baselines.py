@@ -59,6 +59,7 @@ def full_bag_backward(
 @register
 class FullBag(MILMethod[EndToEndParams]):
     name = "full_bag"
+    display_name = "Full bag, reference"
     Params = EndToEndParams
     summary = "End-to-end attention MIL with the whole bag in one graph (memory grows with the bag)."
     plan_preference = 1
@@ -94,9 +95,15 @@ class FullBag(MILMethod[EndToEndParams]):
 class FrozenParams(MILParams):
     cache_features: bool = field(
         default=True,
-        metadata={"help": "reuse each tile's features across epochs; turn off when tiles are augmented"},
+        metadata={
+            "label": "keep tile features between epochs",
+            "help": "reuse each tile's features across epochs; turn off when tiles are augmented",
+        },
     )
-    cache_mb: int = field(default=1024, metadata={"min": 0, "help": "memory limit of the feature cache (MB)"})
+    cache_mb: int = field(
+        default=1024,
+        metadata={"label": "feature cache (MB)", "min": 0, "help": "memory limit of the feature cache (MB)"},
+    )
 
 
 class FeatureCache:
@@ -133,6 +140,7 @@ class FeatureCache:
 @register
 class FrozenABMIL(MILMethod[FrozenParams]):
     name = "frozen_abmil"
+    display_name = "Frozen encoder + ABMIL"
     Params = FrozenParams
     summary = (
         "Frozen encoder features (cached per tile, or stored per slide), only the attention-MIL head trains."

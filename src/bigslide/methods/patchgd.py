@@ -107,6 +107,7 @@ def sample_positions(
 @register
 class PatchGD(Method[PatchGDParams]):
     name = "patchgd"
+    display_name = "PatchGD"
     kind = "image"
     takes_uint8 = True
     Params = PatchGDParams

@@ -13,13 +13,21 @@ from bigslide.methods.base import MethodParams
 
 @dataclass
 class PatchGDParams(MethodParams):
-    patch_size: int = field(default=128, metadata={"min": 1, "help": "Patch side in image pixels."})
+    patch_size: int = field(
+        default=128, metadata={"label": "patch side (px)", "min": 1, "help": "Patch side in image pixels."}
+    )
     stride: int = field(
-        default=0, metadata={"min": 0, "help": "Step between patches; 0 = patch size, less = overlap."}
+        default=0,
+        metadata={
+            "label": "patch step (px, 0 = patch side)",
+            "min": 0,
+            "help": "Step between patches; 0 = patch size, less = overlap.",
+        },
     )
     sampling: float = field(
         default=0.125,
         metadata={
+            "label": "share of patches per inner step",
             "min": 1e-06,
             "max": 1.0,
             "help": "Fraction of an image's patches re-encoded per inner iteration.",
@@ -28,44 +36,75 @@ class PatchGDParams(MethodParams):
     k: int = field(
         default=0,
         metadata={
+            "label": "patches per inner step (0 = from the share)",
             "min": 0,
             "help": "Patches re-encoded per image per inner iteration; > 0 overrides sampling.",
         },
     )
     inner_iterations: int = field(
         default=0,
-        metadata={"min": 0, "help": "Inner iterations ζ per batch; 0 = enough to cover every patch once."},
+        metadata={
+            "label": "inner steps per batch (0 = every patch once)",
+            "min": 0,
+            "help": "Inner iterations ζ per batch; 0 = enough to cover every patch once.",
+        },
     )
     epsilon: int = field(
-        default=8, metadata={"min": 1, "help": "Inner iterations ε accumulated per optimizer step."}
+        default=8,
+        metadata={
+            "label": "inner steps per optimizer step (ε)",
+            "min": 1,
+            "help": "Inner iterations ε accumulated per optimizer step.",
+        },
     )
     latent_dim: int = field(
-        default=256, metadata={"min": 1, "help": "Latent size s of one patch's Z vector."}
+        default=256,
+        metadata={"label": "Z-block width", "min": 1, "help": "Latent size s of one patch's Z vector."},
     )
     head: Literal["cnn", "transformer", "pool"] = field(
         default="cnn",
         metadata={
+            "label": "head",
             "help": "Head reading the whole Z-block: the paper's CNN, one transformer layer, or pool "
-            "(mean and max over the cells, then Linear; for encoders trained from random weights)."
+            "(mean and max over the cells, then Linear; for encoders trained from random weights).",
         },
     )
     head_width: int = field(
-        default=0, metadata={"min": 0, "help": "Head channels; 0 = paper's (CNN 256, transformer 384)."}
+        default=0,
+        metadata={
+            "label": "head width (0 = paper's)",
+            "min": 0,
+            "help": "Head channels; 0 = paper's (CNN 256, transformer 384).",
+        },
     )
-    head_dropout: float = field(default=0.2, metadata={"min": 0, "max": 0.99, "help": "Dropout in the head."})
+    head_dropout: float = field(
+        default=0.2, metadata={"label": "head dropout", "min": 0, "max": 0.99, "help": "Dropout in the head."}
+    )
     head_norm: Literal["batch", "group"] = field(
         default="batch",
-        metadata={"help": "CNN head normalisation; 'group' also trains on 1x1 grids at batch 1."},
+        metadata={
+            "label": "head normalisation",
+            "help": "CNN head normalisation; 'group' also trains on 1x1 grids at batch 1.",
+        },
     )
     fill_bn_mode: Literal["eval", "train"] = field(
-        default="eval", metadata={"help": "Encoder mode while filling Z (eval: exact per-patch encodings)."}
+        default="eval",
+        metadata={
+            "label": "encoder BatchNorm filling Z",
+            "help": "Encoder mode while filling Z (eval: exact per-patch encodings).",
+        },
     )
     encoder_bn: Literal["train", "frozen"] = field(
-        default="train", metadata={"help": "Encoder BatchNorm in inner iterations; 'frozen' for small B·k."}
+        default="train",
+        metadata={
+            "label": "encoder BatchNorm in inner steps",
+            "help": "Encoder BatchNorm in inner iterations; 'frozen' for small B·k.",
+        },
     )
     fill_batch_size: int = field(
         default=256,
         metadata={
+            "label": "patches per pass filling Z",
             "min": 1,
             "help": "Patches per encoder call when filling Z; a training step uses at most "
             "2·B·k, so its fill never needs more memory than an inner iteration.",
@@ -74,19 +113,22 @@ class PatchGDParams(MethodParams):
     grad_chunk: int = field(
         default=0,
         metadata={
+            "label": "patches per pass with gradients (0 = all)",
             "min": 0,
             "help": "Patches per with-grad encoder call in an inner iteration; 0 = all B·k at once. "
             "Bounds memory at one extra no-grad pass; exact unless encoder BatchNorm trains.",
         },
     )
     pad_value: float = field(
-        default=1.0, metadata={"help": "Value padding images to whole patches (1 = white)."}
+        default=1.0,
+        metadata={"label": "padding value", "help": "Value padding images to whole patches (1 = white)."},
     )
     channels_last: bool = field(
         default=True,
         metadata={
+            "label": "channels-last memory",
             "help": "Feed patches in channels-last memory format (on the CPU, the late convolutions "
-            "with large weights keep the standard layout: less memory, same speed)."
+            "with large weights keep the standard layout: less memory, same speed).",
         },
     )
 

@@ -1,10 +1,12 @@
 """Forms built from parameter dataclasses (a method's `Params`, parts of `DataConfig`).
 
-Fields of type int, float, bool, str or Literal[str, ...] become spin boxes, check boxes, line edits
-and drop-downs. A field's metadata gives the tooltip (`help`), the bounds a value can be typed within
-(`min`, `max`, the same bounds the config checks) and when the field applies (`shown_with`: shown only
-while another field of the form has one of the listed values). Adding a parameter to a method adds it
-to the GUI with no GUI code.
+Fields of type int, float (optionally `| None`), bool, str or Literal[str, ...] become number fields,
+check boxes, line edits and drop-downs. A field's metadata gives its label (`label`, else its name in
+words), the tooltip (`help`), the bounds a typed number must keep (`min`, `max`, `above`: the same bounds
+the config checks; a number outside them is refused beside the field, never clamped), what an empty
+optional number means (`blank`), how a choice reads (`choices`: value -> words) and when the field applies
+(`shown_with`: shown only while another field of the form has one of the listed values). Adding a
+parameter to a method adds it to the GUI with no GUI code.
 """
 
 from __future__ import annotations
@@ -14,19 +16,16 @@ import typing
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QLineEdit,
-    QSpinBox,
     QWidget,
 )
 
-from bigslide.napari._qt import FloatBox
-
-_INT_LIMIT = 2**31 - 1
+from bigslide.napari._number import NumberField
 
 
 class DataclassForm(QWidget):
@@ -42,19 +41,21 @@ class DataclassForm(QWidget):
             fields.sort(key=lambda f: wanted.index(f.name))
         self.layout_ = QFormLayout(self)
         self.layout_.setContentsMargins(0, 0, 0, 0)
+        # a long label goes above its field rather than widening the panel past its dock
+        self.layout_.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.widgets: dict[str, QWidget] = {}
         self.shown_with: dict[str, dict[str, tuple[str, ...]]] = {}
         for f in fields:
-            widget = field_widget(hints[f.name], _default(f), f.metadata)
+            widget = field_widget(hints[f.name], _default(f), f.metadata, field_label(f))
             if widget is None:
                 continue  # a type the form cannot edit keeps its default
             self.widgets[f.name] = widget
-            self.layout_.addRow(f.name.replace("_", " "), widget)
+            self.layout_.addRow(field_label(f), widget)
             if "shown_with" in f.metadata:
                 self.shown_with[f.name] = dict(f.metadata["shown_with"])
         for widget in self.widgets.values():
             if isinstance(widget, QComboBox):
-                widget.currentTextChanged.connect(lambda _t: self._update_visibility())
+                widget.currentIndexChanged.connect(lambda _i: self._update_visibility())
         self._update_visibility()
 
     def __len__(self) -> int:
@@ -71,6 +72,15 @@ class DataclassForm(QWidget):
     def values(self) -> dict[str, Any]:
         return {name: widget_value(widget) for name, widget in self.widgets.items()}
 
+    def problems(self) -> list[str]:
+        """Refusals of the numbers typed into the fields now shown (a hidden field is not used)."""
+        shown = set(self.visible_fields())
+        return [
+            text
+            for name, widget in self.widgets.items()
+            if name in shown and isinstance(widget, NumberField) and (text := widget.refusal())
+        ]
+
     def set_values(self, values: dict[str, Any]) -> None:
         for name, value in values.items():
             if name in self.widgets:
@@ -83,48 +93,66 @@ class DataclassForm(QWidget):
             self.layout_.setRowVisible(self.widgets[name], shown)
 
 
-def field_widget(hint: Any, default: Any, metadata: Any) -> QWidget | None:
+def field_label(field: dataclasses.Field[Any]) -> str:
+    """The words a form shows for a field: its `label` metadata, else its name with spaces."""
+    return str(field.metadata.get("label") or field.name.replace("_", " "))
+
+
+def field_widget(hint: Any, default: Any, metadata: Any, label: str = "") -> QWidget | None:
     """One input for a field, bounded by its metadata, or None for a type the form cannot edit."""
     widget: QWidget
-    low, high = metadata.get("min"), metadata.get("max")
+    low, high, above = metadata.get("min"), metadata.get("max"), metadata.get("above")
+    number, optional = _number_type(hint)
     if typing.get_origin(hint) is Literal:
         widget = QComboBox()
-        widget.addItems([str(c) for c in typing.get_args(hint)])
-        widget.setCurrentText(str(default))
+        words = dict(metadata.get("choices", {}))
+        for index, choice in enumerate(typing.get_args(hint)):
+            widget.addItem(str(words.get(choice, choice)), choice)  # shown in words, stored as the value
+            widget.setItemData(index, str(choice), Qt.ItemDataRole.ToolTipRole)
+        widget.setCurrentIndex(max(widget.findData(default), 0))
     elif hint is bool:
         widget = QCheckBox()
         widget.setChecked(bool(default))
-    elif hint is int:
-        widget = QSpinBox()
-        widget.setRange(
-            int(low) if low is not None else -_INT_LIMIT, int(high) if high is not None else _INT_LIMIT
-        )
-        widget.setValue(int(default))
-    elif hint is float:
-        widget = FloatBox()
-        widget.setRange(float(low) if low is not None else -1e12, float(high) if high is not None else 1e12)
-        widget.setSingleStep(_step(float(default)))
-        widget.setValue(float(default))
+    elif number is not None:
+        blank = str(metadata.get("blank", "automatic")) if optional else None
+        widget = NumberField(number, default, name=label, minimum=low, maximum=high, above=above, blank=blank)
     elif hint is str:
         widget = QLineEdit(str(default))
     else:
         return None
     help_text = metadata.get("help", "")
     bounds = " ".join(
-        p for p in (f"≥ {low}" if low is not None else "", f"≤ {high}" if high is not None else "") if p
+        p
+        for p in (
+            f"> {above}" if above is not None else "",
+            f"≥ {low}" if low is not None else "",
+            f"≤ {high}" if high is not None else "",
+        )
+        if p
     )
-    widget.setToolTip(f"{help_text} ({bounds})" if bounds else help_text)
+    tip = f"{help_text} ({bounds})" if bounds else help_text
+    (widget.edit if isinstance(widget, NumberField) else widget).setToolTip(tip)
     return widget
+
+
+def _number_type(hint: Any) -> tuple[type | None, bool]:
+    """(int or float, whether None is allowed) for a number field's type hint, else (None, False)."""
+    if hint in (int, float):
+        return hint, False
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:
+        inner = next(a for a in args if a is not type(None))
+        if inner in (int, float):
+            return inner, True
+    return None, False
 
 
 def widget_value(widget: QWidget) -> Any:
     if isinstance(widget, QComboBox):
-        return widget.currentText()
+        return widget.currentData()
     if isinstance(widget, QCheckBox):
         return widget.isChecked()
-    if isinstance(widget, QDoubleSpinBox):
-        return float(widget.cleanText()) if widget.cleanText() else widget.value()
-    if isinstance(widget, QSpinBox):
+    if isinstance(widget, NumberField):
         return widget.value()
     assert isinstance(widget, QLineEdit)
     return widget.text()
@@ -132,13 +160,14 @@ def widget_value(widget: QWidget) -> Any:
 
 def set_widget_value(widget: QWidget, value: Any) -> None:
     if isinstance(widget, QComboBox):
-        widget.setCurrentText(str(value))
+        index = widget.findData(value)
+        if index < 0:
+            raise ValueError(f"{value!r} is not one of the choices")
+        widget.setCurrentIndex(index)
     elif isinstance(widget, QCheckBox):
         widget.setChecked(bool(value))
-    elif isinstance(widget, QSpinBox):
-        widget.setValue(int(value))
-    elif isinstance(widget, QDoubleSpinBox):
-        widget.setValue(float(value))
+    elif isinstance(widget, NumberField):
+        widget.setValue(value)
     else:
         assert isinstance(widget, QLineEdit)
         widget.setText(str(value))
@@ -150,11 +179,3 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return None
-
-
-def _step(value: float) -> float:
-    # a step of about a tenth of the default keeps the arrows useful for 1e-4 as well as for 0.6
-    if value == 0:
-        return 0.01
-    magnitude = 10 ** int(f"{abs(value):e}".split("e")[1])
-    return float(magnitude) / 10 if magnitude >= 1e-12 else 1e-12

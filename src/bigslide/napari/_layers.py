@@ -17,7 +17,7 @@ import shapely
 from shapely.geometry import MultiPolygon, Polygon
 
 from bigslide.explain.placement import Placement
-from bigslide.napari._placement import place_layer, placement_of
+from bigslide.napari._placement import PROVISIONAL_MPP, WORLD_UNITS, place_layer, placement_of
 from bigslide.napari._roles import ROLE, find_layer, layers_with_role, remove_layers
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 
 HEATMAP_COLORMAPS = ("inferno", "viridis", "magma", "turbo", "plasma", "gray")
+LEGEND_POSITION = "top_left"
 MAX_TILE_BOXES = 4000
 """Above this many tiles the preview is drawn as a mask image: thousands of Shapes are slow to edit."""
 
@@ -37,10 +38,11 @@ def slide_layer_data(
 ) -> tuple[list[Any], dict[str, Any], str]:
     """A lazy multiscale RGB image layer tuple; no pixel is decoded until napari draws it.
 
-    `fallback_mpp` is the level-0 µm/px used when the file states none (the Slides panel's field)."""
+    `fallback_mpp` is the level-0 µm/px used when the file states none (the Slides panel's field); without
+    one such a slide is drawn at the provisional µm/px until it is given one."""
     stated = slide.mpp
     mpp = stated or ((fallback_mpp, fallback_mpp) if fallback_mpp else None)
-    placement = Placement(mpp)
+    placement = Placement(mpp or (PROVISIONAL_MPP, PROVISIONAL_MPP))
     scale, translate = placement.raster()
     metadata = {
         ROLE: "slide",
@@ -57,11 +59,13 @@ def slide_layer_data(
         "multiscale": True,
         "scale": scale,
         "translate": translate,
-        "units": placement.units,
+        "units": WORLD_UNITS,
         "metadata": metadata,
         "contrast_limits": (0, 255),
     }
-    return slide.pyramid(), kwargs, "image"
+    from bigslide.napari._tile_errors import tile_error_reporter
+
+    return slide.pyramid(tile_error_reporter(slide.path)), kwargs, "image"
 
 
 def slide_display_name(path: str | Path) -> str:
@@ -131,7 +135,7 @@ def regions_layer_kwargs(
         "name": name,
         "scale": scale,
         "translate": translate,
-        "units": placement.units,
+        "units": WORLD_UNITS,
         "edge_color": colour,
         "face_color": "transparent",
         "edge_width": outline_width(slide_layer.metadata.get("level_dimensions")),
@@ -186,7 +190,7 @@ def add_tile_preview(
         name=name,
         scale=scale,
         translate=translate,
-        units=placement.units,
+        units=WORLD_UNITS,
         colormap="yellow",
         opacity=0.35,
         contrast_limits=(0, 1),
@@ -223,7 +227,7 @@ def heatmap_layer_kwargs(
         "name": name,
         "scale": scale,
         "translate": translate,
-        "units": placement.units,
+        "units": WORLD_UNITS,
         "opacity": 0.5,
         "blending": "translucent",
         "metadata": {
@@ -238,7 +242,9 @@ def heatmap_layer_kwargs(
     if grid.is_rgb:
         kwargs["rgb"] = True
     else:
-        kwargs.update(colormap="inferno", contrast_limits=_limits(grid.normalized(normalisation)))
+        kwargs.update(
+            colormap="inferno", contrast_limits=_limits(grid.normalized(normalisation), normalisation)
+        )
     return kwargs
 
 
@@ -288,14 +294,15 @@ def legend_text(layer: napari.layers.Image) -> str:
 
 def show_legend(viewer: napari.Viewer, layer: napari.layers.Image | None) -> None:
     """A line on the canvas naming the map shown and what its colours mean (the Results panel draws
-    the colour bar: a canvas colour bar costs a tenth of a second per layer to build)."""
+    the colour bar: a canvas colour bar costs a tenth of a second per layer to build). Top left: napari's
+    notifications rise from the bottom right and cover the bottom of a narrow canvas."""
     overlay = viewer.canvas.overlays.text
     if layer is None:
         overlay.visible = False
         return
     meaning = legend_text(layer).removeprefix("colour: ").split(" (")[0]  # short: the canvas may be narrow
     overlay.text = f"{layer.name} — {meaning}"
-    overlay.position = "bottom_left"
+    overlay.position = LEGEND_POSITION
     overlay.font_size = 11
     overlay.visible = True
 
@@ -306,11 +313,14 @@ def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> Non
     if grid is None or grid.is_rgb:
         return
     layer.data = heatmap_display(grid, normalisation)
-    layer.contrast_limits = _limits(layer.data)
+    layer.contrast_limits = _limits(layer.data, normalisation)
     layer.metadata["normalisation"] = normalisation
 
 
-def _limits(values: np.ndarray) -> tuple[float, float]:
+def _limits(values: np.ndarray, normalisation: str) -> tuple[float, float]:
+    """Colour scale ends: 0 and 1 for the normalised maps (what their legend says), the data's range raw."""
+    if normalisation != "raw":
+        return (0.0, 1.0)
     finite = values[np.isfinite(values)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     return (low, high if high > low else low + 1.0)

@@ -21,6 +21,7 @@ class BigslidePanels(QWidget):
     """Slides, Regions, Train and Results as tabs of one dock widget (they share the viewer's session)."""
 
     def __init__(self, napari_viewer: napari.Viewer) -> None:
+        # each panel shows at once and fills in when PyTorch is loaded, one per event-loop turn
         super().__init__()
         self.slides = SlidesWidget(napari_viewer)
         self.regions = RegionsWidget(napari_viewer)
@@ -40,3 +41,8 @@ class BigslidePanels(QWidget):
         layout.addWidget(self.tabs)
         self.setMinimumWidth(PANEL_WIDTH)
         self.setMinimumHeight(0)
+
+    @property
+    def ready(self) -> bool:
+        """Whether every panel is built (at once when PyTorch was loaded before they opened)."""
+        return all(p.ready for p in (self.slides, self.regions, self.train, self.results))

@@ -1,5 +1,11 @@
 """Where each layer over a slide goes: the slide layer's `Placement`, kept by every overlay when the
-slide's µm/px changes (the user's fallback) or the slide moves; slides opened beside each other."""
+slide's µm/px changes (the user's fallback) or the slide moves; slides side by side at their physical size.
+
+Every layer is in µm, so napari never mixes units (it then stops using them for every layer). A slide
+whose file states no µm/px and that has no fallback yet is drawn at `PROVISIONAL_MPP` and marked as
+waiting for one (a notification, and its row in the Slides panel); once one is given it takes its
+physical size and the slides to its right move to keep their gap.
+"""
 
 from __future__ import annotations
 
@@ -14,22 +20,33 @@ from bigslide.napari._roles import OVERLAY_ROLES, ROLE, slide_layers
 if TYPE_CHECKING:
     import napari
 
-_UNIT_NAMES = {"um": "micrometer", "pixel": "pixel"}
+WORLD_UNITS = "um"
+PROVISIONAL_MPP = 1.0
+"""µm per level-0 pixel a slide without one is drawn at until it is given one (a round, visibly
+provisional size: scanners give 0.1-1 µm/px)."""
 SLIDE_GAP = 0.05
 """Gap between slides opened side by side, a fraction of the wider one's width."""
+Span = tuple[float, float, float, float]  # (top, bottom, left, right) in the world
 
 
 def placement_of(slide_layer: napari.layers.Image) -> Placement:
-    """Where the slide layer puts its level-0 pixels: its effective µm/px and its world offset."""
-    mpp = slide_layer.metadata.get("mpp")
+    """Where the slide layer puts its level-0 pixels: its effective µm/px (provisional when it has none)
+    and its world offset."""
+    mpp = slide_layer.metadata.get("mpp") or (PROVISIONAL_MPP, PROVISIONAL_MPP)
     offset = tuple(float(v) for v in slide_layer.translate[-2:])
-    return Placement((float(mpp[0]), float(mpp[1])) if mpp else None, (offset[0], offset[1]))
+    return Placement((float(mpp[0]), float(mpp[1])), (offset[0], offset[1]))
+
+
+def waits_for_mpp(slide_layer: Any) -> bool:
+    """The slide's file states no µm/px and none was given: it is drawn at `PROVISIONAL_MPP`."""
+    return not slide_layer.metadata.get("mpp")
 
 
 def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallback: float | None) -> bool:
-    """Give a slide whose file states no µm/px the user's fallback (None: back to level-0 pixels).
+    """Give a slide whose file states no µm/px the user's fallback (None: back to provisional).
 
-    Its overlays follow. Returns whether anything changed; slides that state their µm/px keep it."""
+    Its overlays follow, and the slides to its right move by its change of width. Returns whether anything
+    changed; slides that state their µm/px keep it."""
     meta = slide_layer.metadata
     if meta.get("stated_mpp"):
         return False
@@ -37,12 +54,16 @@ def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallb
     old = meta.get("mpp")
     if (tuple(old) if old else None) == mpp:
         return False
-    meta["mpp"] = mpp
-    placement = placement_of(slide_layer)
-    slide_layer.units = placement.units
-    slide_layer.scale = placement.raster()[0]
-    place_overlays(viewer, slide_layer)
+    before = _span(slide_layer)
+    _apply_mpp(viewer, slide_layer, mpp)
+    _shift_right_of(viewer, slide_layer, before)
     return True
+
+
+def _apply_mpp(viewer: napari.Viewer, slide_layer: Any, mpp: tuple[float, float] | None) -> None:
+    slide_layer.metadata["mpp"] = mpp
+    slide_layer.scale = placement_of(slide_layer).raster()[0]
+    place_overlays(viewer, slide_layer)
 
 
 def place_layer(layer: Any, slide_layer: napari.layers.Image) -> None:
@@ -55,8 +76,8 @@ def place_layer(layer: Any, slide_layer: napari.layers.Image) -> None:
         origin = tuple(layer.metadata.get("origin", (0.0, 0.0)))
         scale, translate = placement.raster(cell, (float(origin[0]), float(origin[1])))
     # each setter refreshes the layer: set only what changed (a followed run redraws every epoch)
-    if [str(u) for u in layer.units[-2:]] != [_UNIT_NAMES[placement.units]] * 2:
-        layer.units = placement.units
+    if [str(u) for u in layer.units[-2:]] != ["micrometer"] * 2:
+        layer.units = WORLD_UNITS
     if not np.allclose(layer.scale[-2:], scale):
         layer.scale = scale
     if not np.allclose(layer.translate[-2:], translate):
@@ -90,12 +111,52 @@ def beside_slides(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> tu
     return (top + sy / 2, right + SLIDE_GAP * width + sx / 2)
 
 
+def _span(layer: Any) -> Span:
+    """(top, bottom, left, right) of a layer in the world."""
+    extent = layer.extent.world
+    return float(extent[0][-2]), float(extent[1][-2]), float(extent[0][-1]), float(extent[1][-1])
+
+
+def _shift_right_of(viewer: napari.Viewer, slide_layer: Any, before: Span) -> None:
+    """After a slide's size changed, move the slides that stood to its right (beside it) by the change of
+    its right edge, so they keep their gap: neither overlapping it nor left far away."""
+    top, bottom, _left, right = before
+    delta = _span(slide_layer)[3] - right
+    if abs(delta) < 1e-9:
+        return
+    for other in slide_layers(viewer):
+        o_top, o_bottom, o_left, _o_right = _span(other)
+        if other is not slide_layer and o_left >= right - 1e-6 and o_top < bottom and o_bottom > top:
+            other.translate = (*other.translate[:-1], float(other.translate[-1]) + delta)
+
+
 _FOLLOWED: weakref.WeakSet[Any] = weakref.WeakSet()
+_FALLBACKS: weakref.WeakKeyDictionary[Any, float | None] = weakref.WeakKeyDictionary()
+
+
+def set_fallback_mpp(viewer: napari.Viewer, fallback: float | None) -> None:
+    """The µm/px given for slides whose files state none: applied to the open ones and to those opened
+    from now on."""
+    keep_in_place(viewer)
+    _FALLBACKS[viewer] = fallback
+    for layer in slide_layers(viewer):
+        set_slide_mpp(viewer, layer, fallback)
+
+
+def keep_current_viewer_in_place() -> None:
+    """`keep_in_place` for the viewer a reader or sample is opened into (slides go beside the others, in
+    µm, even before any panel is open)."""
+    from napari import current_viewer
+
+    viewer = current_viewer()
+    if viewer is not None:
+        keep_in_place(viewer)
 
 
 def keep_in_place(viewer: napari.Viewer) -> None:
-    """From now on: a slide opened beside others is put to their right, an overlay added for a slide is
-    placed on it, and moving a slide moves its overlays."""
+    """From now on: a slide opened beside others is put to their right (a slide that states no µm/px gets
+    the fallback given, else waits at the provisional size), an overlay added for a slide is placed on
+    it, and moving a slide moves its overlays."""
     if viewer in _FOLLOWED:
         return
     _FOLLOWED.add(viewer)
@@ -108,6 +169,11 @@ def keep_in_place(viewer: napari.Viewer) -> None:
             return
         role = layer.metadata.get(ROLE)
         if role == "slide":
+            fallback = _FALLBACKS.get(view)
+            if fallback and not layer.metadata.get("stated_mpp"):
+                _apply_mpp(view, layer, (float(fallback), float(fallback)))  # placed below, beside the others
+            if waits_for_mpp(layer):
+                _tell_mpp_missing(layer)
             if not any(float(v) for v in layer.translate[-2:]):
                 offset = beside_slides(view, layer)
                 if offset is not None:
@@ -119,9 +185,22 @@ def keep_in_place(viewer: napari.Viewer) -> None:
                 place_layer(layer, slide)
 
     viewer.layers.events.inserted.connect(on_inserted)
+    from bigslide.napari._foreign_slides import watch
+
+    watch(viewer)
     for layer in list(viewer.layers):
         if layer.metadata.get(ROLE) == "slide":
             layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
+
+
+def _tell_mpp_missing(slide_layer: Any) -> None:
+    from napari.utils.notifications import show_warning
+
+    show_warning(
+        f"{slide_layer.name}: the file states no pixel size, so it is drawn at {PROVISIONAL_MPP:g} µm/px "
+        "for now; enter its scanner's µm/px in the Slides panel ('slide µm/px if unstated') to see it "
+        "at its physical size beside the other slides."
+    )
 
 
 def _follow(ref: weakref.ref[Any], slide_layer: Any) -> None:

@@ -111,6 +111,15 @@ def tick_labels(ticks: list[float]) -> list[str]:
     return [f"{t:g}" for t in ticks]
 
 
+def end_labels(low: float, high: float) -> tuple[str, str]:
+    """A colour bar's end values, short (three significant digits) yet different from each other."""
+    for digits in range(3, 10):
+        labels = f"{low:.{digits}g}", f"{high:.{digits}g}"
+        if labels[0] != labels[1]:
+            return labels
+    return f"{low:g}", f"{high:g}"
+
+
 def _span(values: object) -> tuple[float, float]:
     items = list(values)  # type: ignore[call-overload]
     lo, hi = min(items), max(items)
@@ -141,21 +150,26 @@ class ColourBar(QWidget):
             rgba = layer.colormap.map(np.linspace(0, 1, 32))
             self.colours = [QColor.fromRgbF(*(float(v) for v in c)) for c in rgba]
             low, high = layer.contrast_limits
-            self.low_text, self.high_text = tick_labels([float(low), float(high)])
+            self.low_text, self.high_text = end_labels(float(low), float(high))
         self.update()
 
     def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 - Qt override
         painter = QPainter(self)
         text = QColor("#d1d2d4")
         painter.setPen(text)
-        bar = QRectF(44, 4, max(self.width() - 88, 10), 14)
+        # the end labels get the room they need (a raw score reads 0.00041), the gradient the rest
+        metrics = painter.fontMetrics()
+        left = max(metrics.horizontalAdvance(self.low_text), 12) + 8
+        right = max(metrics.horizontalAdvance(self.high_text), 12) + 8
+        bar = QRectF(left, 4, max(self.width() - left - right, 10), 14)
         if self.colours:
             gradient = QLinearGradient(bar.left(), 0, bar.right(), 0)
             for i, colour in enumerate(self.colours):
                 gradient.setColorAt(i / (len(self.colours) - 1), colour)
             painter.fillRect(bar, gradient)
-            painter.drawText(QRectF(0, 2, 40, 18), Qt.AlignmentFlag.AlignRight, self.low_text)
-            painter.drawText(QRectF(bar.right() + 4, 2, 40, 18), Qt.AlignmentFlag.AlignLeft, self.high_text)
+            align_right, align_left = Qt.AlignmentFlag.AlignRight, Qt.AlignmentFlag.AlignLeft
+            painter.drawText(QRectF(0, 2, left - 4, 18), align_right, self.low_text)
+            painter.drawText(QRectF(bar.right() + 4, 2, right, 18), align_left, self.high_text)
         painter.drawText(
             QRectF(0, 22, self.width(), 22),
             Qt.AlignmentFlag.AlignHCenter | Qt.TextFlag.TextWordWrap,

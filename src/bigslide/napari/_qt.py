@@ -5,48 +5,12 @@ from __future__ import annotations
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
     QComboBox,
-    QDoubleSpinBox,
     QFrame,
     QScrollArea,
     QSlider,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
-
-
-def spin_box(minimum: int, maximum: int, value: int, step: int = 1, tip: str = "") -> QSpinBox:
-    box = QSpinBox()
-    box.setRange(minimum, maximum)
-    box.setSingleStep(step)
-    box.setValue(value)
-    box.setToolTip(tip)
-    return box
-
-
-_DECIMALS = 10
-
-
-class FloatBox(QDoubleSpinBox):
-    """A float typed and shown as entered (0.125 stays 0.125, 1e-4 stays 0.0001), no trailing zeros."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setDecimals(_DECIMALS)
-
-    def textFromValue(self, value: float) -> str:  # noqa: N802 - Qt override
-        text = f"{value:.{_DECIMALS}f}".rstrip("0")
-        return text + "0" if text.endswith(".") else text
-
-
-def float_box(minimum: float, maximum: float, value: float, step: float, tip: str = "") -> FloatBox:
-    box = FloatBox()
-    box.setKeyboardTracking(False)  # react to the number typed, not to each keystroke
-    box.setRange(minimum, maximum)
-    box.setSingleStep(step)
-    box.setValue(value)
-    box.setToolTip(tip)
-    return box
 
 
 def combo_box(items: list[str] | tuple[str, ...], *, editable: bool = False, tip: str = "") -> QComboBox:

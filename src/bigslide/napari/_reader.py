@@ -2,8 +2,9 @@
 of one series, read through OpenSlide): a lazy multiscale RGB layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
-the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one dask
-array per pyramid level, and nothing is decoded until napari draws the visible tiles of the level it needs.
+the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
+array per pyramid level (`bigslide.slide_view`), and nothing is decoded until napari draws the visible
+tiles of the level it needs; a tile that will not decode is drawn blank and named once in a notification.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff", ".dcm")
+from bigslide.napari._formats import SLIDE_ONLY_PATTERNS, SUFFIXES
+
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
@@ -55,11 +57,29 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
             show_error(f"bigslide cannot open {Path(path).name}: {reason}")
             return NOTHING
         from bigslide.napari._layers import slide_layer_data
+        from bigslide.napari._placement import keep_current_viewer_in_place
 
-        # the slide stays open: its dask arrays read tiles from the file while the layer lives
+        keep_current_viewer_in_place()  # before the layer is added: it goes beside the open slides
+        prefer_this_reader()
+
+        # the slide stays open: its levels read tiles from the file while the layer lives
         return [slide_layer_data(slide)]
 
     return read
+
+
+def prefer_this_reader() -> None:
+    """Make bigslide napari's reader for `SLIDE_ONLY_PATTERNS` (its preference 'extension2reader', the
+    setting napari's reader dialog writes when asked to remember a choice), unless the user chose another
+    reader for one of them. napari then opens such files here directly, not through a choice between
+    readers (napari's built-in one would open a slide in pixels, out of place beside the others)."""
+    from napari.settings import get_settings
+
+    plugins = get_settings().plugins
+    chosen = dict(plugins.extension2reader)
+    missing = {pattern: "bigslide" for pattern in SLIDE_ONLY_PATTERNS if pattern not in chosen}
+    if missing:
+        plugins.extension2reader = {**chosen, **missing}
 
 
 def refusal(path: str | Path) -> str | None:

@@ -23,23 +23,23 @@ from qtpy.QtWidgets import (
 
 from bigslide.errors import BigslideError
 from bigslide.napari._layers import add_tile_preview, polygons_to_shapes, regions_layer_kwargs
+from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
 from bigslide.napari._roles import layers_with_role, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
-from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
-    import napari
+    from bigslide.napari._session import Session
 
 
-class RegionsWidget(QWidget):
+class RegionsWidget(Panel):
     """One click gives the selected slide a "sampling regions" layer to draw polygons in."""
 
-    def __init__(self, napari_viewer: napari.Viewer) -> None:
-        super().__init__()
-        self.viewer = napari_viewer
-        self.session = session_for(napari_viewer)
+    def build(self, body: QWidget) -> None:
+        from bigslide.napari._session import session_for
+
+        self.session: Session = session_for(self.viewer)
         self.preview_worker: Any = None
 
         self.slide_box = QComboBox()
@@ -67,7 +67,7 @@ class RegionsWidget(QWidget):
         files = QHBoxLayout()
         files.addWidget(self.load_button)
         files.addWidget(self.save_button)
-        layout = scrolled(self)
+        layout = scrolled(body)
         layout.addLayout(form)
         layout.addWidget(self.new_button)
         layout.addLayout(files)

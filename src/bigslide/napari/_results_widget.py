@@ -20,28 +20,33 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from bigslide.errors import BigslideError
 from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
+from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import percent_slider, scrolled, set_items
 from bigslide.napari._roles import layers_with_role, slide_layers
-from bigslide.napari._session import session_for
 
 if TYPE_CHECKING:
-    import napari
+    from bigslide.napari._session import Session
 
 NORMALISATIONS = ("rank", "percentile", "minmax", "raw")
+PREVIEW_TILES = 1500
+"""While a followed run trains, a slide with more tiles is previewed from a regular lattice of about this
+many (one tile in s x s, drawn over its block): each epoch's map then arrives within the next epoch, and
+costs the run a bounded share of the processor. The full map is drawn when the run ends."""
 
 
-class ResultsWidget(QWidget):
-    def __init__(self, napari_viewer: napari.Viewer) -> None:
-        super().__init__()
-        self.viewer = napari_viewer
-        self.session = session_for(napari_viewer)
+class ResultsWidget(Panel):
+    def build(self, body: QWidget) -> None:
+        from bigslide.napari._session import session_for
+
+        self.session: Session = session_for(self.viewer)
         self.worker: Any = None
         self.prediction: Any = None
-        self.pending_checkpoint: Path | None = None  # a followed run's newest checkpoint, not yet shown
+        # a followed run's newest checkpoint not yet shown, and whether a preview of it is enough
+        self.pending_checkpoint: tuple[Path, bool] | None = None
         self.pending_grids: list[tuple[Any, str]] = []  # heatmaps of the last prediction not yet drawn
+        self.training = False  # a run of this viewer is under way (its maps are previews)
 
         self.checkpoint = QLineEdit()
         self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
@@ -59,7 +64,9 @@ class ResultsWidget(QWidget):
         self.follow = QCheckBox("Follow training (redraw after each epoch)")
         self.follow.setToolTip(
             "While the Train panel runs, each epoch's checkpoint is run on the chosen slide in the "
-            "background, so you see the heatmap move as the model learns"
+            f"background, so you see the heatmap move as the model learns (a slide of more than "
+            f"{PREVIEW_TILES} tiles from a lattice of about {PREVIEW_TILES} of them; every tile once the "
+            "run ends)"
         )
         self.session.checkpoint_saved.connect(self.on_checkpoint)
         self.run_plot = QLabel()  # the run's Kaplan-Meier plot of its test split (survival)
@@ -104,7 +111,7 @@ class ResultsWidget(QWidget):
         exports = QHBoxLayout()
         for button in (self.png_button, self.npz_button, self.geojson_button):
             exports.addWidget(button)
-        layout = scrolled(self)
+        layout = scrolled(body)
         layout.addLayout(form)
         layout.addWidget(self.run_button)
         layout.addWidget(self.follow)
@@ -153,8 +160,9 @@ class ResultsWidget(QWidget):
         self.run_plot.show()
 
     # -- inference -----------------------------------------------------------------------------------
-    def run(self, checkpoint: Path | None = None) -> Any:
-        """Predict the chosen slide in a worker thread; returns the started worker (or None)."""
+    def run(self, checkpoint: Path | None = None, *, preview: bool = False) -> Any:
+        """Predict the chosen slide in a worker thread; returns the started worker (or None). A `preview`
+        reads a large slide's tiles on a lattice of about `PREVIEW_TILES` (quick, while a run trains)."""
         slide = self.slide_layer()
         checkpoint = checkpoint or Path(self.checkpoint.text().strip()).expanduser()
         if slide is None:
@@ -172,6 +180,7 @@ class ResultsWidget(QWidget):
             regions=regions,
             device=self.device.currentText(),
             slide_mpp=self.session.slide_mpp,
+            max_tiles=PREVIEW_TILES if preview else None,
             _start_thread=False,
             _ignore_errors=True,
         )
@@ -198,25 +207,33 @@ class ResultsWidget(QWidget):
             return
         self.run_button.setEnabled(True)
         if self.pending_checkpoint is not None:  # a followed run saved again while this one ran
-            checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
-            self.run(checkpoint)
+            (checkpoint, preview), self.pending_checkpoint = self.pending_checkpoint, None
+            self.run(checkpoint, preview=preview)
 
     def on_run_finished(self, checkpoint: Path) -> None:
-        """A run of this viewer finished: offer its checkpoint here, unless another one is chosen."""
+        """A run of this viewer finished: offer its checkpoint here, unless another one is chosen; when
+        following, draw its full map."""
+        self.training = False
         chosen = self.checkpoint.text().strip()
         if not chosen or Path(chosen).expanduser().resolve() == Path(checkpoint).resolve():
             self.checkpoint.setText(str(checkpoint))
             self.show_run_plot()  # the run wrote its plot after the last checkpoint
+        if self.follow.isChecked() and self.slide_layer() is not None:
+            self._follow(Path(checkpoint), preview=False)
 
     def on_checkpoint(self, checkpoint: Path) -> None:
-        """A run of this viewer saved a checkpoint: when following, show it on the chosen slide."""
-        if not self.follow.isChecked() or self.slide_layer() is None:
-            return
+        """A run of this viewer saved a checkpoint: when following, show it on the chosen slide (a preview
+        of a large slide while the run trains)."""
+        self.training = True
+        if self.follow.isChecked() and self.slide_layer() is not None:
+            self._follow(Path(checkpoint), preview=True)
+
+    def _follow(self, checkpoint: Path, *, preview: bool) -> None:
         self.checkpoint.setText(str(checkpoint))
         if self.worker is not None:
-            self.pending_checkpoint = checkpoint  # only the newest waits; older ones are skipped
+            self.pending_checkpoint = (checkpoint, preview)  # only the newest waits; older ones are skipped
             return
-        self.run(checkpoint)
+        self.run(checkpoint, preview=preview)
 
     def show_prediction(self, prediction: Any, slide: Any) -> None:
         """Overlay the prediction's heatmaps on `slide`, one layer per event-loop turn (napari takes a
@@ -224,15 +241,20 @@ class ResultsWidget(QWidget):
         if slide not in self.viewer.layers:
             return
         self.prediction = prediction
-        detail = {
-            "classification": ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs)),
-            "survival": "higher = earlier event",
-            "regression": "the model's estimate, in the table's units",
-        }[prediction.task]
+        if prediction.task == "classification":
+            detail = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+        else:
+            detail = prediction.context()
         trained = (
             f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
         )
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail})")
+        coarse = (
+            f"<br><i>Preview while training: one tile in {prediction.thinned} × {prediction.thinned} read; "
+            "every tile is read when the run ends.</i>"
+            if prediction.thinned > 1
+            else ""
+        )
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){coarse}")
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()
@@ -259,6 +281,7 @@ class ResultsWidget(QWidget):
             layer.colormap = self.colormap.currentText()
         layer.opacity = self.opacity.value() / 100
         self.heatmap_box.setCurrentText(layer.name)  # the newest map is the chosen one
+        self._on_heatmap_chosen(layer.name)  # drawn again: its colour bar and legend, even if still chosen
         return layer
 
     # -- display ---------------------------------------------------------------------------------------
@@ -314,6 +337,7 @@ class ResultsWidget(QWidget):
         return layer, Path(path)
 
     def export_png(self, path: str | Path | None = None) -> Path | None:
+        from bigslide.errors import BigslideError
         from bigslide.explain.export import overlay_png
         from bigslide.slide import open_slide
 

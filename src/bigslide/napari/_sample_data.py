@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from bigslide.napari._layers import polygons_to_shapes, slide_display_name, slide_layer_data
+from bigslide.napari._placement import keep_current_viewer_in_place
 from bigslide.napari._roles import ROLE
 
 LayerData = tuple[Any, dict[str, Any], str]
@@ -58,6 +59,7 @@ def load_sample_slide() -> list[LayerData]:
 
     path = sample_slide_path()
     slide = open_slide(path)
+    keep_current_viewer_in_place()
     layers = [slide_layer_data(slide, "sample slide")]
     layers.append(_lesion_layer(slide, lesions_path(path), "sample slide", (0.0, 0.0)))
     return layers
@@ -72,6 +74,7 @@ def load_training_set() -> list[LayerData]:
     from bigslide.slide import open_slide
     from bigslide.synthetic.slide_set import make_slide_set
 
+    keep_current_viewer_in_place()
     csv_path = make_slide_set(cache_dir() / "training_set", n_slides=SET_SLIDES, size=SET_SIZE, seed=3)
     layers: list[LayerData] = []
     with csv_path.open(newline="") as f:
@@ -99,6 +102,7 @@ def load_training_set() -> list[LayerData]:
 def _lesion_layer(slide: Any, geojson: Path, name: str, offset: tuple[float, float]) -> LayerData:
     from bigslide.explain.placement import Placement
     from bigslide.napari._layers import outline_width
+    from bigslide.napari._placement import WORLD_UNITS
     from bigslide.regions import load_regions
 
     shapes = polygons_to_shapes([r.geometry for r in load_regions(geojson)])
@@ -109,7 +113,7 @@ def _lesion_layer(slide: Any, geojson: Path, name: str, offset: tuple[float, flo
         "shape_type": "polygon",
         "scale": scale,
         "translate": translate,
-        "units": placement.units,
+        "units": WORLD_UNITS,
         "edge_color": "#ff2d55",
         "face_color": "transparent",
         "edge_width": outline_width([slide.dimensions]),

@@ -5,7 +5,6 @@ napari builds each dock widget on its own; they meet here, one `Session` per vie
 
 from __future__ import annotations
 
-import csv
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from psygnal import Signal
 
-from bigslide.engine.config import DataConfig
+from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 
 if TYPE_CHECKING:
@@ -57,6 +56,20 @@ class Session:
         self.min_tissue = defaults.min_tissue
         self.columns: list[str] = []  # of the last slide table loaded
         self.task = "classification"  # what those columns imply (data.task)
+        self.table_name = ""  # the file they were read from
+        self._problems: dict[str, str] = {}  # refused inputs of the panels, by field
+
+    def set_problem(self, field: str, refusal: str | None) -> None:
+        """Record (or clear, with None) the refusal of a number typed into a panel field: no run starts
+        and no tile is counted while one stands."""
+        if refusal is None:
+            self._problems.pop(field, None)
+        else:
+            self._problems[field] = refusal
+
+    def problems(self) -> list[str]:
+        """The refusals standing in the panels' fields, each naming its field."""
+        return list(self._problems.values())
 
     @property
     def slide_mpp(self) -> float | None:
@@ -81,8 +94,10 @@ class Session:
         split: str = "",
         regions: Path | None = None,
         from_layer: bool = False,
+        emit: bool = True,
     ) -> SlideRow:
-        """Add a slide, or update the known one (non-empty values win)."""
+        """Add a slide, or update the known one (non-empty values win); `changed` fires unless `emit` is
+        False (a table adds its rows, then says so once)."""
         row = self.row(path)
         if row is None:
             row = SlideRow(Path(path).resolve(), from_layer=from_layer)
@@ -90,7 +105,8 @@ class Session:
         row.label = label or row.label
         row.split = split or row.split
         row.regions = regions or row.regions
-        self.changed.emit()
+        if emit:
+            self.changed.emit()
         return row
 
     def remove(self, path: str | Path) -> None:
@@ -110,15 +126,16 @@ class Session:
     def load_csv(self, path: str | Path) -> int:
         """Add every row of a slide table, with the endpoint its columns imply (time,event: survival;
         target: regression; else classes); returns how many were read."""
-        from bigslide.data.table import SlideTable, implied_task
+        from bigslide.data.table import SlideTable, implied_task, read_table_text
 
-        with Path(path).open(encoding="utf-8-sig", newline="") as f:
-            columns = [c.strip() for c in next(csv.reader(f), [])]
+        columns = read_table_text(Path(path))[0]
         task = implied_task(columns)
         table = SlideTable.from_csv(path, task=task)
-        self.columns, self.task = columns, task
+        self.columns, self.task, self.table_name = columns, task, Path(path).name
         for entry in table.entries:
-            row = self.add(entry.path, label=entry.label, split=entry.split or "", regions=entry.regions)
+            row = self.add(
+                entry.path, label=entry.label, split=entry.split or "", regions=entry.regions, emit=False
+            )
             row.case, row.time, row.event, row.target = entry.case, entry.time, entry.event, entry.target
         self.changed.emit()
         return len(table.entries)
@@ -155,7 +172,7 @@ class Session:
         """What the training set holds, in words: slides, cases, the columns read and the task."""
         n_cases = len({r.case or str(r.path) for r in self.rows})
         cases = f" in {n_cases} cases" if any(r.case for r in self.rows) else ""
-        read = f"columns {', '.join(self.columns)}; " if self.columns else ""
+        read = f"columns {', '.join(self.columns)} of {self.table_name}; " if self.columns else ""
         what = {
             "classification": "classes",
             "survival": "survival (time to event, censored)",
@@ -179,7 +196,7 @@ def session_for(viewer: napari.Viewer) -> Session:
         from bigslide.data.processes import fork_from_server
         from bigslide.napari._gc import settle_imports
 
-        fork_from_server()
+        fork_from_server()  # a no-op when the panels' warm-up has started it
         settle_imports()
         session = _SESSIONS[viewer] = Session()
         _wire(viewer, session)
@@ -187,21 +204,16 @@ def session_for(viewer: napari.Viewer) -> Session:
 
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
-    from bigslide.napari._placement import keep_in_place, set_slide_mpp
-    from bigslide.napari._roles import ROLE, slide_layers
+    from bigslide.napari._placement import set_fallback_mpp
+    from bigslide.napari._reader import prefer_this_reader
 
-    keep_in_place(viewer)
+    prefer_this_reader()
     ref = weakref.ref(viewer)
 
     def apply(mpp: float | None) -> None:
         view = ref()
-        for layer in slide_layers(view) if view is not None else []:
-            set_slide_mpp(view, layer, mpp)
+        if view is not None:
+            set_fallback_mpp(view, mpp)
 
-    def on_inserted(event: Any) -> None:
-        view = ref()
-        if view is not None and event.value.metadata.get(ROLE) == "slide":
-            set_slide_mpp(view, event.value, session.slide_mpp)
-
+    apply(session.slide_mpp)
     session.slide_mpp_changed.connect(apply)
-    viewer.layers.events.inserted.connect(on_inserted)

@@ -1,4 +1,5 @@
-"""Slides panel: the training set as a table (slide, label, split, regions, tiles), saved as a CSV."""
+"""Slides panel: the training set as a table whose columns follow the task (a label per slide; a time and
+event for survival; a target for regression), the tiling settings, and the table saved as a CSV."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import thread_worker
 from napari.utils.notifications import show_error, show_info
-from qtpy.QtCore import Qt
+from qtpy.QtCore import QAbstractItemModel, QModelIndex, Qt
 from qtpy.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -18,98 +19,151 @@ from qtpy.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
     QWidget,
 )
 
-from bigslide.errors import BigslideError
-from bigslide.napari._qt import float_box, scrolled, spin_box
-from bigslide.napari._regions import slide_regions
-from bigslide.napari._roles import ROLE
-from bigslide.napari._run import in_panel_words
-from bigslide.napari._session import SPLIT_CHOICES, Session, session_for
+from bigslide.napari._number import NumberField, parse_number
+from bigslide.napari._panel import Panel
+from bigslide.napari._qt import scrolled
 
 if TYPE_CHECKING:
-    import napari
+    from bigslide.napari._session import Session, SlideRow
 
-COLUMNS = ("Slide", "Label", "Split", "Regions", "Tiles")
-LABEL_COLUMN = 1
+SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
+MPP_TIPS = {
+    "file": "Level-0 µm per pixel stated by the file",
+    "typed": "The file states none: the 'slide µm/px if unstated' value below",
+    "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
+    "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
+    "closed": "Read from the file when the slide is opened or trained on",
+}
+SPLIT_TIP = "auto: a stratified train/validation split is made when training starts"
+# The columns each task shows, after Slide: what it learns from (editable), then split, regions, tiles.
+TASK_COLUMNS = {"classification": ("Label",), "survival": ("Time", "Event"), "regression": ("Target",)}
+EDIT_TIPS = {
+    "Label": "Type the slide's class, e.g. tumor / normal",
+    "Time": "Time to the event or to censoring (> 0, in the table's units)",
+    "Event": "1: the event was observed; 0: censored",
+    "Target": "The number the model learns to predict for this slide",
+}
 
 
-class SlidesWidget(QWidget):
-    """Lists open slides and slides from a table; labels are typed in place."""
+class SplitDelegate(QStyledItemDelegate):
+    """The Split column's editor: a drop-down shown only while a cell is edited (a drop-down kept in
+    every cell is a widget of its own, drawn out of place while the table is rebuilt)."""
 
-    def __init__(self, napari_viewer: napari.Viewer) -> None:
-        super().__init__()
-        self.viewer = napari_viewer
-        self.session: Session = session_for(napari_viewer)
+    def createEditor(  # noqa: N802 - Qt override
+        self, parent: QWidget | None, option: QStyleOptionViewItem, index: QModelIndex
+    ) -> QWidget:
+        box = QComboBox(parent)
+        for value, words in SPLIT_WORDS.items():
+            box.addItem(words, value)
+        box.setToolTip(SPLIT_TIP)
+        return box
+
+    def setEditorData(self, editor: QWidget | None, index: QModelIndex) -> None:  # noqa: N802
+        assert isinstance(editor, QComboBox)
+        editor.setCurrentIndex(max(editor.findData(index.data(Qt.ItemDataRole.UserRole) or ""), 0))
+        editor.showPopup()
+
+    def setModelData(  # noqa: N802 - Qt override
+        self, editor: QWidget | None, model: QAbstractItemModel | None, index: QModelIndex
+    ) -> None:
+        assert isinstance(editor, QComboBox)
+        assert model is not None
+        model.setData(index, editor.currentData() or "", Qt.ItemDataRole.UserRole)  # the panel shows it
+
+
+class SlidesWidget(Panel):
+    """Lists open slides and slides from a table; what a task learns from is typed in place."""
+
+    def build(self, body: QWidget) -> None:
+        from bigslide.napari._session import session_for
+
+        self.session: Session = session_for(self.viewer)
         self._filling = False
         self.count_worker: Any = None
         self.count_error: str | None = None
+        self.columns: list[str] = []
 
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        header = self.table.horizontalHeader()
-        assert header is not None
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table = QTableWidget(0, 0)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked
+            | QAbstractItemView.EditTrigger.SelectedClicked
+            | QAbstractItemView.EditTrigger.EditKeyPressed
+            | QAbstractItemView.EditTrigger.AnyKeyPressed
+        )
         self.table.verticalHeader().hide()  # type: ignore[union-attr]
         self.table.setMinimumHeight(160)
+        self.split_delegate = SplitDelegate(self.table)
         self.table.itemChanged.connect(self._on_item_changed)
 
-        self.tile_size = spin_box(16, 4096, self.session.tile_size, 16, tip="Side of a MIL tile in pixels")
-        self.min_tissue = float_box(
-            0.0,
-            1.0,
-            self.session.min_tissue,
-            0.05,
-            tip="Tiles with less tissue than this fraction are skipped",
+        s = self.session
+        self.tile_size = NumberField(
+            int, s.tile_size, name="tile size", minimum=16, maximum=4096, step=16, tip="Side of a tile (px)"
         )
-        self.target_mpp = float_box(
-            0.05,
-            64.0,
-            self.session.target_mpp,
-            0.25,
-            tip="µm per pixel tiles are read at (20x = 0.5, 40x = 0.25)",
+        self.target_mpp = NumberField(
+            float,
+            s.target_mpp,
+            name="resolution",
+            above=0,
+            maximum=64,
+            step=0.25,
+            tip="µm per pixel the model sees tiles at, whatever the scanner (20x = 0.5, 40x = 0.25)",
         )
-        self.slide_mpp = float_box(
-            0.0,
-            64.0,
-            self.session.slide_mpp or 0.0,
-            0.25,
+        self.slide_mpp = NumberField(
+            float,
+            s.slide_mpp,
+            name="slide µm/px if unstated",
+            above=0,
+            maximum=64,
+            step=0.25,
+            blank="from file",
             tip="Level-0 µm per pixel of slides whose files state none (their scanner's); "
-            "'from file' reads it from each file",
+            "leave empty to read it from each file",
         )
-        self.slide_mpp.setSpecialValueText("from file")  # shown at 0
-        self.tile_size.valueChanged.connect(self._on_tiling_changed)
-        self.target_mpp.valueChanged.connect(self._on_tiling_changed)
-        self.slide_mpp.valueChanged.connect(self._on_tiling_changed)
-        self.min_tissue.valueChanged.connect(self._on_tiling_changed)
+        self.min_tissue = NumberField(
+            float,
+            s.min_tissue,
+            name="min tissue",
+            minimum=0,
+            maximum=1,
+            step=0.05,
+            tip="Tiles with less tissue than this fraction (0-1) are skipped",
+        )
+        for field in (self.tile_size, self.target_mpp, self.slide_mpp, self.min_tissue):
+            field.valueChanged.connect(self._on_tiling_changed)
+            field.problemChanged.connect(lambda _p, f=field: s.set_problem(f.name, f.refusal()))
 
         self.load_button = QPushButton("Load table…")
         self.save_button = QPushButton("Save table…")
         self.remove_button = QPushButton("Remove")
         self.count_button = QPushButton("Count tiles")
-        self.load_button.setToolTip("Add slides from a CSV with columns slide,label[,split][,regions]")
+        self.load_button.setToolTip(
+            "Add slides from a CSV: slide,label (or time,event / target)[,split][,regions][,case]"
+        )
         self.count_button.setToolTip("Tiles kept after tissue and region filtering, per slide")
         self.load_button.clicked.connect(lambda: self.load_csv())
         self.save_button.clicked.connect(lambda: self.save_csv())
         self.remove_button.clicked.connect(self.remove_selected)
         self.count_button.clicked.connect(self.count_tiles)
-        self.status = QLabel("Open slides (File ▸ Open) or load a slide table.")
+        self.status = QLabel()
         self.status.setWordWrap(True)
 
         settings = QFormLayout()
         settings.addRow("tile size (px)", self.tile_size)
         settings.addRow("resolution (µm/px)", self.target_mpp)
         settings.addRow("slide µm/px if unstated", self.slide_mpp)
-        settings.addRow("min tissue", self.min_tissue)
+        settings.addRow("min tissue (0-1)", self.min_tissue)
         buttons = QHBoxLayout()
         for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
             buttons.addWidget(button)
-        layout = scrolled(self)
+        layout = scrolled(body)
         layout.addWidget(self.table)
         layout.addLayout(buttons)
         layout.addLayout(settings)
@@ -124,28 +178,92 @@ class SlidesWidget(QWidget):
         self.refresh()
 
     # -- rows --------------------------------------------------------------------------------------
+    def column(self, name: str) -> int:
+        """Index of a column shown now ("Slide", "Label", "Time", "Split", ...), or -1."""
+        return self.columns.index(name) if name in self.columns else -1
+
     def refresh(self) -> None:
         self._filling = True
         try:
+            columns = ["Slide", *TASK_COLUMNS[self.session.task], "Split", "µm/px", "Regions", "Tiles"]
+            columns += ["Case"] if any(r.case for r in self.session.rows) else []
+            if columns != self.columns:
+                self.columns = columns
+                self.table.setColumnCount(len(columns))
+                self.table.setHorizontalHeaderLabels(columns)
+                header = self.table.horizontalHeader()
+                assert header is not None
+                header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+                header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+                for index in range(len(columns)):
+                    self.table.setItemDelegateForColumn(index, None)  # type: ignore[arg-type]
+                self.table.setItemDelegateForColumn(columns.index("Split"), self.split_delegate)
             self.table.setRowCount(len(self.session.rows))
             for i, row in enumerate(self.session.rows):
-                self._set_item(i, 0, row.path.name, editable=False, tip=str(row.path))
-                self._set_item(
-                    i, 1, row.label, editable=True, tip="Type the slide's class, e.g. tumor / normal"
-                )
-                regions = row.regions.name if row.regions else ""
-                self._set_item(i, 3, regions, editable=False, tip=str(row.regions or "whole slide"))
-                self._set_item(i, 4, "" if row.tiles is None else str(row.tiles), editable=False)
-                split = QComboBox()
-                split.addItems([s or "auto" for s in SPLIT_CHOICES])
-                split.setCurrentIndex(SPLIT_CHOICES.index(row.split) if row.split in SPLIT_CHOICES else 0)
-                split.setToolTip("auto: a stratified train/val split is made when training starts")
-                split.currentIndexChanged.connect(
-                    lambda index, path=row.path: self.session.update(path, split=SPLIT_CHOICES[index])
-                )
-                self.table.setCellWidget(i, 2, split)
+                for name, text in self._cells(row).items():
+                    editable = name in EDIT_TIPS or name == "Split"
+                    tip = EDIT_TIPS.get(name, SPLIT_TIP if name == "Split" else "")
+                    if name == "Slide":
+                        tip = str(row.path)
+                    elif name == "Regions":
+                        tip = str(row.regions or "whole slide")
+                    elif name == "µm/px":
+                        tip = MPP_TIPS[self._mpp_state(row)[1]]
+                    self._set_item(i, columns.index(name), text, editable=editable, tip=tip)
+                split = self.table.item(i, columns.index("Split"))
+                assert split is not None
+                split.setData(Qt.ItemDataRole.UserRole, row.split or "")
         finally:
             self._filling = False
+        self.status.setText(self.describe())
+
+    def _cells(self, row: SlideRow) -> dict[str, str]:
+        cells = {
+            "Slide": row.path.name,
+            "Label": row.label,
+            "Time": "" if row.time is None else f"{row.time:g}",
+            "Event": "" if row.event is None else str(row.event),
+            "Target": "" if row.target is None else f"{row.target:g}",
+            "Split": SPLIT_WORDS.get(row.split, row.split),
+            "µm/px": self._mpp_state(row)[0],
+            "Regions": row.regions.name if row.regions else "",
+            "Tiles": "" if row.tiles is None else str(row.tiles),
+            "Case": row.case or "",
+        }
+        return {name: cells[name] for name in self.columns}
+
+    def _mpp_state(self, row: SlideRow) -> tuple[str, str]:
+        """(what the µm/px cell shows, why) for a row: the file's, the fallback typed below, missing (the
+        slide is drawn at a provisional size), or not known until the slide is read (not open here)."""
+        from bigslide.napari._roles import slide_layers
+
+        layer = next((s for s in slide_layers(self.viewer) if Path(s.metadata["path"]) == row.path), None)
+        if layer is None:
+            return "", "closed"
+        stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
+        if stated:
+            return f"{float(stated[0]):g}", "file"
+        if mpp:
+            return f"{float(mpp[0]):g} (typed)", "typed"
+        return "missing", "missing"
+
+    def describe(self) -> str:
+        """What the table holds and what to do next, in one line."""
+        rows = self.session.rows
+        if not rows:
+            return "Open slides (File ▸ Open) or load a slide table."
+        what = {
+            "classification": "type each slide's class in the Label column",
+            "survival": "each slide's time and event (1 observed, 0 censored) come from the table",
+            "regression": "each slide's target comes from the table",
+        }[self.session.task]
+        missing = [r.path.name for r in rows if self._mpp_state(r)[1] == "missing"]
+        unstated = (
+            f" {', '.join(missing)}: no pixel size in the file; enter its scanner's µm/px below."
+            if missing
+            else ""
+        )
+        return f"{self.session.describe()}: {what}.{unstated}"
 
     def _set_item(self, row: int, column: int, text: str, *, editable: bool, tip: str = "") -> None:
         item = QTableWidgetItem(text)
@@ -156,14 +274,35 @@ class SlidesWidget(QWidget):
         self.table.setItem(row, column, item)
 
     def _on_item_changed(self, item: QTableWidgetItem) -> None:
-        if self._filling or item.column() != LABEL_COLUMN:
+        if self._filling:
             return
         row = self.session.rows[item.row()]
-        row.label = item.text().strip()
+        name = self.columns[item.column()]
+        text = item.text().strip()
+        if name == "Label":
+            row.label = text
+        elif name == "Split":
+            self.session.update(row.path, split=item.data(Qt.ItemDataRole.UserRole) or "")
+        elif name in ("Time", "Event", "Target"):
+            self._set_number(row, name, text)
+
+    def _set_number(self, row: SlideRow, name: str, text: str) -> None:
+        """A typed time, event or target, kept when allowed; else refused in the status line and the cell
+        shows the kept value again."""
+        if name == "Event":
+            value, problem = parse_number(text, int, minimum=0, maximum=1)
+        else:
+            value, problem = parse_number(text, float, above=0 if name == "Time" else None)
+        if problem is None:
+            self.session.update(row.path, **{name.lower(): value})
+            return
+        refused = f"Row {self.session.rows.index(row) + 1} ({row.path.name}): {name.lower()} {problem}"
+        self.refresh()  # shows the kept value
+        self.status.setText(f"{refused}; kept {self._cells(row)[name] or 'empty'}.")
 
     def set_label(self, index: int, label: str) -> None:
         """Type a label into row `index` (what a user does by double-clicking the cell)."""
-        item = self.table.item(index, LABEL_COLUMN)
+        item = self.table.item(index, self.column("Label"))
         if item is not None:
             item.setText(label)
 
@@ -177,6 +316,8 @@ class SlidesWidget(QWidget):
         self._add_layer(event.value)
 
     def _add_layer(self, layer: Any) -> None:
+        from bigslide.napari._roles import ROLE
+
         meta = layer.metadata
         if meta.get(ROLE) == "slide" and meta.get("path"):
             self.session.add(
@@ -187,6 +328,8 @@ class SlidesWidget(QWidget):
             )
 
     def _on_layer_removed(self, event: Any) -> None:
+        from bigslide.napari._roles import ROLE
+
         meta = event.value.metadata
         row = self.session.row(meta["path"]) if meta.get(ROLE) == "slide" and meta.get("path") else None
         if row is not None and row.from_layer:
@@ -194,6 +337,8 @@ class SlidesWidget(QWidget):
 
     # -- files ---------------------------------------------------------------------------------------
     def load_csv(self, path: str | Path | None = None) -> None:
+        from bigslide.errors import BigslideError
+
         if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Load slide table", "", "Slide table (*.csv)")
             if not path:
@@ -201,11 +346,14 @@ class SlidesWidget(QWidget):
         try:
             count = self.session.load_csv(path)
         except BigslideError as err:
+            self.status.setText(f"Not loaded: {err}")
             show_error(str(err))
             return
-        self.status.setText(f"Loaded {count} slides from {Path(path).name}.")
+        self.status.setText(f"Loaded {count} slides. {self.describe()}")
 
     def save_csv(self, path: str | Path | None = None) -> Path | None:
+        from bigslide.errors import BigslideError
+
         if path is None:
             path, _ = QFileDialog.getSaveFileName(
                 self, "Save slide table", "slides.csv", "Slide table (*.csv)"
@@ -215,6 +363,7 @@ class SlidesWidget(QWidget):
         try:
             saved = self.session.save_csv(path)
         except BigslideError as err:
+            self.status.setText(f"Not saved: {err}")
             show_error(str(err))
             return None
         self.status.setText(f"Saved {len(self.session.rows)} slides to {saved}.")
@@ -222,16 +371,25 @@ class SlidesWidget(QWidget):
 
     # -- tiles ---------------------------------------------------------------------------------------
     def _on_tiling_changed(self) -> None:
-        self.session.tile_size = self.tile_size.value()
-        self.session.target_mpp = self.target_mpp.value()
-        self.session.slide_mpp = self.slide_mpp.value() or None
-        self.session.min_tissue = self.min_tissue.value()
-        for row in self.session.rows:
+        s = self.session
+        s.tile_size = int(self.tile_size.value() or s.tile_size)
+        s.target_mpp = float(self.target_mpp.value() or s.target_mpp)
+        s.slide_mpp = self.slide_mpp.value()
+        s.min_tissue = float(self.min_tissue.value() or 0.0)
+        for row in s.rows:
             row.tiles = None
         self.refresh()
 
     def count_tiles(self) -> Any:
         """Count tiles per slide in a worker thread; returns the worker (already started)."""
+        from bigslide.errors import BigslideError
+        from bigslide.napari._regions import slide_regions
+
+        refused = self.session.problems()
+        if refused:
+            self.status.setText("Not counted: " + "; ".join(refused) + ".")
+            show_error(self.status.text())
+            return None
         try:
             jobs = [
                 (row.path, slide_regions(self.viewer, self.session, row.path)) for row in self.session.rows
@@ -252,6 +410,8 @@ class SlidesWidget(QWidget):
         return worker
 
     def _count_failed(self, err: Exception) -> None:
+        from bigslide.napari._run import in_panel_words
+
         self.count_error = in_panel_words(f"Counting tiles failed: {err}")
         show_error(self.count_error)
 

@@ -1,0 +1,208 @@
+"""The viewer's longest freezes while a pathologist works, and how a followed run's maps keep up on a large
+slide: one napari session at 1600 x 1000 that opens the panels, opens a large synthetic slide and a second
+one, trains ABMIL-ACC on the demo slides while the Results panel follows the large slide, and lets the run
+end. Each action's longest event-loop gap comes from a 10 ms timer on the GUI thread.
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python docs/measure_gaps.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import napari
+from qtpy.QtCore import QTimer
+from qtpy.QtWidgets import QApplication
+
+LARGE = (16384, 12288)  # level-0 px at 0.5 µm/px: 8 x 6 mm of tissue and glass
+EPOCHS = 4
+
+
+class Gaps:
+    """Longest gaps between a 10 ms timer's ticks, by the action under way when each gap ended."""
+
+    def __init__(self) -> None:
+        self.ticks: list[tuple[float, str]] = []
+        self.action = "idle"
+        self.timer = QTimer()
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(lambda: self.ticks.append((time.perf_counter(), self.action)))
+        self.timer.start()
+
+    def worst(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (a, _), (b, action) in itertools.pairwise(self.ticks):
+            out[action] = max(out.get(action, 0.0), (b - a) * 1000)
+        return out
+
+
+def process(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        QApplication.processEvents()
+        time.sleep(0.002)
+
+
+def until(condition: Any, timeout: float = 600.0) -> None:
+    end = time.perf_counter() + timeout
+    while not condition():
+        if time.perf_counter() > end:
+            raise TimeoutError("the viewer did not get there in time")
+        process(0.02)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    parser.add_argument(
+        "--shots", type=Path, default=None, help="save the window with a preview map and the full map here"
+    )
+    args = parser.parse_args()
+    from bigslide.data.sources import demo_dir
+    from bigslide.synthetic.slide_set import make_slide_set
+    from bigslide.synthetic.slides import make_synthetic_slide
+
+    work = Path(tempfile.mkdtemp())
+    large = work / "large.svs"
+    make_synthetic_slide(large, size=LARGE, lesions=3, seed=21)
+    second = work / "second.svs"
+    make_synthetic_slide(second, size=(4096, 3072), lesions=1, seed=22)
+    csv = make_slide_set(demo_dir())
+
+    viewer = napari.Viewer()
+    viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
+    process(1.0)
+    gaps = Gaps()
+
+    def act(name: str, fn: Any, settle: float) -> Any:
+        gaps.action = name
+        out = fn()
+        process(settle)
+        gaps.action = "idle"
+        return out
+
+    panels = act(
+        "open the panels (All panels)",
+        lambda: viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")[1],
+        0.5,
+    )
+    gaps.action = "open the panels (All panels)"
+    until(lambda: panels.ready)
+    gaps.action = "idle"
+    [slide] = act("open a slide (first, 16k x 12k)", lambda: viewer.open(large, plugin="bigslide"), 2.0)
+    act("open a slide (second)", lambda: viewer.open(second, plugin="bigslide"), 2.0)
+
+    p = panels
+    p.slides.load_csv(csv)
+    p.slides.target_mpp.setValue(1.0)
+    p.slides.tile_size.setValue(32)
+    for path, label in ((slide.metadata["path"], "tumor"), (second, "tumor")):
+        p.slides.session.update(path, split="test", label=label)  # held out: shown, not trained on
+    t = p.train
+    t.set_method("abmil_acc")
+    t.backbone.setCurrentText("test_resnet")
+    t.epochs.setValue(EPOCHS)
+    t.lr.setValue(0.002)
+    t.data_form.set_values({"bag_size": 24})
+    t.device.setCurrentText("cpu")
+    t.out_dir.setText(str(work / "runs"))
+    r = p.results
+    r.slide_box.setCurrentText(slide.name)
+    r.device.setCurrentText("cpu")
+    viewer.layers.selection.active = slide
+    panels.tabs.setCurrentWidget(r)
+
+    # what following costs the run: the same run without it first (its steps then read the same tiles)
+    gaps.action = "train, not followed"
+    start = time.perf_counter()
+    t.start()
+    until(lambda: t.worker is None)
+    unfollowed = time.perf_counter() - start
+    gaps.action = "idle"
+    process(1.0)
+    r.follow.setChecked(True)
+
+    saved: list[tuple[float, int]] = []  # (time, epoch) of each epoch's checkpoint
+    drawn: list[tuple[float, int, int]] = []  # (time, epochs trained, tiles read 1 in s x s) of each map
+    draw = r.show_prediction
+
+    def on_drawn(prediction: Any, layer: Any) -> None:
+        draw(prediction, layer)
+        drawn.append((time.perf_counter(), prediction.epochs, prediction.thinned))
+        if args.shots is not None and prediction.thinned > 1 and prediction.epochs == 2:
+            QTimer.singleShot(500, lambda: shot("follow_large_preview.png"))
+
+    def shot(name: str) -> None:
+        args.shots.mkdir(parents=True, exist_ok=True)
+        viewer.screenshot(str(args.shots / name), canvas_only=False, flash=False)
+
+    r.show_prediction = on_drawn
+    add_grid = r.add_grid
+    added: list[float] = []
+
+    def timed_add_grid(*args: Any) -> Any:
+        # the layer is made now and painted on the next turns: both count as drawing the heatmap
+        before = "after the run: the full map" if t.worker is None else "train (Start, steps, validation)"
+        gaps.action = "draw a heatmap (first: a new layer)" if not added else "draw a heatmap (in place)"
+        added.append(time.perf_counter())
+        layer = add_grid(*args)
+        QTimer.singleShot(300, lambda: setattr(gaps, "action", before))
+        return layer
+
+    r.add_grid = timed_add_grid
+    r.session.checkpoint_saved.connect(lambda _c: saved.append((time.perf_counter(), len(saved) + 1)))
+    gaps.action = "train (Start, steps, validation)"
+    start = time.perf_counter()
+    t.start()
+    until(lambda: t.worker is None)
+    trained = time.perf_counter() - start
+    gaps.action = "after the run: the full map"
+    until(lambda: r.worker is None and not r.pending_grids and r.run_button.isEnabled())
+    process(1.0)
+    gaps.timer.stop()
+    if args.shots is not None:
+        shot("follow_large_full.png")
+
+    lines = [
+        f"Machine: {platform.processor() or platform.machine()}, {QApplication.platformName()}; "
+        f"command: xvfb-run -a -s '-screen 0 1600x1000x24' .venv/bin/python docs/measure_gaps.py",
+        "",
+        "| action | longest event-loop gap |",
+        "| --- | --- |",
+    ]
+    for action, worst in gaps.worst().items():
+        if action != "idle":
+            lines.append(f"| {action} | {worst:.0f} ms |")
+    lines += [
+        "",
+        f"Followed run: ABMIL-ACC, {EPOCHS} epochs on the demo slides, the Results panel following a "
+        f"{LARGE[0]} x {LARGE[1]} px slide: {trained:.1f} s; the same run not followed: {unfollowed:.1f} s.",
+        "",
+        "| epoch | map drawn after its checkpoint | next epoch's checkpoint after it | tiles read |",
+        "| --- | --- | --- | --- |",
+    ]
+    for (when, epoch), nxt in itertools.zip_longest(saved, saved[1:]):
+        shown = next(((at, s) for at, e, s in drawn if e == epoch), None)
+        after = f"{shown[0] - when:.1f} s" if shown else "skipped for a newer one"
+        following = f"{nxt[0] - when:.1f} s" if nxt else "(run ended)"
+        tiles = f"1 in {shown[1]} x {shown[1]}" if shown and shown[1] > 1 else "every tile" if shown else ""
+        lines.append(f"| {epoch} | {after} | {following} | {tiles} |")
+    final = [d for d in drawn if d[2] == 1]
+    if final:
+        after_run = final[-1][0] - start - trained
+        lines.append(f"\nThe full map (every tile) was drawn {after_run:.1f} s after the run.")
+    report = "\n".join(lines)
+    print(report, flush=True)
+    if args.out is not None:
+        args.out.write_text(report + "\n")
+    viewer.close()
+
+
+if __name__ == "__main__":
+    main()

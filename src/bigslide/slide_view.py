@@ -1,0 +1,153 @@
+"""A slide's levels as arrays a viewer slices: each slice decodes the file tiles it covers, keeps the most
+recent ones, and draws a tile that will not decode as background instead of failing the whole view.
+
+A real scanner's file can hold a few damaged tiles; a viewer reading through zarr or dask raises the
+decoder's error from its first draw and shows nothing. Here the error goes to `on_error` (once per tile)
+and the rest of the slide is shown.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from bigslide.errors import SlideError
+
+
+class Slide(Protocol):
+    """What a view reads of a slide (`bigslide.slide.Slide`)."""
+
+    @property
+    def level_count(self) -> int: ...
+
+    @property
+    def level_dimensions(self) -> tuple[tuple[int, int], ...]: ...
+
+    def tile_shape(self, level: int) -> tuple[int, int]: ...
+
+    def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray: ...
+
+
+CACHE_BYTES = 96 << 20
+"""Decoded tiles kept across slices (panning back over a region decodes nothing again)."""
+BACKGROUND = 255  # as bigslide.slide's: glass
+OnError = Callable[[SlideError], None]
+
+
+class TileCache:
+    """Decoded file tiles of one slide, most recently used last, bounded in bytes; failures remembered
+    (reported once, never decoded again). Safe to use from a viewer's slicing threads."""
+
+    def __init__(self, slide: Slide, on_error: OnError | None = None, max_bytes: int = CACHE_BYTES) -> None:
+        self.slide, self.on_error, self.max_bytes = slide, on_error, max_bytes
+        self._tiles: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
+        self._failed: set[tuple[int, int, int]] = set()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def tile(self, level: int, row: int, col: int) -> np.ndarray | None:
+        """The decoded tile, or None when it will not decode."""
+        key = (level, row, col)
+        with self._lock:
+            if key in self._failed:
+                return None
+            tile = self._tiles.get(key)
+            if tile is not None:
+                self._tiles.move_to_end(key)
+                return tile
+        try:
+            tile = self.slide.read_file_tile(level, row, col)
+        except SlideError as err:
+            with self._lock:
+                first = key not in self._failed
+                self._failed.add(key)
+            if first and self.on_error is not None:
+                self.on_error(err)
+            return None
+        with self._lock:
+            if key not in self._tiles:
+                self._tiles[key] = tile
+                self._bytes += tile.nbytes
+            while self._bytes > self.max_bytes and len(self._tiles) > 1:
+                self._bytes -= self._tiles.popitem(last=False)[1].nbytes
+        return tile
+
+    @property
+    def failed(self) -> set[tuple[int, int, int]]:
+        """(level, row, col) of the tiles that did not decode so far."""
+        return set(self._failed)
+
+
+class TileLevel:
+    """One level as an (h, w, 3) uint8 array-like: `shape`, `dtype`, `ndim` and basic slicing."""
+
+    def __init__(self, cache: TileCache, level: int) -> None:
+        self.cache, self.level = cache, level
+        w, h = cache.slide.level_dimensions[level]
+        self.shape = (h, w, 3)
+        self.dtype = np.dtype(np.uint8)
+        self.ndim = 3
+        self.tile_shape = cache.slide.tile_shape(level)
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1] * 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[:, :]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rows, cols, channel, single = _split_key(key)
+        r0, r1, rstep = rows.indices(self.shape[0])
+        c0, c1, cstep = cols.indices(self.shape[1])
+        if rstep < 0 or cstep < 0:
+            raise IndexError("a slide level is sliced with positive steps only")
+        out = self._region(r0, max(r1, r0), c0, max(c1, c0))[::rstep, ::cstep][:, :, channel]
+        return out[tuple(0 if one else slice(None) for one in single)]
+
+    def _region(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
+        th, tw = self.tile_shape
+        for row in range(y0 // th, -(-y1 // th)):
+            for col in range(x0 // tw, -(-x1 // tw)):
+                tile = self.cache.tile(self.level, row, col)
+                if tile is None:
+                    continue
+                ty, tx = row * th, col * tw
+                ay0, ay1 = max(ty, y0), min(ty + tile.shape[0], y1)
+                ax0, ax1 = max(tx, x0), min(tx + tile.shape[1], x1)
+                out[ay0 - y0 : ay1 - y0, ax0 - x0 : ax1 - x0] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
+        return out
+
+
+def tile_levels(slide: Slide, on_error: OnError | None = None) -> list[TileLevel]:
+    """Every level of `slide` as a `TileLevel`, sharing one cache of decoded tiles."""
+    cache = TileCache(slide, on_error)
+    return [TileLevel(cache, level) for level in range(slide.level_count)]
+
+
+def _split_key(key: Any) -> tuple[slice, slice, Any, tuple[bool, bool]]:
+    """(rows, cols, channel index, which of rows and cols were single integers) of an index into an
+    (h, w, 3) array."""
+    parts = list(key) if isinstance(key, tuple) else [key]
+    if any(p is Ellipsis for p in parts):
+        at = parts.index(Ellipsis)
+        parts = parts[:at] + [slice(None)] * (4 - len(parts)) + parts[at + 1 :]
+    parts += [slice(None)] * (3 - len(parts))
+    if len(parts) != 3:
+        raise IndexError(f"too many indices for a slide level: {key!r}")
+    rows, cols, channel = parts
+    single = (isinstance(rows, int | np.integer), isinstance(cols, int | np.integer))
+    rows = slice(int(rows), int(rows) + 1) if single[0] else rows
+    cols = slice(int(cols), int(cols) + 1) if single[1] else cols
+    if not isinstance(rows, slice) or not isinstance(cols, slice):
+        raise IndexError("a slide level is sliced with integers and slices only")
+    return rows, cols, channel, single
