@@ -45,6 +45,7 @@ TILING_MODULES = (
     "bigslide.resolution",
     "bigslide.regions",
     "bigslide.slide",
+    "bigslide.slide_view",
     "bigslide.tiff_levels",
 )
 """Modules whose code decides a slide's tissue mask and grid: a change in any of them tiles anew."""
