@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bigslide.bench import acc, biglayer, biglayer_capacity, patchgd_report, plan_check
+from bigslide.bench import acc, biglayer, biglayer_capacity, cohort, patchgd_report, plan_check
 from bigslide.bench.targets import Targets, add_target_argument, min_median
 from bigslide.cli.main import main as cli_main
 
@@ -177,6 +177,45 @@ def test_biglayer_bench_checks_time_and_the_meters_budget(
     monkeypatch.setattr(biglayer, "TIME_TARGET", 0.0)  # no big layer runs in no time
     assert cli_main(argv) == 1
     assert cli_main([*argv, "--no-targets"]) == 0
+
+
+def cohort_run(from_train: float, rss_end_mb: float = 1100, open_main: int = 40) -> dict:
+    return {
+        "from_train": from_train,
+        "open_main": open_main,
+        "main_rss": 1200 * MB,
+        "main_rss_end": rss_end_mb * MB,
+    }
+
+
+@pytest.mark.parametrize(
+    ("cached_s", "large_rss_mb", "failed", "missed"),
+    [
+        (1.0, 1103, 0, []),
+        (3.0, 1103, 0, ["cached / cold"]),  # the cache saves less than three quarters of the start
+        (1.0, 1200, 0, ["growth per 1,000 slides"]),  # 100 MB more for 1,000 more slides
+        (1.0, 1103, 1, ["failed under ulimit"]),
+    ],
+)
+def test_cohort_targets(
+    cached_s: float, large_rss_mb: float, failed: int, missed: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = {
+        1000: {"cold": [cohort_run(5.0)], "cached": [cohort_run(0.5)], "epoch": [cohort_run(0.5, 1100)]},
+        2000: {
+            "cold": [cohort_run(8.0), cohort_run(10.0)],
+            "cached": [cohort_run(cached_s), cohort_run(cached_s)],
+            "epoch": [cohort_run(cached_s, large_rss_mb)],
+        },
+    }
+    targets = Targets()
+    cohort._check(targets, results, [1000, 2000], failed, 1024)
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.endswith("MISSED")] == [
+        line for line in out.splitlines() if line.endswith("MISSED") and any(m in line for m in missed)
+    ]
+    assert targets.missed == len(missed)
+    assert f"({large_rss_mb - 1100:+.1f} MB per 1,000 slides)" in out
 
 
 def test_benchmark_pages_are_rendered_from_saved_bench_output(

@@ -53,7 +53,7 @@ def tiles_by_micron(path: Path, mpp: float, tile: int = 32) -> dict[tuple[int, i
     """Every tissue tile at `mpp`, keyed by its top-left corner in µm."""
     bags = BagDataset(table_of(path), tile_size=tile, target_mpp=mpp, bag_size=0, min_tissue=0.3)
     sample = bags[0]
-    slide_mpp = bags.slides.open(path).mpp
+    slide_mpp = bags.slides.mpp(path)
     assert slide_mpp is not None
     bags.slides.close()
     keys = [(round(x * slide_mpp[0]), round(y * slide_mpp[0])) for x, y in sample.coords]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +23,39 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def open_files_limit() -> int | None:
+    """How many files this process may have open at once (`ulimit -n`); None where it cannot tell."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # not on Unix
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def too_many_open_files() -> str:
+    """What to do when a process runs out of file descriptors, naming its limit (one line)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # not on Unix
+        return "too many open files: raise this system's limit on open files, or lower data.workers"
+    said = f"too many open files: this process may have {soft} open at once (`ulimit -n`)"
+    if hard != resource.RLIM_INFINITY and hard <= soft:
+        return (
+            f"{said}, and its hard limit (`ulimit -Hn`) is no higher: have it raised, or lower data.workers"
+        )
+    wanted = max(4096, 4 * soft) if hard == resource.RLIM_INFINITY else min(hard, max(4096, 4 * soft))
+    return f"{said}; raise the limit before starting (e.g. `ulimit -n {wanted}`), or lower data.workers"
+
+
+def out_of_files(err: BaseException) -> bool:
+    """Whether `err` is the system refusing to open another file (EMFILE, ENFILE)."""
+    return isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE)
 
 
 @contextmanager

@@ -25,6 +25,9 @@ TileFilter = Literal["rule", "otsu", "none"]
 MIN_FOOTPRINT_PX = 4
 """A tile must still span this many pixels on the level its tissue is measured on."""
 _STRIP_PIXELS = 1 << 24
+TILING_VERSION = 1
+"""Raise when a slide's grid or tissue mask changes for a reason outside `bigslide.data.tile_cache`'s
+TILING_MODULES (e.g. a library's algorithm): grids kept on disk are then made anew."""
 
 
 @dataclass(eq=False)

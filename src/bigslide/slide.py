@@ -22,6 +22,7 @@ from PIL import Image
 
 from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file, opens_as_dicom, series_file
 from bigslide.errors import SlideError
+from bigslide.files import out_of_files, too_many_open_files
 from bigslide.slide_view import OnError, TileLevel, tile_levels
 from bigslide.tiff_levels import check_complete, level_arrays, parse_mpp, tiled_pages
 
@@ -266,6 +267,8 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     try:
         handle = tiffslide.TiffSlide(path)
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
+        if out_of_files(exc):
+            raise SlideError(f"{path}: {too_many_open_files()}") from exc
         raise SlideError(f"{path}: not a readable TIFF slide ({exc}){reader_conflict()}") from exc
     try:
         check_complete(path, handle)
@@ -275,6 +278,8 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         raise
     except Exception as exc:
         handle.close()
+        if out_of_files(exc):
+            raise SlideError(f"{path}: {too_many_open_files()}") from exc
         raise SlideError(f"{path}: unsupported slide layout ({exc}){reader_conflict()}") from exc
 
 

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from bigslide.data.bags import BagDataset
     from bigslide.data.loader import BatchLoader, default_workers
     from bigslide.data.table import SlideEntry, SlideTable
+    from bigslide.slide import open_slide
 
     path = ensure_slide(Path(args.cache), args.width, args.height)
     print(machine_line(), flush=True)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     bags = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=args.bag_size, seed=1)
     coords = [bags.grids[i].coords[bags.tile_indices(i)] for i in range(args.bags)]
     n_tiles = sum(len(c) for c in coords)
-    slide = bags.slides.open(path)
+    slide = open_slide(path)  # the bench's own copy, closed with the process
     plan = bags.grids[0].plan
     file_tiles = [touched_file_tiles(c, plan.read_size, TILE) for c in coords]
     print(

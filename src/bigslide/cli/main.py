@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from bigslide.errors import BigslideError, ConfigError
+from bigslide.files import out_of_files, too_many_open_files
 from bigslide.plan.arguments import add_arguments as add_plan_arguments
 
 BENCHES = (
@@ -29,6 +30,7 @@ BENCHES = (
     "io",
     "predict",
     "features",
+    "cohort",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
 TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"
@@ -283,6 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bigslide: stopped; the last checkpoint is kept", file=sys.stderr)
         return 130
+    except OSError as err:
+        if not out_of_files(err):
+            raise
+        print(f"bigslide: error: {too_many_open_files()}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from bigslide.cli import slide_rows
 from bigslide.cli.progress import stop_requests
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
@@ -126,6 +127,7 @@ def predict_to(
         repeats=repeats,
         slide_mpp=fallback_mpp,
         with_grids=heatmaps,
+        tiles=tile_cache_for(trained.config.data.tile_cache, out),
     )
     # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
     # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.

@@ -15,8 +15,8 @@ from bigslide.data.sample import Sample, SlidePart, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_slide_stain
-from bigslide.data.table import SlideTable
-from bigslide.errors import DataError
+from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.errors import DataError, RegionError, SlideError
 from bigslide.grid import TileGrid
 from bigslide.resolution import DEFAULT_MPP
 
@@ -45,6 +45,8 @@ class BagDataset(Dataset[Sample]):
     `set_epoch` each epoch for fresh bags. `stain_augment` > 0: a stain perturbation of that strength
     per slide, drawn from (seed, epoch, i); `stain_normalise`: each sample carries its slide's stain
     fit (made once per slide), which the method maps onto its reference (`bigslide.data.colour`).
+    `skip_bad`: a slide that cannot be tiled (or has no tile with tissue) is left out of the table, and
+    named in `left_out`, instead of being an error.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class BagDataset(Dataset[Sample]):
         endpoint: Endpoint | None = None,
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
+        skip_bad: bool = False,
     ) -> None:
         several = table.case_of_several()
         if stain_normalise != "none" and several is not None:  # refused before any slide is read
@@ -69,7 +72,6 @@ class BagDataset(Dataset[Sample]):
                 "fitted slide by slide and a case's bag mixes its slides; set data.stain_normalise: none "
                 "(data.stain_augment draws one perturbation per case)"
             )
-        self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.tile_size = tile_size
         self.target_mpp = target_mpp
@@ -83,15 +85,31 @@ class BagDataset(Dataset[Sample]):
         self._stain_fits: dict[int, StainFit] = {}
         self.min_tissue = min_tissue
         self.grids: list[TileGrid] = []
+        self.left_out: list[str] = []  # why each slide left out (skip_bad) was
+        kept = []
         for entry in table.entries:
-            grid = self.slides.grid(entry, tile_size, target_mpp, min_tissue)
-            if len(grid) == 0:
-                raise DataError(
-                    f"{entry.path}: no tile of {tile_size} px at {target_mpp} µm/px has tissue "
-                    f">= {min_tissue}" + (f" inside the regions of {entry.regions}" if entry.regions else "")
-                )
-            self.grids.append(grid)
-        self.items = list(table.cases().values())  # table rows of each case, in table order
+            try:
+                self.grids.append(self._grid(entry))
+                kept.append(entry)
+            except (SlideError, DataError, RegionError) as err:
+                if not skip_bad:
+                    raise
+                self.left_out.append(str(err))
+        if self.left_out and not kept:
+            raise DataError(
+                f"every slide of the table was left out (data.skip_bad_slides): {self.left_out[0]}"
+            )
+        self.table = table.like(kept) if self.left_out else table
+        self.items = list(self.table.cases().values())  # table rows of each case, in table order
+
+    def _grid(self, entry: SlideEntry) -> TileGrid:
+        grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue)
+        if len(grid) == 0:
+            raise DataError(
+                f"{entry.path}: no tile of {self.tile_size} px at {self.target_mpp} µm/px has tissue "
+                f">= {self.min_tissue}" + (f" inside the regions of {entry.regions}" if entry.regions else "")
+            )
+        return grid
 
     def __len__(self) -> int:
         return len(self.items)

@@ -92,6 +92,22 @@ class DataConfig:
             "help": "bags or image batches decoded ahead of the step (raised to data.workers + 1)",
         },
     )
+    tile_cache: str = field(
+        default="auto",
+        metadata={
+            "help": "folder where each slide's tissue mask and tile grid are kept, so later runs, cv folds, "
+            "napari and predict do not tile it again (auto = .tiles in the folder holding run.out_dir; "
+            "none = tile on every run)"
+        },
+    )
+    skip_bad_slides: bool = field(
+        default=False,
+        metadata={
+            "help": "leave out of training, with a message, a slide that cannot be tiled or read (a file "
+            "that does not open or decode, one that took down two decode workers) instead of stopping the "
+            "run (one rank: not with torchrun)"
+        },
+    )
     bag_size: int = field(
         default=32,
         metadata={

@@ -19,16 +19,15 @@ from bigslide.errors import DataError
 from bigslide.regions import load_regions
 from bigslide.resolution import DEFAULT_MPP, plan_read
 from bigslide.slide import Slide
-from bigslide.tissue import tissue_mask
+from bigslide.tissue import TissueMask
+
+IMAGE_CACHE_BYTES = 1 << 30
+"""Decoded images a dataset keeps for later epochs; beyond, an image is read again each epoch (a cohort of
+thousands of large images would not fit in memory)."""
 
 
-def content_bounds(
-    slide: Slide, regions_bounds: tuple[float, float, float, float] | None
-) -> tuple[float, float, float, float]:
-    """The level-0 (x0, y0, x1, y1) to image: the regions' bounds, else the tissue's, else the slide."""
-    if regions_bounds is not None:
-        return regions_bounds
-    mask = tissue_mask(slide)
+def mask_bounds(slide: Slide, mask: TissueMask) -> tuple[float, float, float, float]:
+    """The level-0 (x0, y0, x1, y1) of the tissue in `mask`, else the whole slide."""
     ys, xs = np.nonzero(mask.mask)
     if len(xs):
         d = mask.downsample
@@ -83,7 +82,9 @@ class SlideImageDataset(Dataset[Sample]):
         self.seed = seed
         self.epoch = 0
         self.slides = slides or SlideCache()
-        self._cache: dict[int, tuple[torch.Tensor, tuple[int, int, int]]] = {}
+        self._boxes: dict[int, tuple[int, int, int]] = {}  # level-0 (x, y, side) each image is read from
+        self._images: dict[int, torch.Tensor] = {}  # up to IMAGE_CACHE_BYTES of them, kept for later epochs
+        self._image_bytes = 0
         # stain_augment > 0: a stain perturbation of that strength per slide and epoch; stain_normalise:
         # each sample carries the stain fitted on its whole image (`bigslide.data.colour`)
         self.stain_augment = stain_augment
@@ -97,19 +98,27 @@ class SlideImageDataset(Dataset[Sample]):
         self.epoch = epoch
 
     def _render(self, i: int, pool: Pool = None) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        if i not in self._cache:
-            entry = self.table.entries[i]
-            slide = self.slides.open(entry.path)
-            bounds = None
-            if entry.regions:
-                geometry = union_all([r.geometry for r in load_regions(entry.regions)])
-                bounds = tuple(float(v) for v in geometry.bounds)
+        if i in self._images:
+            return self._images[i], self._boxes[i]
+        entry = self.table.entries[i]
+        with self.slides.opened(entry.path) as slide:
             plan = plan_read(slide, self.image_size, self.target_mpp)
-            box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
+            if i not in self._boxes:
+                if entry.regions:
+                    geometry = union_all([r.geometry for r in load_regions(entry.regions)])
+                    bounds = tuple(float(v) for v in geometry.bounds)
+                else:
+                    bounds = mask_bounds(slide, self.slides.tissue_mask(entry.path))
+                self._boxes[i] = square_box(slide, bounds, plan.size_level0)  # type: ignore[arg-type]
+        box = self._boxes[i]
+        image = torch.from_numpy(
+            read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0]
+        )
+        if self._image_bytes + image.numel() <= IMAGE_CACHE_BYTES:
             # a copy: the cache keeps it for the run, and a worker's buffer is reused once let go
-            image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0].copy()
-            self._cache[i] = (torch.from_numpy(image), box)
-        return self._cache[i]
+            self._images[i] = image = image.clone()
+            self._image_bytes += image.numel()
+        return image, box
 
     def __getitem__(self, i: int) -> Sample:
         return self.load(i, None)

@@ -7,7 +7,9 @@ processes (`DecodeProcesses`: threads decoding JPEG share one interpreter; proce
 every core). Items depend only on (seed, epoch, index), never on timing, so the batches are the same
 with 0 or N workers and a resumed run reads exactly what the stopped one would have. `close` (also on
 Stop, Ctrl-C or an error) cancels what has not started, waits for what has, and joins every thread
-and process it started.
+and process it started. With `skip_bad`, an item whose slide cannot be read (`SlideError`, `DataError`:
+a file that does not open or decode, one that took down two decode workers) is left out of its batch,
+and of every later one, and named in `bad`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Generic, Protocol, TypeVar
 
 from bigslide.data.processes import DecodeProcesses, Pool
+from bigslide.errors import DataError, SlideError
 
 MAX_DEFAULT_WORKERS = 8
 
@@ -55,14 +58,24 @@ class BatchLoader(Generic[Item]):
     an item to decode while the last one is handed over): that bounds the memory the loader holds.
     """
 
-    def __init__(self, dataset: ItemDataset[Item], *, workers: int | None = None, prefetch: int = 2) -> None:
+    def __init__(
+        self,
+        dataset: ItemDataset[Item],
+        *,
+        workers: int | None = None,
+        prefetch: int = 2,
+        skip_bad: bool = False,
+    ) -> None:
         self.dataset = dataset
+        self.skip_bad = skip_bad
+        self.bad: dict[int, str] = {}  # items left out (skip_bad), with why
         self.workers = default_workers() if workers is None else int(workers)
         self.depth = max(1, int(prefetch), self.workers + 1)
         self._threads: ThreadPoolExecutor | None = None
         self._processes: DecodeProcesses | None = None
         self._todo: deque[Batch] = deque()  # planned, not yet submitted
-        self._pending: deque[tuple[Batch, list[Future[Item]]]] = deque()  # submitted, in plan order
+        # submitted, in plan order: each item of the batch not known to be bad, and its read
+        self._pending: deque[tuple[Batch, dict[int, Future[Item]]]] = deque()
 
     # -- the engine's side ------------------------------------------------------------------------
     def plan(self, batches: Sequence[Iterable[int]]) -> None:
@@ -74,19 +87,30 @@ class BatchLoader(Generic[Item]):
         self._fill()
 
     def take(self, batch: Iterable[int]) -> list[Item]:
-        """The items of `batch`; read ahead when it is the next planned batch, else read now."""
+        """The items of `batch`; read ahead when it is the next planned batch, else read now. With
+        `skip_bad`, the items that cannot be read are left out (the list may be empty)."""
         key = tuple(int(i) for i in batch)
         if not self._pending or self._pending[0][0] != key:
             self._halt()  # off plan (no workers, nothing planned, or the caller skipped): read directly
-            return [load_item(self.dataset, i, self._processes) for i in key]
+            return [item for i in key if i not in self.bad for item in self._kept(i, None)]
         _, futures = self._pending.popleft()
         try:
-            items = [f.result() for f in futures]
+            items = [item for i, f in futures.items() for item in self._kept(i, f)]
         except BaseException:
             self._halt()
             raise
         self._fill()
         return items
+
+    def _kept(self, i: int, read: Future[Item] | None) -> list[Item]:
+        """Item i ([it]), or [] when it cannot be read and bad items are skipped."""
+        try:
+            return [read.result() if read is not None else load_item(self.dataset, i, self._processes)]
+        except (SlideError, DataError) as err:
+            if not self.skip_bad:
+                raise
+            self.bad[i] = str(err)
+            return []
 
     def close(self) -> None:
         """Stop reading; join every thread and process; safe to call twice."""
@@ -113,7 +137,8 @@ class BatchLoader(Generic[Item]):
                 if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
                     self._processes = DecodeProcesses(self.workers, buffers=self.depth)
             key = self._todo.popleft()
-            futures = [self._threads.submit(load_item, self.dataset, i, self._processes) for i in key]
+            todo = [i for i in key if i not in self.bad]
+            futures = {i: self._threads.submit(load_item, self.dataset, i, self._processes) for i in todo}
             self._pending.append((key, futures))
 
     def _halt(self) -> None:
@@ -121,6 +146,6 @@ class BatchLoader(Generic[Item]):
         self._todo.clear()
         started = []
         for _, futures in self._pending:
-            started += [f for f in futures if not f.cancel()]
+            started += [f for f in futures.values() if not f.cancel()]
         self._pending.clear()
         wait(started)

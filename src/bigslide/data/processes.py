@@ -2,115 +2,222 @@
 
 Threads decoding JPEG tiles share one interpreter, and on this project's own measurements two threads
 gave 1.2x one thread's rate where two processes gave 1.8x (`bigslide bench io`). So the loader hands
-each item's squares to a pool of forked processes: a process opens its own copy of the slide (the
-parent's open files share their offsets and locks with a forked child), decodes every file tile the item
-touches once (`read_squares`), and writes the squares into a shared buffer. The parent hands out a view
-of that buffer, not a copy, and reuses the buffer once nothing refers to the view any more (a weak
-reference to the array every handed-out view derives from says so): a copy into fresh memory cost the
-parent a page fault per 4 KiB and a pass over the bag, which on two cores took the time of a third of a
-worker. Buffers are kept (one per item in flight or still held, grown to the largest item): fresh shared
-memory would cost the workers the same faults. Worker processes ignore Ctrl-C (the parent catches it and
-shuts the pool down), drop the signal handlers they inherit, and exit on their own when the parent dies,
-even by SIGKILL.
+each item's squares to forked processes: a process opens its own copy of the slide (the parent's open
+files share their offsets and locks with a forked child), decodes every file tile the item touches once
+(`read_squares`), and writes the squares into a shared buffer. The parent hands out a view of that
+buffer, not a copy, and reuses the buffer once nothing refers to the view any more (a weak reference to
+the array every handed-out view derives from says so): a copy into fresh memory cost the parent a page
+fault per 4 KiB and a pass over the bag, which on two cores took the time of a third of a worker. Buffers
+are kept (one per item in flight or still held, grown to the largest item): fresh shared memory would
+cost the workers the same faults.
+
+Each worker reads one item at a time over a pipe of its own, so a worker that dies (killed, out of
+memory, a crash in a decoder) is known with the item it was reading: it is replaced and the item read
+again, once; an item that kills a second worker is an error naming its slide. Replacements come from a
+fork server (a process forked from this one while other threads hold locks would wait on them for ever).
+What a worker runs is `bigslide.data.decode_worker`: it ignores Ctrl-C (the parent catches it and shuts
+the workers down) and exits on its own when the parent dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import multiprocessing
 import os
-import select
+import queue
 import signal
 import sys
 import threading
-import time
+import warnings
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from bigslide.data.decode import channels_first, read_squares
-from bigslide.data.slides import SlideCache, open_with_mpp
+from bigslide.data.decode_worker import Unreceived, serve
+from bigslide.data.slides import SlideCache
 from bigslide.errors import DataError
+from bigslide.files import open_files_limit, out_of_files, too_many_open_files
 from bigslide.resolution import ReadPlan
-from bigslide.slide import Slide
 
 # How decode workers start: forked from this process (default), or from a server process
 # (`fork_from_server`, for multi-threaded GUI processes).
 _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
-# In a worker process: the slides it has opened, by (path, fallback mpp), least recently read first, and the
-# shared buffers it was given, by number (holding one keeps it mapped: torch finds it again when the buffer
-# next comes). A cohort reads hundreds of slides once each: beyond MAX_OPEN_SLIDES the oldest is closed, so
-# a worker's open files stay bounded.
-_OPEN: dict[tuple[Path, float | None], Slide] = {}
-MAX_OPEN_SLIDES = 32
-_BUFFERS: dict[int, torch.Tensor] = {}
+ATTEMPTS = 2
+"""Workers an item may take down before it is an error naming its slide: the first may have been killed
+for another reason (the out-of-memory killer picks the largest process, not the guilty one)."""
+_CLOSE_WAIT_S = 5.0
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection  # the parent's end of the worker's pipe
+    # the shared buffers it holds, by number: the generation of each (a buffer is sent once, not per read:
+    # sending one passes its file descriptor through a socket of its own)
+    holds: dict[int, int] = field(default_factory=dict)
+
+    def run(self, task: tuple[Any, ...]) -> tuple[bool, Any]:
+        """(True, what the worker answered) or (False, how it died)."""
+        try:
+            self.conn.send(task)
+            # the pipe, or the process's exit: another worker may hold a copy of this pipe's far end
+            if self.conn in wait([self.conn, self.process.sentinel]):
+                return True, self.conn.recv()
+        except (EOFError, OSError):  # the far end went away: the worker is dead or dying
+            pass
+        self.process.join(_CLOSE_WAIT_S)
+        return False, _death(self.process.exitcode)
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask the worker to exit once its read is done (`now`: kill it), and wait for it."""
+        if not now:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+            self.process.join(_CLOSE_WAIT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
 
 
 class DecodeProcesses:
     """`workers` processes reading squares of slides; `read` blocks the calling thread only.
 
     `buffers` reads may be under way at once (more wait): one more than `workers` keeps every worker
-    busy while the parent hands an item over.
+    busy while the parent hands an item over. `replaced` counts the workers started in place of dead ones.
     """
 
     def __init__(self, workers: int, buffers: int | None = None) -> None:
-        # fork: workers start in milliseconds and need no importable __main__ (scripts, notebooks)
-        context = multiprocessing.get_context(_START_METHOD)
         self.workers = workers
-        self._pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
-        )
-        # Fork every worker now, on the thread making the loader: forked later from an item thread, a worker
-        # would copy the locks that other item threads hold at that instant held (e.g. a cached_property's
-        # on Python 3.11, taken while opening a slide) and wait on them for ever.
-        with main_script_left_alone():
-            self._pool.submit(os.getpid).result()
+        self.replaced = 0
+        # fork: workers start in milliseconds and need no importable __main__ (scripts, notebooks)
+        self._context = multiprocessing.get_context(_START_METHOD)
+        # Every worker is forked now, on the thread making the loader: forked later from an item thread, a
+        # worker would copy the locks that other item threads hold at that instant held (e.g. a
+        # cached_property's on Python 3.11, taken while opening a slide) and wait on them for ever.
+        self._all = [_start(self._context) for _ in range(workers)]
+        # idle workers; None stands for one that could not be replaced yet: the next thread needing it tries
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
+        for worker in self._all:
+            self._idle.put(worker)
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
         self._lock = threading.Lock()
-        # by number: (buffer, the array last lent from it, alive while any view of it is)
-        self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None]] = []
+        # by number: (buffer, the array last lent from it, alive while any view of it is, its generation)
+        self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int]] = []
+        self._made = 0  # buffers made so far: the generation of the next
         self._reading: set[int] = set()
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (replacements included)."""
+        with self._lock:
+            return [w.process.pid for w in self._all if w.process.pid is not None]
 
     def read(self, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray) -> np.ndarray:
         """`read_squares` of the slide at `path`, done in a worker process: a view of a shared buffer that
         is reused once nothing refers to it (keep a copy to hold the squares for long, e.g. in a cache)."""
         shape = (len(coords), plan.size, plan.size, 3)
         with self._reads:  # waits while `buffers` reads are under way
-            number, buffer = self._lend(math.prod(shape))
+            number, buffer, generation = self._lend(math.prod(shape))
             try:
                 task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
-                self._pool.submit(_read, *task).result()
+                what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
+                self._run(task, generation, what)
                 lent = buffer.numpy()  # a new array object: every view handed out keeps it alive
                 with self._lock:
-                    self._buffers[number] = (buffer, weakref.ref(lent))
+                    self._buffers[number] = (buffer, weakref.ref(lent), generation)
                 return channels_first(lent[: math.prod(shape)].reshape(shape))
-            except BrokenProcessPool:
-                raise DataError(
-                    f"{path}: a decode worker process died while reading {len(coords)} tiles "
-                    "(out of memory, or a crash in the slide's decoder; "
-                    "data.workers: 0 reads in this process)"
-                ) from None
             finally:
                 with self._lock:
                     self._reading.discard(number)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def _run(self, task: tuple[Any, ...], generation: int, what: str) -> None:
+        """Run `task` (its buffer `generation`) on an idle worker; a worker that dies on it is replaced
+        and the task tried again."""
+        deaths: list[str] = []
+        number = task[0]
+        while len(deaths) < ATTEMPTS:
+            worker = self._idle.get()
+            if worker is None:
+                worker = self._replacement()
+            held = worker.holds.get(number) == generation
+            try:
+                answered, outcome = worker.run((number, None, *task[2:]) if held else task)
+            except BaseException:  # interrupted (Ctrl-C): the worker may still be writing into the buffer
+                self._drop(worker)
+                self._idle.put(None)
+                raise
+            if answered:
+                if outcome is None:
+                    worker.holds[number] = generation
+                self._idle.put(worker)
+                if isinstance(outcome, Unreceived):
+                    if _out_of_files():  # this process could not hand the buffer over
+                        raise OSError(errno.EMFILE, too_many_open_files())
+                    raise DataError(
+                        f"{what.split(': ')[0]}: a decode worker could not receive its task ({outcome})"
+                    )
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return
+            deaths.append(outcome)
+            self._drop(worker)
+            self._idle.put(self._replacement())
+            if len(deaths) < ATTEMPTS:
+                warnings.warn(f"{what} ({outcome}); replaced, reading again", RuntimeWarning, stacklevel=3)
+        raise DataError(
+            f"{what}, twice ({' then '.join(deaths)}): out of memory, or a crash in the slide's decoder "
+            "(data.skip_bad_slides: true leaves such slides out of training; data.workers: 0 reads in "
+            "this process)"
+        )
 
-    def _lend(self, size: int) -> tuple[int, torch.Tensor]:
-        """A buffer of at least `size` bytes that no read and no handed-out view uses: an idle one that
-        fits, else an idle one grown, else a new one."""
+    def _drop(self, worker: _Worker) -> None:
+        """Kill `worker` if it still runs, and forget it."""
+        worker.stop(now=True)
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+
+    def _replacement(self) -> _Worker:
+        try:
+            worker = _start(multiprocessing.get_context(_replacement_method()))
+        except BaseException as err:
+            self._idle.put(None)  # still to be replaced, by the next thread that needs a worker
+            if isinstance(err, OSError):
+                raise DataError(
+                    f"cannot start a decode worker process in place of a dead one ({err})"
+                ) from None
+            raise
+        with self._lock:
+            self._all.append(worker)
+            self.replaced += 1
+        return worker
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = self._all, []
+        for worker in workers:
+            worker.stop()
+
+    def _lend(self, size: int) -> tuple[int, torch.Tensor, int]:
+        """(number, buffer, generation): a buffer of at least `size` bytes that no read and no handed-out
+        view uses: an idle one that fits, else an idle one grown, else a new one."""
         with self._lock:
             idle = [
                 n
-                for n, (_buffer, lent) in enumerate(self._buffers)
+                for n, (_buffer, lent, _made) in enumerate(self._buffers)
                 if n not in self._reading and (lent is None or lent() is None)
             ]
             fits = [n for n in idle if self._buffers[n][0].numel() >= size]
@@ -119,13 +226,15 @@ class DecodeProcesses:
             else:
                 number = idle[0] if idle else len(self._buffers)
                 buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
-                entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None] = (buffer, None)
+                entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int] = (buffer, None, self._made)
+                self._made += 1
                 if number == len(self._buffers):
                     self._buffers.append(entry)
                 else:
                     self._buffers[number] = entry  # the worker drops the smaller one when this comes
             self._reading.add(number)
-            return number, self._buffers[number][0]
+            buffer, _lent, generation = self._buffers[number]
+            return number, buffer, generation
 
 
 Pool = Executor | DecodeProcesses | None
@@ -137,10 +246,8 @@ def read_slide_squares(
     """`read_squares` of the slide at `path`: in worker processes, on threads, or on this thread."""
     if isinstance(pool, DecodeProcesses):
         return pool.read(path, slides.slide_mpp, plan, coords)
-    return read_squares(slides.open(path), plan, coords, pool)
-
-
-WORKER_NICENESS = 10  # the training process comes first; decoding fills the time it leaves
+    with slides.opened(path) as slide:
+        return read_squares(slide, plan, coords, pool)
 
 
 def fork_from_server() -> None:
@@ -154,11 +261,17 @@ def fork_from_server() -> None:
     global _START_METHOD
     if "forkserver" not in multiprocessing.get_all_start_methods() or _START_METHOD == "forkserver":
         return
+    _server_context()
+    _START_METHOD = "forkserver"
+
+
+def _server_context() -> BaseContext:
+    """The fork server's context, its server started (importing this module, and no `__main__`)."""
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload([__name__])
+    forkserver.set_forkserver_preload([__name__])  # used when the server starts, not by a running one
     forkserver.ensure_running()
-    _START_METHOD = "forkserver"
+    return multiprocessing.get_context("forkserver")
 
 
 @contextlib.contextmanager
@@ -181,52 +294,38 @@ def main_script_left_alone() -> Iterator[None]:
             main.__file__ = script
 
 
-def _start_worker(parent: int) -> None:
-    # On a CPU run the step's threads use every core: a worker at the same priority preempts one of them,
-    # and the others wait for it at their next synchronisation (a loader-fed step took 1.13x the in-memory
-    # step on two cores; the decode alone is 5 % of it). Where cores are free, niceness changes nothing.
-    os.nice(WORKER_NICENESS)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's graceful-stop handler is not ours
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    torch.set_num_threads(1)  # the worker decodes; a forked copy of the parent's thread pool would compete
+def _replacement_method() -> str:
+    """How a worker that died is replaced: from the fork server where there is one (this process's other
+    threads hold locks at any moment), else as the first ones were started."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        _server_context()
+        return "forkserver"
+    return _START_METHOD
 
 
-def _exit_with(parent: int) -> None:
-    # A worker waits on a pipe that its own copy keeps open, so it would outlive a killed parent (and hold
-    # the parent's stdout open). A fork server's children keep the server alive, so neither would exit.
+def _start(context: BaseContext) -> _Worker:
+    ours, theirs = context.Pipe()
+    process = context.Process(target=serve, args=(theirs, os.getpid()), daemon=True)  # type: ignore[attr-defined]
+    with main_script_left_alone():
+        process.start()
+    theirs.close()
+    return _Worker(process, ours)
+
+
+def _out_of_files() -> bool:
+    """Whether this process is at (or a few descriptors short of) its limit of open files."""
+    limit = open_files_limit()
     try:
-        select.select([os.pidfd_open(parent)], [], [])  # readable once the parent has exited
-    except (AttributeError, OSError):  # no pidfd (not Linux): the parent is gone or we were re-parented
-        started_by = os.getppid()
-        while os.getppid() == started_by and _alive(parent):
-            time.sleep(0.5)
-    os._exit(0)
+        count = len(os.listdir("/proc/self/fd"))
+    except OSError as err:  # listing them takes a descriptor too
+        return out_of_files(err)
+    return limit is not None and count >= limit - 8
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _read(
-    number: int, buffer: torch.Tensor, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray
-) -> None:
-    _BUFFERS[number] = buffer  # a grown buffer replaces its old one
-    key = (path, slide_mpp)
-    slide = _OPEN.pop(key, None) or open_with_mpp(path, slide_mpp)
-    _OPEN[key] = slide  # the most recently read goes last
-    while len(_OPEN) > MAX_OPEN_SLIDES:
-        _OPEN.pop(next(iter(_OPEN))).close()
-    shape = (len(coords), plan.size, plan.size, 3)
-    read_squares(slide, plan, coords, into=_squares(buffer, shape))
-
-
-def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
-    """The front of a shared byte buffer viewed as channels-last squares of `shape` (N, H, W, 3)."""
-    return buffer[: math.prod(shape)].numpy().reshape(shape)
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"

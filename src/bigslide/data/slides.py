@@ -1,16 +1,40 @@
-"""Open slides and their tile grids once per dataset (slides are opened lazily and kept open)."""
+"""Slides and their tile grids for one dataset: at most `MAX_OPEN_SLIDES` open at once, grids made once.
+
+A cohort is thousands of slides, and an open slide holds file descriptors and its files' tile-offset
+tables: the least recently used slide is closed beyond the limit (a slide being read stays open), so a
+table of any length stays within the common limit of 1,024 open files. Grids and tissue masks come from
+the tile cache (`bigslide.data.tile_cache`) when one is given, without opening the slide at all.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bigslide.data.table import SlideEntry
+from bigslide.data.tile_cache import TileCache
 from bigslide.errors import RegionError
+from bigslide.files import open_files_limit
 from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
 from bigslide.resolution import check_mpp, slide_mpp
 from bigslide.slide import Slide, open_slide
+from bigslide.tissue import TissueMask, tissue_mask
+
+MAX_OPEN_SLIDES = 32
+"""Slides a process keeps open (each holds one or two file descriptors, and a decode worker's copy too),
+fewer under a limit of open files below 512 (`open_slides_limit`)."""
+
+
+def open_slides_limit() -> int:
+    """MAX_OPEN_SLIDES, or fewer where this process may open fewer than 512 files: a sixteenth of them
+    (at least 2), so that two descriptors per slide leave most of the limit to everything else."""
+    limit = open_files_limit()
+    return MAX_OPEN_SLIDES if limit is None else max(2, min(MAX_OPEN_SLIDES, limit // 16))
 
 
 def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
@@ -30,40 +54,96 @@ def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
 class SlideCache:
     """`slide_mpp` (data.slide_mpp, `--slide-mpp`) is the level-0 pixel size given to slides whose files
     state none; without it such a slide is an error naming it (it cannot be read at a physical
-    resolution). Safe to use from the loader's threads."""
+    resolution). `tiles`: where grids and tissue masks are kept between runs (None: made by every run).
+    Safe to use from the loader's threads."""
 
-    def __init__(self, *, slide_mpp: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        slide_mpp: float | None = None,
+        tiles: TileCache | None = None,
+        max_open: int | None = None,
+    ) -> None:
         check_mpp(slide_mpp, "data.slide_mpp")
         self.slide_mpp = slide_mpp
-        self._slides: dict[Path, Slide] = {}
+        self.tiles = tiles
+        self.max_open = open_slides_limit() if max_open is None else max_open
+        self._open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [slide, users], oldest first
+        self._mpp: dict[Path, tuple[float, float] | None] = {}
         self._grids: dict[tuple, TileGrid] = {}
         self._lock = threading.Lock()
 
-    def open(self, path: Path) -> Slide:
+    @contextmanager
+    def opened(self, path: Path) -> Iterator[Slide]:
+        """The open slide at `path`, kept open while the block runs."""
+        path = Path(path)
         with self._lock:
-            slide = self._slides.get(path)
-            if slide is None:
-                slide = open_with_mpp(path, self.slide_mpp)
-                self._slides[path] = slide
-            return slide
+            held = self._open.pop(path, None)
+            if held is None:
+                held = [open_with_mpp(path, self.slide_mpp), 0]
+                self._mpp[path] = held[0].mpp
+            held[1] += 1
+            self._open[path] = held  # the most recently used goes last
+            self._close_unused()
+        try:
+            yield held[0]
+        finally:
+            with self._lock:
+                held[1] -= 1
+                self._close_unused()
+
+    def mpp(self, path: Path) -> tuple[float, float] | None:
+        """The slide's level-0 (x, y) µm/px as it is read (the file's, else `slide_mpp`)."""
+        path = Path(path)
+        if path not in self._mpp:
+            with self.opened(path):
+                pass
+        return self._mpp[path]
+
+    def open_count(self) -> int:
+        return len(self._open)
 
     def grid(self, entry: SlideEntry, tile_size: int, target_mpp: float, min_tissue: float) -> TileGrid:
-        key = (entry.path, entry.regions, tile_size, target_mpp, min_tissue)
+        # Every argument of the grid builder goes through `settings`: the tile cache's key is made of it.
+        settings = {"tile_size": tile_size, "target_mpp": target_mpp, "min_tissue": min_tissue}
+        key = (entry.path, entry.regions, *settings.items())
         grid = self._grids.get(key)
         if grid is None:
-            regions = load_regions(entry.regions) if entry.regions else None
-            slide = self.open(entry.path)
-            try:
-                grid = TileGrid.from_slide(
-                    slide, tile_size, min_tissue=min_tissue, regions=regions, target_mpp=target_mpp
-                )
-            except RegionError as err:  # the message names the slide; name the regions file too
-                raise RegionError(f"{entry.regions}: {err}") from None
+            if self.tiles is None:
+                grid = self._build_grid(entry, settings)
+            else:
+                path = Path(entry.path)
+                build = lambda: self._build_grid(entry, settings)  # noqa: E731
+                grid = self.tiles.grid(path, entry.regions, settings, self.slide_mpp, build)
+                self._mpp.setdefault(path, grid.slide_mpp)
             self._grids[key] = grid
         return grid
 
+    def _build_grid(self, entry: SlideEntry, settings: dict[str, Any]) -> TileGrid:
+        regions = load_regions(entry.regions) if entry.regions else None
+        with self.opened(entry.path) as slide:
+            try:
+                return TileGrid.from_slide(slide, regions=regions, **settings)
+            except RegionError as err:  # the message names the slide; name the regions file too
+                raise RegionError(f"{entry.regions}: {err}") from None
+
+    def tissue_mask(self, path: Path) -> TissueMask:
+        """`tissue_mask` of the slide, from the tile cache when there is one."""
+
+        def build() -> TissueMask:
+            with self.opened(path) as slide:
+                return tissue_mask(slide)
+
+        return build() if self.tiles is None else self.tiles.mask(Path(path), build)
+
     def close(self) -> None:
         with self._lock:
-            for slide in self._slides.values():
+            for slide, _users in self._open.values():
                 slide.close()
-            self._slides.clear()
+            self._open.clear()
+
+    def _close_unused(self) -> None:
+        """Close the least recently used slides nobody reads until at most `max_open` are open."""
+        excess = len(self._open) - self.max_open
+        for path in [p for p, (_slide, users) in self._open.items() if not users][: max(0, excess)]:
+            self._open.pop(path)[0].close()

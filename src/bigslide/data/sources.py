@@ -68,9 +68,11 @@ def slide_dataset(
     seed: int,
     slides: SlideCache,
     endpoint: Endpoint | None = None,
+    skip_bad: bool | None = None,
 ) -> BagDataset | SlideImageDataset:
     """Bags of tiles (bag methods) or one image per slide (image methods) read at `data.target_mpp`; bags of
-    stored features with `data.features`."""
+    stored features with `data.features`. `skip_bad`: leave out slides that cannot be tiled (None:
+    `data.skip_bad_slides`)."""
     stain: dict[str, Any] = {
         "stain_augment": data.stain_augment_strength if data.stain_augment and train else 0.0,
         "stain_normalise": data.stain_normalise,
@@ -100,6 +102,7 @@ def slide_dataset(
             seed=seed,
             slides=slides,
             endpoint=endpoint,
+            skip_bad=data.skip_bad_slides if skip_bad is None else skip_bad,
             **stain,
         )
     return SlideImageDataset(

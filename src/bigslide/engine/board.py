@@ -58,5 +58,6 @@ def first_heatmap(method: Any, dataset: Any) -> tuple[str, np.ndarray] | None:
         return None
     key, grid = next(iter(grids.items()))
     path = Path(slide)
-    image = overlay_image(grid, dataset.slides.open(path), max_size=HEATMAP_SIZE)
+    with dataset.slides.opened(path) as open_slide:
+        image = overlay_image(grid, open_slide, max_size=HEATMAP_SIZE)
     return f"{Path(path).stem} {key}", image

@@ -23,6 +23,7 @@ from bigslide.data.processes import Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.data.tile_cache import TileCache
 from bigslide.engine import setup
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.inference import (
@@ -72,9 +73,10 @@ class CohortSlides:
         *,
         repeats: int,
         slide_mpp: float | None,
+        tiles: TileCache | None = None,
     ) -> None:
         self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
-        self.repeats, self.slide_mpp = repeats, slide_mpp
+        self.repeats, self.slide_mpp, self.tiles = repeats, slide_mpp, tiles
         self.items = list(table.cases().values())  # table rows of each case
 
     def __len__(self) -> int:
@@ -84,7 +86,7 @@ class CohortSlides:
         return self.load(i, None)
 
     def load(self, i: int, pool: Pool) -> SlideRead:
-        slides = SlideCache(slide_mpp=self.slide_mpp)  # closed once the slide is predicted
+        slides = SlideCache(slide_mpp=self.slide_mpp, tiles=self.tiles)  # closed once the slide is predicted
         try:
             dataset = setup.build_dataset(
                 self.config,
@@ -109,6 +111,7 @@ def predict_cohort(
     repeats: int = 0,
     slide_mpp: float | None = None,
     with_grids: bool = True,
+    tiles: TileCache | None = None,
 ) -> Generator[SlideOutcome, None, None]:
     """Predict the rows `todo` of `table` (all by default), in order, one outcome per slide.
 
@@ -116,23 +119,25 @@ def predict_cohort(
     outcome. Slides are read ahead on `workers` decode processes (None: as in training,
     `default_workers()`; 0: in this process), at most max(data.prefetch, workers + 1) slides (cases) at
     once: their tiles are held in memory until predicted. `slide_mpp` is the level-0 µm/px of slides whose
-    files state none (None: the checkpoint's data.slide_mpp). Closing the generator stops the reading and
-    joins every thread and process.
+    files state none (None: the checkpoint's data.slide_mpp). `tiles`: where tile grids are kept between
+    runs (None: made anew). Closing the generator stops the reading and joins every thread and process.
     """
     method, _config, classes, epochs, _reference = trained
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
-    reads = read_cohort(trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp)
+    reads = read_cohort(
+        trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp, tiles=tiles
+    )
     try:
         for rows, read in reads:
             entries = [table.entries[r] for r in rows]
             if read.dataset is None:
                 yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
                 continue
-            tiles = sum(len(s.coords) for s in read.samples if s.coords is not None)
+            count = sum(len(s.coords) for s in read.samples if s.coords is not None)
             results = _predict(method, read, entries, with_grids, classes, epochs, endpoint)
             del read  # the tiles' shared buffer is free for the slides read next
             for k, (r, result) in enumerate(zip(rows, results, strict=True)):
-                yield SlideOutcome(r, result, tiles if k == 0 else 0)
+                yield SlideOutcome(r, result, count if k == 0 else 0)
     finally:
         reads.close()
 
@@ -145,6 +150,7 @@ def read_cohort(
     workers: int | None = None,
     repeats: int = 0,
     slide_mpp: float | None = None,
+    tiles: TileCache | None = None,
 ) -> Generator[tuple[list[int], SlideRead], None, None]:
     """(the case's rows, what was read) for the cases of the rows `todo` of `table`, in order, read ahead
     as `predict_cohort` describes. A read holds a dataset of the case's own (close its `slides` when done)."""
@@ -152,7 +158,9 @@ def read_cohort(
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     table = prediction_table(table, classes, endpoint)
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
-    reader = CohortSlides(config, method.kind, table, endpoint, repeats=repeats, slide_mpp=fallback_mpp)
+    reader = CohortSlides(
+        config, method.kind, table, endpoint, repeats=repeats, slide_mpp=fallback_mpp, tiles=tiles
+    )
     wanted = set(range(len(table)) if todo is None else todo)
     order = [[k] for k, rows in enumerate(reader.items) if wanted & set(rows)]
     with BatchLoader(reader, workers=workers, prefetch=config.data.prefetch) as loader:

@@ -33,6 +33,7 @@ from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
 from bigslide.data.sources import load_table
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import FOLDER_NAME
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.events import Event, Message
 from bigslide.engine.loop import RunResult, checkpoint_path, train
@@ -47,6 +48,7 @@ RERUN_FREE = frozenset(
         "data.source",
         "data.workers",
         "data.prefetch",
+        "data.tile_cache",
         "run.out_dir",
         "run.device",
         "run.tensorboard",
@@ -171,6 +173,8 @@ def prepare_folds(config: TrainConfig, k: int, *, resume: bool = True) -> list[C
         # absolute, as `TrainConfig.from_yaml` would read a relative one from the config's folder
         values["data"].update(source="csv", csv=str((folder / "table.csv").resolve()))
         values["run"]["out_dir"] = str(folder)
+        if values["data"]["tile_cache"] == "auto":  # beside the cross-validation's folder, for every fold
+            values["data"]["tile_cache"] = str(out.resolve().parent / FOLDER_NAME)
         folds.append(CvFold(i, k, fold_table, TrainConfig.from_dict(values, source=str(folder))))
     # every fold is checked before any file is written: a mismatch leaves the folder as it was
     for fold in folds:

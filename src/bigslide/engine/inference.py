@@ -23,6 +23,7 @@ from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
 from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.data.tile_cache import TileCache, tile_cache_for
 from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
@@ -67,7 +68,7 @@ def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | No
 
 
 def slide_mpp(slides: SlideCache, slide: str) -> tuple[float, float] | None:
-    return slides.open(Path(slide)).mpp
+    return slides.mpp(Path(slide))
 
 
 def bag_grids(
@@ -269,20 +270,25 @@ def predict_slides(
     device: str = "auto",
     repeats: int = 0,
     slide_mpp: float | None = None,
+    tiles: TileCache | None = None,
     max_tiles: int | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
     The slides of a case are one bag: each gets the case's prediction and its own heatmaps.
 
     Every slide is read at the checkpoint's resolution (its data.target_mpp and tile or image size), whatever
-    its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none. `max_tiles` makes a
-    preview of a bag method: a slide with more tiles is read one tile in s x s (a regular lattice) and its
-    map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
+    its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none. Tile grids come from
+    `tiles`, else from the training run's tile cache (data.tile_cache) when its run folder is here.
+    `max_tiles` makes a preview of a bag method: a slide with more tiles is read one tile in s x s (a
+    regular lattice) and its map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
     """
     method, config, classes, epochs, reference = load_trained(checkpoint, device=device)
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     table = prediction_table(table, classes, endpoint)
-    slides = SlideCache(slide_mpp=slide_mpp if slide_mpp is not None else config.data.slide_mpp)
+    if tiles is None and Path(config.run.out_dir).is_dir():
+        tiles = tile_cache_for(config.data.tile_cache, config.run.out_dir)
+    fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
+    slides = SlideCache(slide_mpp=fallback_mpp, tiles=tiles)
     try:
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint

@@ -6,7 +6,6 @@ generator (GUI Stop, Ctrl-C in the CLI) saves a checkpoint, so a stopped run can
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -24,7 +23,9 @@ from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample, as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
+from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine import setup
+from bigslide.engine.advice import out_of_memory, predicts
 from bigslide.engine.board import RunBoard
 from bigslide.engine.checkpoint import (
     RESUME_KEYS,
@@ -41,7 +42,7 @@ from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
-from bigslide.errors import ConfigError, TrainingError
+from bigslide.errors import ConfigError, DataError, SlideError, TrainingError
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, StepResult, get_method
@@ -114,8 +115,19 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     seed_everything(config.run.seed, deterministic=config.run.deterministic)
     device = ranks.device or setup.resolve_device(config.run.device)
 
-    slides = SlideCache(slide_mpp=config.data.slide_mpp)
+    if ranks.active and config.data.skip_bad_slides:
+        raise ConfigError(
+            "data.skip_bad_slides: not with several ranks (a rank that leaves a batch out would wait for the "
+            "others' gradients for ever); fix or drop the slide, or train on one rank"
+        )
+    tiles = tile_cache_for(config.data.tile_cache, out)
+    slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles)
     data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
+    for dataset in (data.train, data.val, data.test):
+        for why in getattr(dataset, "left_out", []):
+            yield Message(f"left out (data.skip_bad_slides): {why}")
+    if tiles is not None and tiles.hits + tiles.misses:
+        yield Message(f"tile grids: {tiles.hits} from {tiles.folder}, {tiles.misses} made and kept there")
     endpoint = data.endpoint
     assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
@@ -132,7 +144,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     val, test = (data.val, data.test) if ranks.is_main else (None, None)
     yield Message(
         f"{method.title()} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
-        f"val items, {_predicts(endpoint)}"
+        f"val items, {predicts(endpoint)}"
     )
 
     batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(data.train)))) / batch_size)
@@ -162,7 +174,12 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
         optimizer=optimizer,
         schedule=setup.build_schedule(config, optimizer, total),
         stepper=stepper,
-        loader=BatchLoader(data.train, workers=config.data.workers, prefetch=config.data.prefetch),
+        loader=BatchLoader(
+            data.train,
+            workers=config.data.workers,
+            prefetch=config.data.prefetch,
+            skip_bad=config.data.skip_bad_slides,
+        ),
         loss_log=LossLog(out / "losses.csv"),
     )
 
@@ -190,6 +207,7 @@ class _Run:
     state: dict[str, int] = field(default_factory=lambda: {"epoch": 0, "batch": 0, "step": 0})
     history: list[dict[str, Any]] = field(default_factory=list)
     saved_at: int = -1  # the step of the last checkpoint
+    reported: set[int] = field(default_factory=set)  # bad training items already named in a message
     # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
     risk_reference: dict[str, Any] | None = None
@@ -210,6 +228,7 @@ class _Run:
         self.schedule.load_state_dict(saved["schedule"])
         self.stepper.load_state_dict(saved["stepper"])
         self.state = dict(saved["position"])
+        self.saved_at = self.state["step"]
         self.history = list(saved.get("history", []))
         set_rng_state(saved["rng"])
         if saved.get("stain"):
@@ -262,9 +281,14 @@ class _Run:
         seen_y: list[Any] = []
         seen_p: list[np.ndarray] = []
         while state["batch"] < len(batches) and state["step"] < self.total:
-            batch = collate(
-                self.loader.take(batches[state["batch"]]), method.device, uint8=method.takes_uint8
-            )
+            samples = self.take(batches[state["batch"]])
+            for i in sorted(set(self.loader.bad) - self.reported):
+                self.reported.add(i)
+                yield Message(f"left out of training (data.skip_bad_slides): {self.loader.bad[i]}")
+            if not samples:  # every item of the batch is a bad slide, left out
+                state["batch"] += 1
+                continue
+            batch = collate(samples, method.device, uint8=method.takes_uint8)
             loss = self.step(batch)
             seen_y.extend(batch.y.tolist())
             seen_p.extend(method.outputs(loss.logits).cpu().numpy())
@@ -292,6 +316,25 @@ class _Run:
             state["epoch"] += 1
             state["batch"] = 0
         yield self.save()
+
+    def take(self, batch: np.ndarray) -> list[Sample]:
+        """The batch's samples; a slide that cannot be read stops the run, named, after saving what was
+        trained since the last checkpoint (the batches before it are trained; resuming starts at it)."""
+        try:
+            return self.loader.take(batch)
+        except (SlideError, DataError) as err:
+            state = self.state
+            if state["step"] and state["step"] != self.saved_at:
+                self.save()
+            kept = (
+                f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
+                if self.saved_at >= 0
+                else "no checkpoint was saved"
+            )
+            raise type(err)(
+                f"{err}; training stopped at step {state['step']} (epoch {state['epoch']}): {kept}. Set "
+                "data.skip_bad_slides: true to leave such slides out and go on (resume keeps the steps done)"
+            ) from None
 
     def step(self, batch: Batch) -> StepResult:
         """One training batch: forward, backward, and an optimizer step when one is due."""
@@ -350,30 +393,6 @@ class _Run:
             atomic_write_text(self.out / "metrics.json", json.dumps(records, indent=2))
         ckpt = self.ckpt if self.ckpt.is_file() else None
         return RunResult(self.out, ckpt, self.history, self.state["step"], self.method, test)
-
-
-def _predicts(endpoint: Endpoint) -> str:
-    if endpoint.task == "classification":
-        return f"classes {', '.join(endpoint.classes)}"
-    if endpoint.task == "regression":
-        return f"regression (target mean {endpoint.mean:.3g}, sd {endpoint.sd:.3g})"
-    if endpoint.survival_loss == "cox":
-        return "survival (Cox partial likelihood)"
-    cuts = ", ".join(f"{b:.3g}" for b in endpoint.bins)
-    return f"survival ({len(endpoint.bins) + 1} time intervals, cut at {cuts})"
-
-
-def out_of_memory(config: TrainConfig, method: Method, step: int, ckpt: Path) -> str:
-    """Name the settings that bound this method's memory, with smaller values to try."""
-    knobs = method.memory_knobs(dataclasses.asdict(config.data))
-    tries = ", ".join(f"{key}={_half(value)} (now {value})" for key, value in knobs.items() if value)
-    kept = f"; the last good checkpoint is {ckpt}" if ckpt.is_file() else ""
-    amp = " or run.amp=bf16" if config.run.amp == "none" else ""
-    return f"out of memory at step {step} ({method.name} on {method.device}): try {tries}{amp}{kept}"
-
-
-def _half(value: float) -> float:
-    return max(1, int(value) // 2) if isinstance(value, int) else value / 2
 
 
 def run_to_end(gen: Generator[Event, None, RunResult]) -> RunResult:

@@ -81,8 +81,16 @@ def build_dataset(
     slides: SlideCache,
     endpoint: Endpoint | None = None,
 ) -> BagDataset | SlideImageDataset:
+    """A dataset of `table` read as `config` says, for prediction: every slide of it, or its error."""
     return sources.slide_dataset(
-        config.data, kind, table, train=train, seed=config.run.seed, slides=slides, endpoint=endpoint
+        config.data,
+        kind,
+        table,
+        train=train,
+        seed=config.run.seed,
+        slides=slides,
+        endpoint=endpoint,
+        skip_bad=False,
     )
 
 

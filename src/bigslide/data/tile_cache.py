@@ -1,0 +1,195 @@
+"""Tile once: tissue masks and tile grids kept on disk per slide, so later runs start at once.
+
+A cohort of thousands of slides spends minutes finding tissue and laying grids before its first step;
+the result depends only on the slide file and the tiling settings. Each entry is an `.npz` file in the
+cache folder (`data.tile_cache`; "auto": `.tiles` in the folder that holds the run folder, so the runs,
+cross-validation folds and predictions made there share it), written atomically, named by a digest of
+
+- the slide's absolute path, and the content of its regions file if it has one (napari writes the
+  regions anew into each run's folder);
+- every argument the grid builder is called with (`settings`: whatever `SlideCache` passes to
+  `TileGrid.from_slide` goes through it, so a new tiling setting changes the key by construction), and
+  the level-0 pixel size given to slides whose files state none;
+- `TILING_VERSION` and the source of the modules that tile (`TILING_MODULES`): new code tiles anew.
+
+Inside, beside the grid or mask, is the identity of the files it was made from: size and modification
+time (ns) of the slide file (of each file of a slide that is a folder, and of an MRXS slide's data
+folder). An entry whose slide changed since is made again and replaced. The
+cache is a convenience: an entry that does not read is made again, and a folder that cannot be written
+is warned about once and the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bigslide.files import atomic_path
+from bigslide.grid import TILING_VERSION, TileGrid
+from bigslide.slide import slide_stem
+from bigslide.tissue import TissueMask
+
+TILING_MODULES = (
+    "bigslide.grid",
+    "bigslide.tissue",
+    "bigslide.resolution",
+    "bigslide.regions",
+    "bigslide.slide",
+    "bigslide.slide_view",
+    "bigslide.tiff_levels",
+)
+"""Modules whose code decides a slide's tissue mask and grid: a change in any of them tiles anew."""
+
+FOLDER_NAME = ".tiles"
+
+
+def tile_cache_for(setting: str | None, run_folder: str | Path) -> TileCache | None:
+    """The cache `data.tile_cache` names for a run writing into `run_folder`: "auto" is `.tiles` in the
+    folder holding `run_folder`; "none" (or empty) is no cache; anything else is the folder to use."""
+    if setting is None or setting.strip().lower() in ("", "none"):
+        return None
+    if setting == "auto":
+        return TileCache(Path(run_folder).resolve().parent / FOLDER_NAME)
+    return TileCache(Path(setting).expanduser())
+
+
+class TileCache:
+    """Tissue masks and tile grids of slides, kept in `folder` (made when first written to)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.hits = 0
+        self.misses = 0
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return f"TileCache({str(self.folder)!r})"
+
+    def grid(
+        self,
+        slide: Path,
+        regions: Path | None,
+        settings: dict[str, Any],
+        slide_mpp: float | None,
+        build: Callable[[], TileGrid],
+    ) -> TileGrid:
+        """The grid `build()` makes of `slide` with these builder `settings`: from the cache when an entry
+        made from the same files is there, else built now and kept."""
+        path = self._entry("grid", slide, regions, {"settings": settings, "slide_mpp": slide_mpp})
+        identity = files_identity(slide)
+        grid = self._read(path, identity, lambda: TileGrid.load(path))
+        if grid is None:
+            grid = build()
+            self._write(
+                path, identity, coords=grid.coords, tissue=grid.tissue, attrs=json.dumps(grid.attributes())
+            )
+        grid.slide_path = str(slide)  # as this run names it
+        return grid
+
+    def mask(self, slide: Path, build: Callable[[], TissueMask]) -> TissueMask:
+        """The slide's tissue mask (`tissue_mask`), from the cache or made now and kept."""
+        path = self._entry("mask", slide, None, {})
+        identity = files_identity(slide)
+        mask = self._read(path, identity, lambda: _load_mask(path))
+        if mask is None:
+            mask = build()
+            shape = np.array(mask.mask.shape, np.int64)
+            bits = np.packbits(mask.mask, axis=None)
+            self._write(path, identity, bits=bits, shape=shape, downsample=np.float64(mask.downsample))
+        return mask
+
+    # -- entries ----------------------------------------------------------------------------------
+    def _entry(self, kind: str, slide: Path, regions: Path | None, key: dict[str, Any]) -> Path:
+        described = {
+            "kind": kind,
+            "slide": str(Path(slide).resolve()),
+            "regions": _content_digest(regions) if regions else None,
+            "key": key,
+            "version": TILING_VERSION,
+            "code": code_digest(),
+        }
+        digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", slide_stem(slide))[:48]
+        return self.folder / f"{stem}-{digest[:24]}.{kind}.npz"
+
+    def _read(self, path: Path, identity: list[Any], load: Callable[[], Any]) -> Any:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                stored = json.loads(str(data["identity"]))
+            found = load() if stored == identity else None
+        except Exception:  # absent, partial or foreign (numpy, zlib and the grid's own errors): made anew
+            found = None
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+    def _write(self, path: Path, identity: list[Any], **arrays: Any) -> None:
+        try:
+            with atomic_path(path) as tmp:
+                np.savez_compressed(tmp, identity=np.array(json.dumps(identity)), **arrays)
+        except OSError as err:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"{self.folder}: cannot keep tile grids there ({err.strerror or err}); every run tiles "
+                    "its slides anew (set data.tile_cache to a writable folder, or none)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+
+
+def files_identity(slide: Path) -> list[Any]:
+    """Size and modification time (ns) of every file the slide is read from."""
+    files = [Path(slide)]
+    data_folder = Path(slide).with_suffix("")  # MRXS: the slide file names a folder of data files
+    if Path(slide).is_dir():
+        files = sorted(p for p in Path(slide).iterdir() if p.is_file())
+    elif data_folder.is_dir() and data_folder != Path(slide):
+        files += sorted(p for p in data_folder.iterdir() if p.is_file())
+    out: list[Any] = []
+    for file in files:
+        try:
+            stat = file.stat()
+        except OSError:
+            out.append([file.name, None, None])  # the build names the missing file
+            continue
+        out.append([file.name, stat.st_size, stat.st_mtime_ns])
+    return out
+
+
+@cache
+def code_digest() -> str:
+    """A digest of the source of `TILING_MODULES` (their names where a source cannot be read)."""
+    digest = hashlib.sha256()
+    for name in TILING_MODULES:
+        digest.update(name.encode())
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and os.path.isfile(spec.origin):
+            digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _content_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:  # the build names the file
+        return None
+
+
+def _load_mask(path: Path) -> TissueMask:
+    with np.load(path, allow_pickle=False) as data:
+        shape = tuple(int(v) for v in data["shape"])
+        bits = np.unpackbits(data["bits"], count=int(np.prod(shape))).astype(bool)
+        return TissueMask(bits.reshape(shape), float(data["downsample"]))
