@@ -19,6 +19,7 @@ from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.grid import TileGrid
 from bigslide.resolution import DEFAULT_MPP
+from bigslide.tissue import TissueSettings
 
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -55,6 +56,7 @@ class BagDataset(Dataset[Sample]):
         target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
@@ -82,9 +84,10 @@ class BagDataset(Dataset[Sample]):
         self.stain_normalise = stain_normalise
         self._stain_fits: dict[int, StainFit] = {}
         self.min_tissue = min_tissue
+        self.tissue = tissue
         self.grids: list[TileGrid] = []
         for entry in table.entries:
-            grid = self.slides.grid(entry, tile_size, target_mpp, min_tissue)
+            grid = self.slides.grid(entry, tile_size, target_mpp, min_tissue, tissue)
             if len(grid) == 0:
                 raise DataError(
                     f"{entry.path}: no tile of {tile_size} px at {target_mpp} µm/px has tissue "
@@ -156,6 +159,7 @@ class BagDataset(Dataset[Sample]):
                     tile_size=self.tile_size,
                     target_mpp=self.target_mpp,
                     min_tissue=self.min_tissue,
+                    tissue=self.tissue,
                     slides=self.slides,
                 )
             source = self._stain_fits[i]

@@ -16,19 +16,22 @@ from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
-from bigslide.regions import load_regions
+from bigslide.regions import load_regions, split_regions
 from bigslide.resolution import DEFAULT_MPP, plan_read
 from bigslide.slide import Slide
-from bigslide.tissue import tissue_mask
+from bigslide.tissue import TissueSettings, tissue_mask
 
 
 def content_bounds(
-    slide: Slide, regions_bounds: tuple[float, float, float, float] | None
+    slide: Slide,
+    regions_bounds: tuple[float, float, float, float] | None,
+    tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
 ) -> tuple[float, float, float, float]:
-    """The level-0 (x0, y0, x1, y1) to image: the regions' bounds, else the tissue's, else the slide."""
+    """The level-0 (x0, y0, x1, y1) to image: the bounds of the areas to sample from, else the tissue's
+    (pen ink, marker and dust are not tissue), else the slide."""
     if regions_bounds is not None:
         return regions_bounds
-    mask = tissue_mask(slide)
+    mask = tissue_mask(slide, settings=tissue)
     ys, xs = np.nonzero(mask.mask)
     if len(xs):
         d = mask.downsample
@@ -67,6 +70,7 @@ class SlideImageDataset(Dataset[Sample]):
         endpoint: Endpoint | None = None,
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> None:
         several = table.case_of_several()
         if several is not None:
@@ -78,6 +82,7 @@ class SlideImageDataset(Dataset[Sample]):
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.image_size = image_size
+        self.tissue = tissue
         self.target_mpp = target_mpp
         self.augment = augment
         self.seed = seed
@@ -102,10 +107,12 @@ class SlideImageDataset(Dataset[Sample]):
             slide = self.slides.open(entry.path)
             bounds = None
             if entry.regions:
-                geometry = union_all([r.geometry for r in load_regions(entry.regions)])
-                bounds = tuple(float(v) for v in geometry.bounds)
+                include, _ = split_regions(load_regions(entry.regions), self.tissue.exclude_classes)
+                if include:  # areas to leave out only: the image is the tissue's
+                    bounds = tuple(float(v) for v in union_all([r.geometry for r in include]).bounds)
             plan = plan_read(slide, self.image_size, self.target_mpp)
-            box = square_box(slide, content_bounds(slide, bounds), plan.size_level0)  # type: ignore[arg-type]
+            content = content_bounds(slide, bounds, self.tissue)  # type: ignore[arg-type]
+            box = square_box(slide, content, plan.size_level0)
             # a copy: the cache keeps it for the run, and a worker's buffer is reused once let go
             image = read_slide_squares(self.slides, entry.path, plan, np.array([box[:2]]), pool)[0].copy()
             self._cache[i] = (torch.from_numpy(image), box)

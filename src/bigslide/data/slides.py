@@ -11,6 +11,7 @@ from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
 from bigslide.resolution import check_mpp, slide_mpp
 from bigslide.slide import Slide, open_slide
+from bigslide.tissue import TissueSettings
 
 
 def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
@@ -47,15 +48,27 @@ class SlideCache:
                 self._slides[path] = slide
             return slide
 
-    def grid(self, entry: SlideEntry, tile_size: int, target_mpp: float, min_tissue: float) -> TileGrid:
-        key = (entry.path, entry.regions, tile_size, target_mpp, min_tissue)
+    def grid(
+        self,
+        entry: SlideEntry,
+        tile_size: int,
+        target_mpp: float,
+        min_tissue: float,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+    ) -> TileGrid:
+        key = (entry.path, entry.regions, tile_size, target_mpp, min_tissue, tissue)
         grid = self._grids.get(key)
         if grid is None:
             regions = load_regions(entry.regions) if entry.regions else None
             slide = self.open(entry.path)
             try:
                 grid = TileGrid.from_slide(
-                    slide, tile_size, min_tissue=min_tissue, regions=regions, target_mpp=target_mpp
+                    slide,
+                    tile_size,
+                    min_tissue=min_tissue,
+                    regions=regions,
+                    target_mpp=target_mpp,
+                    tissue=tissue,
                 )
             except RegionError as err:  # the message names the slide; name the regions file too
                 raise RegionError(f"{entry.regions}: {err}") from None

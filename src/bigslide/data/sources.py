@@ -84,6 +84,7 @@ def slide_dataset(
             target_mpp=data.read_mpp,
             bag_size=bag_size,
             min_tissue=data.min_tissue,
+            tissue=data.tissue,
             seed=seed,
             slides=slides,
             endpoint=endpoint,
@@ -96,6 +97,7 @@ def slide_dataset(
             target_mpp=data.read_mpp,
             bag_size=bag_size,
             min_tissue=data.min_tissue,
+            tissue=data.tissue,
             augment=data.augment and train,
             seed=seed,
             slides=slides,
@@ -110,6 +112,7 @@ def slide_dataset(
         seed=seed,
         slides=slides,
         endpoint=endpoint,
+        tissue=data.tissue,
         **stain,
     )
 
