@@ -57,7 +57,7 @@ def stain_run(args: argparse.Namespace, sets: dict[str, Path], name: str, seed: 
         test = table.subset("test")
         _, raw = predict_slides(result.checkpoint, test, repeats=0)
         labels = np.array([table.encode(e.label) for e in test.entries])
-        found = classification_metrics(labels, raw.probs)
+        found = classification_metrics(labels, raw.probs, raw.decision)
         metrics[f"auc_{lab}"] = found["auc"]
         metrics[f"balanced_accuracy_{lab}"] = found["balanced_accuracy"]
     return metrics

@@ -26,6 +26,7 @@ from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.decision import Decision
 from bigslide.engine.features import attach_feature_store
 from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
@@ -40,6 +41,7 @@ class DatasetPredictions:
     labels: np.ndarray  # (n,) the targets as datasets give them ((n, 3) for survival)
     probs: np.ndarray  # (n, K) the endpoint's outputs (class probabilities for classes)
     grids: list[dict[str, dict[str, ScoreGrid]]] = field(default_factory=list)  # per item: slide -> maps
+    decision: Decision | None = None  # the checkpoint's, when predicted from one (classification)
 
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
@@ -172,6 +174,7 @@ class SlidePrediction:
     epochs: int = 0  # epochs the checkpoint's weights were trained for
     endpoint: Endpoint | None = None  # None: classification into `classes`
     case: str | None = None  # the case the slide is part of: its prediction is the case's
+    decision: Decision | None = None  # how a class is called (None: the most probable)
 
     @property
     def task(self) -> str:
@@ -190,6 +193,8 @@ class SlidePrediction:
             return f"{float(self.probs[0]):.4g}"
         if self.task == "survival":
             return f"risk {self.risk:.3g}"
+        if self.decision is not None:
+            return self.classes[int(self.decision.classes(np.atleast_2d(self.probs))[0])]
         return self.classes[int(np.argmax(self.probs))]
 
 
@@ -206,6 +211,7 @@ class Trained(NamedTuple):
     config: TrainConfig
     classes: list[str]
     epochs: int  # epochs the weights were trained for (the checkpoint's history)
+    decision: Decision = Decision()  # the checkpoint's decision threshold (classification)
 
 
 def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
@@ -222,7 +228,8 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain)
     method.model.load_state_dict(state["model"])
     method.model.eval()
-    return Trained(method, config, classes, len(state.get("history", [])))
+    decision = Decision.from_state(state.get("decision"), len(classes))
+    return Trained(method, config, classes, len(state.get("history", [])), decision)
 
 
 def prediction_table(table: SlideTable, classes: list[str], endpoint: Endpoint) -> SlideTable:
@@ -248,8 +255,10 @@ def predict_slides(
     Every slide is read at the checkpoint's resolution (its data.target_mpp and tile or image size), whatever
     its scanner's; `slide_mpp` is the level-0 µm/px of slides whose files state none.
     """
-    method, config, classes, epochs = load_trained(checkpoint, device=device)
+    trained = load_trained(checkpoint, device=device)
+    method, config, classes, epochs = trained.method, trained.config, trained.classes, trained.epochs
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
+    decision = trained.decision if endpoint.task == "classification" else None
     table = prediction_table(table, classes, endpoint)
     slides = SlideCache(slide_mpp=slide_mpp if slide_mpp is not None else config.data.slide_mpp)
     try:
@@ -264,6 +273,7 @@ def predict_slides(
         )
     finally:
         slides.close()
+    preds.decision = decision
     out = []
     for i, rows in enumerate(table.cases().values()):  # the datasets' items, in order
         for row in rows:
@@ -271,7 +281,9 @@ def predict_slides(
             grids = preds.grids[i].get(str(e.path), {})
             titles = dict(method.map_titles)
             out.append(
-                SlidePrediction(e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case)
+                SlidePrediction(
+                    e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case, decision
+                )
             )
     return out, preds
 
