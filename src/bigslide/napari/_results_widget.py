@@ -232,7 +232,8 @@ class ResultsWidget(QWidget):
         trained = (
             f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
         )
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail})")
+        decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}")
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()
