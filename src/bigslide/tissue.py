@@ -1,15 +1,17 @@
 """Find tissue on a slide: which pixels are stained tissue, glass or something else on the glass (pen ink,
 marker, dust, bubble rims), an Otsu mask on a low level, and the Big-Layers greyscale rule.
 
-Pixels are judged in optical density (OD = -ln(intensity / 255)) relative to the slide's own glass, so a
-lab's colour cast or a dim lamp moves glass and tissue together. Hematoxylin and eosin absorb green
-light most (eosin) or red and green alike (hematoxylin), and blue light little: an H&E pixel absorbs
-less than half as much blue as green. Black and grey (black ink, dust, bubble rims), red, green and
-brown absorb blue at least as strongly (`TissueSettings.ink_blue_green`). Blue and violet ink absorb
-like a bluish hematoxylin, so colour cannot tell them from nuclei; but ink is a smooth film, and tissue
-is cells: a blue-violet area whose optical density varies less than `ink_smoothness` (its local
-coefficient of variation) is ink. Glass enclosed by tissue (fat, lumens) up to `fill_holes_um` across
-counts as tissue.
+Pixels are judged in optical density (OD = -ln(intensity / 255)) above the slide's own glass, so a lab's
+colour cast or a dim lamp moves glass and tissue together. Hematoxylin and eosin absorb green light most
+(eosin) or red and green alike (hematoxylin), and blue light little. A pixel is not tissue when it is grey
+or black (dust, black ink, bubble rims), or when it is a film of dye with no cells in it: off-stain
+(absorbing at least `TissueSettings.ink_blue_green` as much blue as green: green, red, black, brown) or
+blue-violet (absorbing more red than green, as blue ink and a bluish hematoxylin both do; colour cannot
+tell them apart) and smooth in colour (`colour_texture` below `ink_texture` in most of its
+neighbourhood). Ink is one dye, so it varies in amount only; tissue is nuclei beside cytoplasm and
+stroma. Strokes of two inks crossing (darker than any stain, off colour) are ink however textured; ink
+takes in the off-colour and bluish pixels at its rim and in pockets it encloses. Glass enclosed by tissue
+(fat, lumens) up to `fill_holes_um` across counts as tissue.
 """
 
 from __future__ import annotations
@@ -158,32 +160,40 @@ def classify_pixels(
     od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
     np.maximum(od, 0, out=od)
     total = od.sum(axis=-1)
-    coloured = total >= INK_MIN_OD
-    neutral = coloured & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
-    off_colour = coloured & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
-    bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
     sigma = max(1.0, TEXTURE_UM / pixel_um) if pixel_um else 1.0
-    candidate = off_colour | bluish | (total >= DARK_OD)
-    smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
-    # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
-    vote = ndimage.gaussian_filter(smooth, VOTE_SIGMA * sigma, mode="nearest")
-    film = candidate & (
-        vote
-        >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), VOTE_SIGMA * sigma, mode="nearest")
-    )
-    # two strokes crossing: no stain is that dark and that far off colour, textured or not
-    ink = neutral | film | (off_colour & (total >= DARK_OD)) | (grey < RULE_LOW)
-    # where strokes cross, or a stroke runs along the tissue, the mix is textured: ink takes in the
-    # off-colour and bluish pixels next to it and those it encloses
-    inky = candidate | neutral
-    ink |= ndimage.binary_dilation(ink, iterations=GROW_PX) & inky
-    ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
+    ink = ink_mask(od, settings, sigma) | (grey < RULE_LOW)
     out = np.where(total >= GLASS_OD, TISSUE, GLASS).astype(np.uint8)
     out[ink] = INK
     if pixel_um and settings.fill_holes_um > 0:
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
     return out
+
+
+def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:
+    """Pixels of pen ink, marker, dust or bubble rims in an image of OD above the glass's (H, W, 3);
+    `sigma`: the texture window in pixels."""
+    total = od.sum(axis=-1)
+    coloured = total >= INK_MIN_OD
+    neutral = coloured & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
+    off_colour = coloured & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
+    bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
+    candidate = off_colour | bluish | (total >= DARK_OD)
+    smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
+    # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
+    window = VOTE_SIGMA * sigma
+    vote = ndimage.gaussian_filter(smooth, window, mode="nearest")
+    film = candidate & (
+        vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
+    )
+    # two strokes crossing: no stain is that dark and that far off colour, textured or not
+    ink = neutral | film | (off_colour & (total >= DARK_OD))
+    # where strokes cross, or a stroke runs along the tissue, the mix is textured: ink takes in the
+    # off-colour and bluish pixels next to it and those it encloses
+    inky = candidate | neutral
+    ink |= ndimage.binary_dilation(ink, iterations=GROW_PX) & inky
+    ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
+    return ink
 
 
 def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
