@@ -49,6 +49,8 @@ VOTE_SIGMA = 2.0
 GROW_PX = 2
 POCKET_PX = 16
 """Off-colour pockets enclosed by ink up to this radius (times the texture window) are ink too."""
+CLASSIFY_UM = 2.0
+"""Pixels finer than this (µm) are judged in blocks of about this size: cells, not their insides."""
 TEXTURE_UM = 6.0
 """Window (Gaussian sigma, µm) colour texture is measured over: about a nucleus."""
 
@@ -150,6 +152,14 @@ def classify_pixels(
     `rgb`, to fill holes of `settings.fill_holes_um` (None: no filling).
     """
     rgb = np.asarray(rgb)[..., :3]
+    factor = int(CLASSIFY_UM // pixel_um) if pixel_um else 1
+    if pixel_um and factor >= 2 and min(rgb.shape[:2]) >= 2 * factor and settings.reject_ink:
+        # finer than the rule needs: judge blocks of `factor` pixels, and give each pixel its block's class
+        coarse = classify_pixels(_block_mean(rgb, factor), settings, glass=glass, pixel_um=pixel_um * factor)
+        fine = np.repeat(np.repeat(coarse, factor, axis=0), factor, axis=1)
+        return np.pad(fine, [(0, max(0, n - m)) for n, m in zip(rgb.shape[:2], fine.shape)], mode="edge")[
+            : rgb.shape[0], : rgb.shape[1]
+        ]
     grey = greyscale(rgb)
     if not settings.reject_ink:
         out = np.full(grey.shape, GLASS, np.uint8)
@@ -168,6 +178,13 @@ def classify_pixels(
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
     return out
+
+
+def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """uint8 image reduced by `factor` (means of whole blocks; a partial last row or column is dropped)."""
+    h, w = rgb.shape[0] // factor * factor, rgb.shape[1] // factor * factor
+    blocks = rgb[:h, :w].reshape(h // factor, factor, w // factor, factor, 3).mean(axis=(1, 3))
+    return np.rint(blocks).astype(np.uint8)
 
 
 def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:

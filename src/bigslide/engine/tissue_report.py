@@ -42,19 +42,24 @@ def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[
 def write_tissue_check(
     datasets: Iterable[Any], data: DataConfig, slides: SlideCache, out: Path
 ) -> Generator[Event, None, Path | None]:
-    """Thumbnails and `tissue_check.csv` for every slide of `datasets`, in `out`; warnings as messages."""
+    """Thumbnails and `tissue_check.csv` for every slide of `datasets`, in `out`; warnings as messages.
+    A report that cannot be written (a full disk) is a warning: training goes on."""
     rows = []
-    for dataset in datasets:
-        if dataset is None:
-            continue
-        for path, grid in slide_grids(dataset, data, slides):
-            write_check_png(slides.open(path), grid, out / FOLDER)
-            rows.append(check_row(path, grid))
-            text = warning(path, grid)
-            if text is not None:
-                yield Message(f"warning: {text}")
-    if not rows:
+    try:
+        for dataset in datasets:
+            if dataset is None:
+                continue
+            for path, grid in slide_grids(dataset, data, slides):
+                write_check_png(slides.open(path), grid, out / FOLDER)
+                rows.append(check_row(path, grid))
+                text = warning(path, grid)
+                if text is not None:
+                    yield Message(f"warning: {text}")
+        if not rows:
+            return None
+        csv = write_check_csv(rows, out / CSV_NAME)
+    except OSError as err:
+        yield Message(f"warning: could not write the tissue check in {out}: {err.strerror or err}")
         return None
-    csv = write_check_csv(rows, out / CSV_NAME)
     yield Message(f"tissue check: {csv} and a thumbnail per slide in {out / FOLDER}")
     return csv
