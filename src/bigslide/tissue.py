@@ -132,6 +132,7 @@ def optical_density(rgb: np.ndarray) -> np.ndarray:
 def glass_od(rgb: np.ndarray) -> np.ndarray:
     """(3,) OD of the slide's glass: the median of its bright, nearly grey pixels (0 when it shows none)."""
     rgb = np.asarray(rgb)[..., :3].reshape(-1, 3)
+    rgb = rgb[:: max(1, len(rgb) // 250_000)]  # a sample is plenty for a median
     grey = greyscale(rgb)
     bright = rgb[(grey >= 200) & (_saturation(rgb) < 0.15)]
     if len(bright) < max(16, len(rgb) // 1000):
@@ -189,13 +190,29 @@ def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
 
 def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:
     """Pixels of pen ink, marker, dust or bubble rims in an image of OD above the glass's (H, W, 3);
-    `sigma`: the texture window in pixels."""
+    `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
     total = od.sum(axis=-1)
     coloured = total >= INK_MIN_OD
     neutral = coloured & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
     off_colour = coloured & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
     bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
     candidate = off_colour | bluish | (total >= DARK_OD)
+    # two strokes crossing: no stain is that dark and that far off colour, textured or not
+    ink = neutral | (off_colour & (total >= DARK_OD))
+    margin = math.ceil((POCKET_PX + 4 * VOTE_SIGMA) * sigma) + GROW_PX
+    for part in _around(candidate, margin):
+        ink[part] |= _films(od[part], candidate[part], neutral[part], ink[part], settings, sigma)
+    return ink
+
+
+def _films(
+    od: np.ndarray,
+    candidate: np.ndarray,
+    neutral: np.ndarray,
+    ink: np.ndarray,
+    settings: TissueSettings,
+    sigma: float,
+) -> np.ndarray:
     smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
     # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
     window = VOTE_SIGMA * sigma
@@ -203,14 +220,30 @@ def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np
     film = candidate & (
         vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
     )
-    # two strokes crossing: no stain is that dark and that far off colour, textured or not
-    ink = neutral | film | (off_colour & (total >= DARK_OD))
+    ink = ink | film
     # where strokes cross, or a stroke runs along the tissue, the mix is textured: ink takes in the
     # off-colour and bluish pixels next to it and those it encloses
     inky = candidate | neutral
     ink |= ndimage.binary_dilation(ink, iterations=GROW_PX) & inky
     ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
     return ink
+
+
+def _around(mask: np.ndarray, margin: int) -> list[tuple[slice, slice]]:
+    """Rectangles covering the groups of `mask`'s pixels, each with at least `margin` pixels around
+    (found on blocks of `margin` pixels: cheap on a mostly empty slide)."""
+    if not mask.any():
+        return []
+    b = max(8, margin)
+    h, w = mask.shape
+    padded = np.zeros((-(-h // b) * b, -(-w // b) * b), bool)
+    padded[:h, :w] = mask
+    blocks = padded.reshape(padded.shape[0] // b, b, padded.shape[1] // b, b).any(axis=(1, 3))
+    labels, _count = ndimage.label(ndimage.binary_dilation(blocks, iterations=1))
+    return [
+        (slice(r.start * b, min(h, r.stop * b)), slice(c.start * b, min(w, c.stop * b)))
+        for r, c in ndimage.find_objects(labels)
+    ]
 
 
 def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
