@@ -359,8 +359,9 @@ def test_huge_slide_without_pyramid_works_through_a_streamed_thumbnail(
         (tx * 1024 + dx, ty * 1024 + dy) for ty, tx in tissue_tiles for dy in (0, 512) for dx in (0, 512)
     )
     assert sorted(map(tuple, grid.coords.tolist())) == expected
-    # level 0 was read once, in strips far smaller than the level, never whole
-    assert sum(reads) == w * h
+    # level 0 was read once, in strips far smaller than the level, never whole; then the kept tiles
+    # alone (with a pixel around them), for their focus
+    assert w * h < sum(reads) <= w * h + len(grid) * (512 + 2) ** 2
     assert max(reads) <= w * 1024
 
 

@@ -77,7 +77,8 @@ def test_run_yields_progress_metrics_and_checkpoints_and_saves_its_config(
         (2, "test"),  # the table's test slides, scored once after training
     }
     assert result.test is not None
-    assert set(result.test) == {"accuracy", "balanced_accuracy", "qwk", "auc"}
+    # classes called at the threshold the validation split chose (two classes)
+    assert set(result.test) == {"accuracy", "balanced_accuracy", "qwk", "auc", "threshold"}
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())[-1] == {"test": result.test}
     assert [e.step for e in events if isinstance(e, CheckpointSaved)] == [n_train, 2 * n_train]
     assert all(np.isfinite(losses(events)))

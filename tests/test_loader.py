@@ -112,7 +112,10 @@ def test_stop_and_ctrl_c_shut_the_loader_down(slide_csv: Path, tmp_path: Path) -
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path, workers: int) -> None:
     image = np.full((512, 768, 3), 240, np.uint8)
-    image[32:480, 32:736] = np.random.default_rng(1).integers(60, 200, (448, 704, 3))
+    # pink, textured tissue (a grey one would be taken for dust)
+    image[32:480, 32:736] = np.array([190, 110, 170]) + np.random.default_rng(1).integers(
+        -40, 40, (448, 704, 3)
+    )
     path = write_pyramid(tmp_path / "broken.svs", downsample_pyramid(image, 3), compression="jpeg")
     with tifffile.TiffFile(path) as tif:
         offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1

@@ -108,7 +108,9 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
     args = ["--slides", str(cohort), "--checkpoint", str(ckpt), "--out", str(out), "--workers", "0"]
     assert predict(args, capsys)[0] == 0
     first = (out / "predictions.csv").read_text()
-    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "predictions.csv")
+    rebuilt = ("predictions.csv", "tissue_check.csv")  # from the slides' rows, on every run
+    check = (out / "tissue_check.csv").read_text()
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name not in rebuilt)
     stamps = {p: p.stat().st_mtime_ns for p in files}
     assert len(list((out / "slides").glob("*.json"))) == 3
 
@@ -117,6 +119,7 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
     assert "0 slides predicted, 3 skipped (outputs present), 0 failed" in stdout
     assert {p: p.stat().st_mtime_ns for p in files} == stamps  # nothing written again
     assert (out / "predictions.csv").read_text() == first  # rebuilt from the rows on disk
+    assert (out / "tissue_check.csv").read_text() == check
 
     # a slide whose row is gone (stopped before it) is predicted; one whose heatmap is gone too
     rows = sorted((out / "slides").glob("*.json"))
@@ -141,7 +144,10 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
 
 def broken_tile_slide(path: Path) -> Path:
     image = np.full((512, 768, 3), 240, np.uint8)
-    image[32:480, 32:736] = np.random.default_rng(1).integers(60, 200, (448, 704, 3))
+    # pink, textured tissue (a grey one would be taken for dust)
+    image[32:480, 32:736] = np.array([190, 110, 170]) + np.random.default_rng(1).integers(
+        -40, 40, (448, 704, 3)
+    )
     write_pyramid(path, downsample_pyramid(image, 3), compression="jpeg")
     with tifffile.TiffFile(path) as tif:
         offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1

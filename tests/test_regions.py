@@ -9,7 +9,15 @@ import pytest
 from shapely.geometry import MultiPolygon, Point, Polygon, box
 
 from bigslide.errors import RegionError
-from bigslide.regions import Region, centres_inside, check_inside, load_regions, save_regions
+from bigslide.regions import (
+    EXCLUDE_CLASS,
+    Region,
+    centres_inside,
+    centres_sampled,
+    check_inside,
+    load_regions,
+    save_regions,
+)
 
 SQUARE = [[0, 0], [100, 0], [100, 100], [0, 100], [0, 0]]
 HOLE = [[25, 25], [75, 25], [75, 75], [25, 75], [25, 25]]
@@ -172,3 +180,48 @@ def test_check_inside(geometry: Polygon, ok: bool) -> None:
     with pytest.raises(RegionError) as info:
         check_inside(regions, (1000, 800), "slide.svs")
     assert "slide.svs: region 1 ('lesion')" in str(info.value)
+
+
+# -- areas to leave out: QuPath's ignored classes and data.exclude_classes --------------------------------
+GRID = np.array([[x, y] for y in range(0, 400, 20) for x in range(0, 400, 20)], float)  # 20 px tiles
+
+
+@pytest.mark.parametrize(
+    ("regions", "exclude_classes", "expected"),
+    [
+        # one annotation classified Ignore*: every tile but those inside it
+        ([Region(box(0, 0, 200, 400), "Ignore*")], (), lambda c: c[:, 0] + 10 > 200),
+        # an area to sample from with an area to leave out inside it
+        (
+            [Region(box(0, 0, 400, 200), "Tumor"), Region(box(100, 0, 200, 200), "Ignore*")],
+            (),
+            lambda c: (c[:, 1] + 10 < 200) & ~((c[:, 0] + 10 > 100) & (c[:, 0] + 10 < 200)),
+        ),
+        # a class named in data.exclude_classes is left out like Ignore*
+        ([Region(box(0, 0, 200, 400), "Necrosis")], ("Necrosis",), lambda c: c[:, 0] + 10 > 200),
+        # the same class, not named: an area to sample from
+        ([Region(box(0, 0, 200, 400), "Necrosis")], (), lambda c: c[:, 0] + 10 < 200),
+        # any class ending in * is QuPath's ignored class
+        ([Region(box(0, 0, 200, 400), "Pen marks*")], (), lambda c: c[:, 0] + 10 > 200),
+    ],
+)
+def test_areas_to_leave_out(regions: list[Region], exclude_classes: tuple[str, ...], expected: Any) -> None:
+    np.testing.assert_array_equal(centres_sampled(GRID, 20, regions, exclude_classes), expected(GRID))
+
+
+def test_an_ignored_multipolygon_with_a_hole_leaves_its_hole_sampled() -> None:
+    ring = Polygon(box(0, 0, 400, 400).exterior.coords, [box(100, 100, 300, 300).exterior.coords])
+    kept = centres_sampled(GRID, 20, [Region(MultiPolygon([ring]), "Ignore*")])
+    centre = GRID + 10
+    inside_hole = (centre > 100).all(axis=1) & (centre < 300).all(axis=1)
+    np.testing.assert_array_equal(kept, inside_hole)
+
+
+def test_an_ignored_area_survives_a_qupath_round_trip(tmp_path: Path) -> None:
+    regions = [Region(box(0, 0, 400, 200), "Tumor"), Region(box(100, 0, 200, 200), EXCLUDE_CLASS)]
+    path = save_regions(regions, tmp_path / "qupath.geojson")
+    features = json.loads(path.read_text())["features"]
+    assert features[1]["properties"]["classification"] == {"name": "Ignore*"}
+    loaded = load_regions(path)
+    assert [r.excluded() for r in loaded] == [False, True]
+    np.testing.assert_array_equal(centres_sampled(GRID, 20, loaded), centres_sampled(GRID, 20, regions))

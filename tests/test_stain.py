@@ -29,13 +29,15 @@ from bigslide.synthetic.slides import synthesize_slide
 
 @pytest.fixture(scope="module")
 def labs() -> dict[str, np.ndarray]:
-    """One tissue (with a lesion) rendered by lab A and by lab B, and another lab-A slide."""
+    """One tissue (with a lesion) rendered by labs A, B and C, and another lab-A slide."""
     a = synthesize_slide((384, 384), lesions=1, seed=5, lab="A")
     b = synthesize_slide((384, 384), lesions=1, seed=5, lab="B")
+    c = synthesize_slide((384, 384), lesions=1, seed=5, lab="C")
     other = synthesize_slide((384, 384), lesions=1, seed=9, lab="A")
-    assert (a.lesion_mask == b.lesion_mask).all()
-    assert (a.tissue == b.tissue).all()
-    return {"A": a.rgb, "B": b.rgb, "other": other.rgb, "tissue": a.tissue}
+    for shifted in (b, c):
+        assert (a.lesion_mask == shifted.lesion_mask).all()
+        assert (a.tissue == shifted.tissue).all()
+    return {"A": a.rgb, "B": b.rgb, "C": c.rgb, "other": other.rgb, "tissue": a.tissue}
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,8 @@ def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_unknown_lab_is_named() -> None:
-    with pytest.raises(DataError, match="lab='C'"):
-        synthesize_slide((64, 64), lesions=0, seed=0, lab="C")
+    with pytest.raises(DataError, match="lab='Z'"):
+        synthesize_slide((64, 64), lesions=0, seed=0, lab="Z")
 
 
 def test_torch_hed_matches_scikit_image() -> None:

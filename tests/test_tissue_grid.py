@@ -8,9 +8,9 @@ from shapely.geometry import Polygon, box
 
 from bigslide.errors import ConfigError, RegionError
 from bigslide.grid import TileGrid
-from bigslide.regions import Region
+from bigslide.regions import Region, load_regions, save_regions
 from bigslide.slide import open_slide
-from bigslide.tissue import tile_tissue_fraction, tissue_mask
+from bigslide.tissue import TissueSettings, tile_tissue_fraction, tissue_mask
 from tests.conftest import MakeSlide, WrittenSlide
 
 PINK = (200, 100, 150)
@@ -98,7 +98,8 @@ def test_level1_grid_has_same_footprint(planted: WrittenSlide) -> None:
 def test_small_tiles_are_measured_on_a_finer_level(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
         grid = TileGrid.from_slide(slide, 16, filter="none")
-        assert set(slide.pixels_read) == {2}  # 16 px tile = 4 px on level 2 (downsample 4)
+        # tissue: a 16 px tile is 4 px on level 2 (downsample 4); focus: no level where it spans 32 px
+        assert set(slide.pixels_read) == {0, 2}
     assert len(grid) == 96 * 62
     np.testing.assert_allclose(grid.tissue, _truth(planted, grid.coords, 16), atol=1e-6)
 
@@ -159,3 +160,20 @@ def test_save_load_round_trip(planted: WrittenSlide, tmp_path: Path) -> None:
     assert loaded.attributes() == grid.attributes()
     assert loaded.attributes()["patch_size_level0"] == 256
     assert loaded.attributes()["level_dim"] == [1536, 1000]
+
+
+def test_an_ignored_area_is_left_out_and_the_rest_of_the_tissue_is_sampled(
+    planted: WrittenSlide, tmp_path: Path
+) -> None:
+    """A QuPath file holding only an `Ignore*` annotation over one tissue tile: all tissue but that."""
+    path = save_regions([Region(box(500, 250, 780, 520), "Ignore*")], tmp_path / "qupath.geojson")
+    with open_slide(planted.path) as slide:
+        grid = TileGrid.from_slide(slide, T, regions=load_regions(path))
+        named = TileGrid.from_slide(
+            slide,
+            T,
+            regions=[Region(box(500, 250, 780, 520), "Pen")],
+            tissue=TissueSettings(exclude_classes=("Pen",)),
+        )
+    np.testing.assert_array_equal(grid.coords, [[1280, 0], [0, 512]])
+    np.testing.assert_array_equal(named.coords, grid.coords)

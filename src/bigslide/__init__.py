@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from bigslide.grid import TileGrid
     from bigslide.regions import Region, load_regions, save_regions
     from bigslide.slide import Slide, open_slide
-    from bigslide.tissue import tissue_mask
+    from bigslide.tissue import TissueSettings, tissue_mask
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,7 @@ __all__ = [
     "Slide",
     "SlideError",
     "TileGrid",
+    "TissueSettings",
     "TrainingError",
     "__version__",
     "load_regions",
@@ -43,6 +44,7 @@ _LAZY = {
     "Slide": "bigslide.slide",
     "open_slide": "bigslide.slide",
     "tissue_mask": "bigslide.tissue",
+    "TissueSettings": "bigslide.tissue",
 }
 
 

@@ -1,33 +1,62 @@
 """A grid of non-overlapping tiles over a slide, in level-0 pixels (TRIDENT/CLAM convention).
 
 Tissue is measured on a low pyramid level, never by reading level 0 tile by tile: each tile's tissue
-fraction is the share of its footprint's low-level pixels that pass the filter.
+fraction is the share of its footprint's low-level pixels that pass the filter (`bigslide.tissue_measure`).
+Kept tiles are then measured for focus (`bigslide.blur`). What was left out, and why, travels with the
+grid (`TileGrid.rejected`, `TileGrid.check`): the tissue check a person looks at.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from bigslide.blur import tile_sharpness
 from bigslide.errors import ConfigError, SlideError
-from bigslide.regions import Region, centres_inside, check_inside
+from bigslide.regions import Region, centres_sampled, check_inside
 from bigslide.resolution import ReadPlan, plan_level, plan_read
-from bigslide.slide import WHOLE_READ_PIXELS, Slide
-from bigslide.tissue import DEFAULT_MIN_TISSUE, MASK_SIZE, rule_mask, tissue_mask
+from bigslide.slide import Slide
+from bigslide.tissue import DEFAULT_MIN_TISSUE, GREYSCALE_RULE, TissueSettings, tissue_mask
+from bigslide.tissue_measure import TileMeasure, box_means, footprints, measure_tiles
 
 TileFilter = Literal["rule", "otsu", "none"]
-MIN_FOOTPRINT_PX = 4
-"""A tile must still span this many pixels on the level its tissue is measured on."""
-_STRIP_PIXELS = 1 << 24
 TILING_VERSION = 1
 """Raise when a slide's grid or tissue mask changes for a reason outside `bigslide.data.tile_cache`'s
 TILING_MODULES (e.g. a library's algorithm): grids kept on disk are then made anew."""
+INK, BLUR = 1, 2
+"""Why a tile was left out (`TileGrid.rejected_reason`): ink, marker or dust; out of focus."""
+
+
+@dataclass(frozen=True)
+class TissueCheck:
+    """What the tissue check found on a slide: `tiles` tiled (inside its regions), `kept`, `ink` left
+    out for pen ink, marker or dust (they pass as tissue when ink counts as tissue), `blurred` of the
+    tissue tiles out of focus (left out when `blur_excluded`); the share of the tiled area that is
+    tissue and that is ink."""
+
+    tiles: int = 0
+    kept: int = 0
+    ink: int = 0
+    blurred: int = 0
+    blur_excluded: bool = False
+    tissue_fraction: float = 0.0
+    ink_fraction: float = 0.0
+
+    @property
+    def blurred_fraction(self) -> float:
+        """Blurred tiles over tissue tiles (kept ones, and blurred ones left out)."""
+        tissue_tiles = self.kept + (self.blurred if self.blur_excluded else 0)
+        return self.blurred / tissue_tiles if tissue_tiles else 0.0
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept / self.tiles if self.tiles else 0.0
 
 
 @dataclass(eq=False)
@@ -52,9 +81,18 @@ class TileGrid:
     filter: str = "rule"
     target_mpp: float | None = None
     read_size: int = 0
+    sharpness: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per kept tile
+    rejected: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # left out ...
+    rejected_reason: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # ... and why
+    check: TissueCheck = field(default_factory=TissueCheck)
+    tissue_settings: TissueSettings = field(default_factory=TissueSettings)
 
     def __post_init__(self) -> None:
         self.read_size = self.read_size or self.tile_size
+        if len(self.sharpness) != len(self.coords):  # not measured (a grid from an older file)
+            self.sharpness = np.full(len(self.coords), np.nan, np.float32)
+        if len(self.rejected_reason) != len(self.rejected):
+            raise ValueError(f"{len(self.rejected)} rejected tiles but {len(self.rejected_reason)} reasons")
 
     @property
     def plan(self) -> ReadPlan:
@@ -82,13 +120,17 @@ class TileGrid:
         *,
         filter: TileFilter = "rule",
         target_mpp: float | None = None,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> TileGrid:
         """Tile `slide` at `target_mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
-        >= `min_tissue` whose centre is in `regions`.
+        >= `min_tissue` whose centre is sampled by `regions` (`bigslide.regions.centres_sampled`: inside
+        an area to sample from, outside every excluded one).
 
-        filter "rule": Big-Layers rule (greyscale in [3, 230]); "otsu": the Otsu tissue mask;
-        "none": keep every tile (tissue still reports the rule's fraction). `regions=None` tiles the
-        whole slide; an empty list keeps no tile.
+        `tissue` says what tissue is (`TissueSettings`: stained tissue, not pen ink, marker or dust, by
+        default; the Big-Layers greyscale rule [3, 230] with `GREYSCALE_RULE`) and whether blurred tiles
+        are left out. filter "rule": that per-pixel rule measured per tile; "otsu": the Otsu tissue mask
+        within it; "none": keep every tile (tissue still reports the rule's fraction). `regions=None`
+        tiles the whole slide; an empty list keeps no tile.
         """
         if tile_size < 1:
             raise ConfigError(f"tile_size must be a positive number of pixels, got {tile_size}")
@@ -112,20 +154,12 @@ class TileGrid:
         coords = _full_grid(slide, level, plan.read_size, size0)
         if regions is not None:
             check_inside(regions, slide.dimensions, slide.path)
-            coords = coords[centres_inside(coords, size0, regions)]
-
-        if filter == "otsu":
-            mask, mask_ds = tissue_mask(slide)
-            tissue = _fractions(mask, mask_ds, coords, size0)
-        else:
-            tissue = _rule_fractions(slide, coords, size0)
-        if filter != "none":
-            keep = tissue >= min_tissue
-            coords, tissue = coords[keep], tissue[keep]
-
+            coords = coords[centres_sampled(coords, size0, regions, tissue.exclude_classes)]
+        measured = _measure(slide, coords, size0, filter, tissue)
+        picked = _pick(slide, coords, size0, level, measured, filter, min_tissue, tissue)
         return cls(
-            coords=coords,
-            tissue=tissue.astype(np.float32),
+            coords=picked.coords,
+            tissue=picked.tissue.astype(np.float32),
             tile_size=int(tile_size),
             tile_size_level0=int(size0),
             level=int(level),
@@ -137,6 +171,11 @@ class TileGrid:
             filter=filter,
             target_mpp=plan.target_mpp,
             read_size=plan.read_size,
+            sharpness=picked.sharpness.astype(np.float32),
+            rejected=picked.rejected,
+            rejected_reason=picked.reason,
+            check=picked.check,
+            tissue_settings=tissue,
         )
 
     # -- persistence ------------------------------------------------------------------------------
@@ -154,16 +193,30 @@ class TileGrid:
             "filter": self.filter,
             "target_mpp": self.target_mpp,
             "read_size": self.read_size,
+            "tissue_settings": dataclasses.asdict(self.tissue_settings),
+            "tissue_check": dataclasses.asdict(self.check),
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write coords, tissue and attributes (JSON) to an uncompressed `.npz` file."""
+        """Write coords, tissue, sharpness, the tiles left out (and why) and attributes (JSON) to an
+        uncompressed `.npz` file."""
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         with path.open("wb") as f:
-            np.savez(f, coords=self.coords, tissue=self.tissue, attrs=np.array(json.dumps(self.attributes())))
+            np.savez(f, **self.arrays())  # type: ignore[arg-type]
         return path
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What `save` writes (and `load` reads), by name."""
+        return {
+            "coords": self.coords,
+            "tissue": self.tissue,
+            "sharpness": self.sharpness,
+            "rejected": self.rejected,
+            "rejected_reason": self.rejected_reason,
+            "attrs": np.array(json.dumps(self.attributes())),
+        }
 
     @classmethod
     def load(cls, path: str | Path) -> TileGrid:
@@ -173,7 +226,9 @@ class TileGrid:
                 coords = data["coords"].astype(np.int64).reshape(-1, 2)
                 tissue = data["tissue"].astype(np.float32)
                 attrs = json.loads(str(data["attrs"]))
+                extra = {k: data[k] for k in ("sharpness", "rejected", "rejected_reason") if k in data}
             mpp = attrs["mpp"]
+            settings = attrs.get("tissue_settings")
             return cls(
                 coords=coords,
                 tissue=tissue,
@@ -188,6 +243,12 @@ class TileGrid:
                 filter=str(attrs.get("filter", "rule")),
                 target_mpp=attrs.get("target_mpp"),
                 read_size=int(attrs.get("read_size") or 0),
+                sharpness=extra.get("sharpness", np.zeros(0, np.float32)),
+                rejected=extra.get("rejected", np.zeros((0, 2))).astype(np.int64).reshape(-1, 2),
+                rejected_reason=extra.get("rejected_reason", np.zeros(0, np.uint8)),
+                check=TissueCheck(**attrs.get("tissue_check", {})),
+                # files from before the stain rule were made with the greyscale rule
+                tissue_settings=TissueSettings.from_dict(settings) if settings else GREYSCALE_RULE,
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise SlideError(f"{path}: not a tile grid file ({exc})") from exc
@@ -206,74 +267,65 @@ def _full_grid(slide: Slide, level: int, tile_size: int, size0: int) -> np.ndarr
     return np.stack([xx.ravel(), yy.ravel()], axis=1)
 
 
-def measure_level(slide: Slide, size0: int) -> int:
-    """The coarsest level on which a tile of `size0` level-0 pixels still spans MIN_FOOTPRINT_PX."""
-    chosen = 0
-    for level, ds in enumerate(slide.level_downsamples):
-        if size0 / ds >= MIN_FOOTPRINT_PX * 0.99:  # level sizes are floored, so ds runs a hair high
-            chosen = level
-    return chosen
+class _Picked(NamedTuple):
+    coords: np.ndarray
+    tissue: np.ndarray
+    sharpness: np.ndarray
+    rejected: np.ndarray
+    reason: np.ndarray
+    check: TissueCheck
 
 
-def thumbnail_downsample(slide: Slide) -> float:
-    """Level-0 pixels per pixel of `slide.thumbnail(MASK_SIZE)`, without reading it."""
-    level = slide.thumbnail_level(MASK_SIZE)
-    w, h = slide.level_dimensions[level]
-    return slide.level_downsamples[level] * max(1, math.ceil(max(w, h) / MASK_SIZE))
+def _measure(
+    slide: Slide, coords: np.ndarray, size0: int, filter: str, tissue: TissueSettings
+) -> TileMeasure:
+    measured = measure_tiles(slide, coords, size0, tissue)
+    if filter != "otsu" or len(coords) == 0:
+        return measured
+    mask, mask_ds = tissue_mask(slide, settings=tissue)
+    fractions = box_means(mask, footprints(coords, size0, mask_ds, mask.shape))
+    return measured._replace(tissue=fractions)
 
 
-def _footprints(coords: np.ndarray, size0: int, ds: float, shape: tuple[int, int]) -> np.ndarray:
-    """(N, 4) row0, row1, col0, col1 of each tile on a raster of downsample `ds` (at least 1 px)."""
-    h, w = shape
-    start = np.round(coords / ds).astype(np.int64)
-    stop = np.round((coords + size0) / ds).astype(np.int64)
-    stop = np.maximum(stop, start + 1)
-    col0, row0 = np.clip(start[:, 0], 0, w - 1), np.clip(start[:, 1], 0, h - 1)
-    col1, row1 = np.clip(stop[:, 0], col0 + 1, w), np.clip(stop[:, 1], row0 + 1, h)
-    return np.stack([row0, row1, col0, col1], axis=1)
-
-
-def _box_means(mask: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Mean of `mask` over each (row0, row1, col0, col1) box, via a summed-area table."""
-    table = np.zeros((mask.shape[0] + 1, mask.shape[1] + 1), np.int64)
-    table[1:, 1:] = mask.astype(np.int64).cumsum(0).cumsum(1)
-    r0, r1, c0, c1 = boxes.T
-    total = table[r1, c1] - table[r0, c1] - table[r1, c0] + table[r0, c0]
-    return total / ((r1 - r0) * (c1 - c0))
-
-
-def _fractions(mask: np.ndarray, ds: float, coords: np.ndarray, size0: int) -> np.ndarray:
-    if len(coords) == 0:
-        return np.zeros(0, np.float64)
-    return _box_means(mask, _footprints(coords, size0, ds, mask.shape))
-
-
-def _rule_fractions(slide: Slide, coords: np.ndarray, size0: int) -> np.ndarray:
-    """Rule fraction per tile, reading the measuring level in strips of whole tile rows."""
-    out = np.zeros(len(coords), np.float64)
-    if len(coords) == 0:
-        return out
-    level = measure_level(slide, size0)
-    lw, lh = slide.level_dimensions[level]
-    if lw * lh > WHOLE_READ_PIXELS and size0 / thumbnail_downsample(slide) >= MIN_FOOTPRINT_PX:
-        # no pyramid level is small enough: measure on the (streamed) thumbnail instead
-        thumb = slide.thumbnail(MASK_SIZE)
-        return _fractions(rule_mask(thumb), slide.dimensions[0] / thumb.shape[1], coords, size0)
-    boxes = _footprints(coords, size0, slide.level_downsamples[level], (lh, lw))
-    col0, col1 = int(boxes[:, 2].min()), int(boxes[:, 3].max())
-    max_rows = max(int((boxes[:, 1] - boxes[:, 0]).max()), _STRIP_PIXELS // max(1, col1 - col0))
-    order = np.argsort(boxes[:, 0], kind="stable")
-    start = 0
-    while start < len(order):
-        top = int(boxes[order[start], 0])
-        stop = start
-        bottom = top
-        while stop < len(order) and int(boxes[order[stop], 1]) - top <= max_rows:
-            bottom = max(bottom, int(boxes[order[stop], 1]))
-            stop += 1
-        batch = order[start:stop]
-        strip = rule_mask(slide._read_level(level, top, bottom, col0, col1))
-        local = boxes[batch] - np.array([top, top, col0, col0])
-        out[batch] = _box_means(strip, local)
-        start = stop
-    return out
+def _pick(
+    slide: Slide,
+    coords: np.ndarray,
+    size0: int,
+    read_level: int,
+    measured: TileMeasure,
+    filter: str,
+    min_tissue: float,
+    settings: TissueSettings,
+) -> _Picked:
+    """The tiles kept, their sharpness, and the tiles left out for ink or blur with the reason."""
+    tissue = measured.tissue
+    keep = tissue >= min_tissue if filter != "none" else np.ones(len(coords), bool)
+    ink = ~keep & (tissue + measured.ink >= min_tissue) & (measured.ink > 0)
+    sharp = tile_sharpness(slide, coords[keep], size0, read_level)
+    blurred = sharp < settings.min_sharpness
+    rejected = [coords[ink]]
+    reasons = [np.full(int(ink.sum()), INK, np.uint8)]
+    if settings.exclude_blurred and blurred.any():
+        kept = np.flatnonzero(keep)
+        rejected.append(coords[kept[blurred]])
+        reasons.append(np.full(int(blurred.sum()), BLUR, np.uint8))
+        keep[kept[blurred]] = False
+        sharp = sharp[~blurred]
+    check = TissueCheck(
+        tiles=len(coords),
+        kept=int(keep.sum()),
+        ink=int(ink.sum()),
+        blurred=int(blurred.sum()),
+        blur_excluded=settings.exclude_blurred,
+        tissue_fraction=measured.slide_tissue,
+        ink_fraction=measured.slide_ink,
+    )
+    order = np.lexsort((np.concatenate(rejected)[:, 0], np.concatenate(rejected)[:, 1]))
+    return _Picked(
+        coords[keep],
+        tissue[keep],
+        sharp,
+        np.concatenate(rejected).astype(np.int64)[order],
+        np.concatenate(reasons)[order],
+        check,
+    )

@@ -2,6 +2,11 @@
 
 QuPath exports annotations as a FeatureCollection (or a list of Features) whose geometries are in
 level-0 pixel coordinates (x right, y down) and whose class sits in `properties.classification.name`.
+
+A region is an area to sample from, or an area to leave out: QuPath's ignored classes (a name ending in
+"*", e.g. "Ignore*") and the classes named in `data.exclude_classes` remove their area. Tiles are sampled
+inside the areas to sample from (anywhere, when a file holds only areas to leave out) and outside every
+area to leave out.
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ class Region:
 
     def label(self, index: int) -> str:
         return f"region {index}" + (f" ({self.name!r})" if self.name else "")
+
+    def excluded(self, exclude_classes: Sequence[str] = ()) -> bool:
+        """Whether this is an area to leave out: QuPath's ignored classes end in "*"."""
+        return self.name.endswith(IGNORED_SUFFIX) or self.name in exclude_classes
+
+
+IGNORED_SUFFIX = "*"
+EXCLUDE_CLASS = "Ignore*"
+"""The class bigslide gives the areas to leave out it writes (QuPath's own ignored class)."""
 
 
 def load_regions(path: str | Path) -> list[Region]:
@@ -72,6 +86,29 @@ def centres_inside(coords: np.ndarray, tile_size_level0: int, regions: Sequence[
     union = shapely.union_all([r.geometry for r in regions])
     centre = coords + tile_size_level0 / 2
     return np.asarray(shapely.contains_xy(union, centre[:, 0], centre[:, 1]), dtype=bool)
+
+
+def centres_sampled(
+    coords: np.ndarray, tile_size_level0: int, regions: Sequence[Region], exclude_classes: Sequence[str] = ()
+) -> np.ndarray:
+    """Bool mask: True where the tile centre lies inside an area to sample from (anywhere, when every
+    region is an area to leave out) and outside every area to leave out. No region at all: no tile."""
+    coords = np.asarray(coords, dtype=np.float64).reshape(-1, 2)
+    if not regions:
+        return np.zeros(len(coords), bool)
+    include, exclude = split_regions(regions, exclude_classes)
+    keep = centres_inside(coords, tile_size_level0, include) if include else np.ones(len(coords), bool)
+    if exclude:
+        keep &= ~centres_inside(coords, tile_size_level0, exclude)
+    return keep
+
+
+def split_regions(
+    regions: Sequence[Region], exclude_classes: Sequence[str] = ()
+) -> tuple[list[Region], list[Region]]:
+    """(areas to sample from, areas to leave out)."""
+    include = [r for r in regions if not r.excluded(exclude_classes)]
+    return include, [r for r in regions if r.excluded(exclude_classes)]
 
 
 def check_inside(regions: Sequence[Region], dimensions: tuple[int, int], source: str | Path) -> None:

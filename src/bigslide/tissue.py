@@ -1,10 +1,28 @@
-"""Find tissue on a slide: an Otsu mask on a low level, and the Big-Layers per-pixel rule for tiles."""
+"""Find tissue on a slide: which pixels are stained tissue, glass or something else on the glass (pen ink,
+marker, dust, bubble rims), an Otsu mask on a low level, and the Big-Layers greyscale rule.
+
+Pixels are judged in optical density (OD = -ln(intensity / 255)) above the slide's own glass, so a lab's
+colour cast or a dim lamp moves glass and tissue together. Hematoxylin and eosin absorb green light most
+(eosin) or red and green alike (hematoxylin), and blue light little. A pixel is not tissue when it is grey
+or black (dust, black ink, bubble rims), or when it is a film of dye with no cells in it: off-stain
+(absorbing at least `TissueSettings.ink_blue_green` as much blue as green: green, red, black, brown) or
+blue-violet (absorbing more red than green, as blue ink and a bluish hematoxylin both do; colour cannot
+tell them apart) and smooth in colour (`colour_texture` below `ink_texture` in most of its
+neighbourhood). Ink is one dye, so it varies in amount only; tissue is nuclei beside cytoplasm and
+stroma. Strokes of two inks crossing (darker than any stain, off colour) are ink however textured; ink
+takes in the off-colour and bluish pixels at its rim and in pockets it encloses. Glass enclosed by tissue
+(fat, lumens) up to `fill_holes_um` across counts as tissue.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from scipy import ndimage
 from skimage.filters import threshold_otsu
 from skimage.morphology import remove_small_holes, remove_small_objects
 
@@ -18,6 +36,67 @@ RULE_HIGH = 230
 DEFAULT_MIN_TISSUE = 0.6
 MASK_SIZE = 2048
 """Longer side of the low-resolution image tissue is found on when no finer measure is needed."""
+
+GLASS_OD = 0.08
+"""Summed OD above the glass's below which a pixel is glass (about greyscale 238 on glass of 245)."""
+INK_MIN_OD = 0.3
+"""Summed OD from which a pixel's colour is judged (fainter ones are pale tissue or glass)."""
+SMOOTH_MIN_OD = 0.6
+"""Summed OD from which a smooth blue-violet area is ink (a paler one is faint tissue)."""
+DARK_OD = 4.5
+"""Summed OD from which any colour may be ink (where strokes of two inks cross, the mix looks purple)."""
+VOTE_SIGMA = 2.0
+GROW_PX = 2
+POCKET_PX = 16
+"""Off-colour pockets enclosed by ink up to this radius (times the texture window) are ink too."""
+CLASSIFY_UM = 2.0
+"""Pixels finer than this (µm) are judged in blocks of about this size: cells, not their insides."""
+TEXTURE_UM = 6.0
+"""Window (Gaussian sigma, µm) colour texture is measured over: about a nucleus."""
+
+GLASS, TISSUE, INK = 0, 1, 2
+"""Pixel classes of `classify_pixels`: glass, stained tissue, and anything else on the glass (pen ink,
+marker, dust, bubble rims, black)."""
+
+
+@dataclass(frozen=True)
+class TissueSettings:
+    """How tissue is told from glass and from what lies on the glass (`data.*` settings of the same names).
+
+    `reject_ink` False is the Big-Layers greyscale rule alone (the ink and hole fields are then
+    unused). `exclude_blurred`: tiles less sharp than `min_sharpness` are left out (`bigslide.blur`);
+    they are measured either way. `exclude_classes`: regions of these classes (besides QuPath's ignored
+    classes, whose names end in "*") are areas to leave out (`bigslide.regions.centres_sampled`).
+    """
+
+    reject_ink: bool = True
+    ink_blue_green: float = 0.6
+    ink_texture: float = 0.01
+    fill_holes_um: float = 100.0
+    min_sharpness: float = 0.1
+    exclude_blurred: bool = False
+    exclude_classes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TissueSettings:
+        """The settings `dataclasses.asdict` wrote (lists back to tuples)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kept: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in known
+        }
+        return cls(**kept)
+
+    def describe(self) -> str:
+        if not self.reject_ink:
+            return "greyscale rule [3, 230]"
+        return (
+            f"stain rule (ink: blue/green OD >= {self.ink_blue_green:g} or blue-violet, with colour texture "
+            f"< {self.ink_texture:g}; holes < {self.fill_holes_um:g} µm filled)"
+        )
+
+
+GREYSCALE_RULE = TissueSettings(reject_ink=False, fill_holes_um=0.0)
+"""The Big-Layers rule alone: greyscale in [3, 230] (no ink rejection, no filling)."""
 
 
 class TissueMask(NamedTuple):
@@ -45,8 +124,174 @@ def tile_tissue_fraction(tile: np.ndarray) -> float:
     return float(mask.mean()) if mask.size else 0.0
 
 
-def tissue_mask(slide: Slide, *, max_size: int = MASK_SIZE) -> TissueMask:
-    """Otsu tissue mask on a low level (longer side <= `max_size`), small specks and holes removed.
+def optical_density(rgb: np.ndarray) -> np.ndarray:
+    """(..., 3) float32 OD of uint8 RGB, finite at 0 (intensities offset by half a level)."""
+    return -np.log((np.asarray(rgb[..., :3], np.float32) + 0.5) / 255.5)
+
+
+def glass_od(rgb: np.ndarray) -> np.ndarray:
+    """(3,) OD of the slide's glass: the median of its bright, nearly grey pixels (0 when it shows none)."""
+    rgb = np.asarray(rgb)[..., :3].reshape(-1, 3)
+    rgb = rgb[:: max(1, len(rgb) // 250_000)]  # a sample is plenty for a median
+    grey = greyscale(rgb)
+    bright = rgb[(grey >= 200) & (_saturation(rgb) < 0.15)]
+    if len(bright) < max(16, len(rgb) // 1000):
+        return np.zeros(3, np.float32)
+    return optical_density(np.median(bright, axis=0)).astype(np.float32)
+
+
+def classify_pixels(
+    rgb: np.ndarray,
+    settings: TissueSettings = TissueSettings(),
+    *,
+    glass: np.ndarray | None = None,
+    pixel_um: float | None = None,
+) -> np.ndarray:
+    """uint8 class per pixel of an (H, W, 3) image: GLASS, TISSUE or INK.
+
+    `glass`: the slide's glass OD (`glass_od`; default: measured on `rgb`); `pixel_um`: µm per pixel of
+    `rgb`, to fill holes of `settings.fill_holes_um` (None: no filling).
+    """
+    rgb = np.asarray(rgb)[..., :3]
+    factor = int(CLASSIFY_UM // pixel_um) if pixel_um else 1
+    if pixel_um and factor >= 2 and min(rgb.shape[:2]) >= 2 * factor and settings.reject_ink:
+        # finer than the rule needs: judge blocks of `factor` pixels, and give each pixel its block's class
+        coarse = classify_pixels(_block_mean(rgb, factor), settings, glass=glass, pixel_um=pixel_um * factor)
+        fine = np.repeat(np.repeat(coarse, factor, axis=0), factor, axis=1)
+        return np.pad(fine, [(0, max(0, n - m)) for n, m in zip(rgb.shape[:2], fine.shape)], mode="edge")[
+            : rgb.shape[0], : rgb.shape[1]
+        ]
+    grey = greyscale(rgb)
+    if not settings.reject_ink:
+        out = np.full(grey.shape, GLASS, np.uint8)
+        out[grey < RULE_LOW] = INK
+        out[(grey >= RULE_LOW) & (grey <= RULE_HIGH)] = TISSUE
+        return out
+    od = optical_density(rgb)
+    od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
+    np.maximum(od, 0, out=od)
+    total = od.sum(axis=-1)
+    sigma = max(1.0, TEXTURE_UM / pixel_um) if pixel_um else 1.0
+    ink = ink_mask(od, settings, sigma) | (grey < RULE_LOW)
+    out = np.where(total >= GLASS_OD, TISSUE, GLASS).astype(np.uint8)
+    out[ink] = INK
+    if pixel_um and settings.fill_holes_um > 0:
+        hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
+        out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
+    return out
+
+
+def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """uint8 image reduced by `factor` (means of whole blocks; a partial last row or column is dropped)."""
+    h, w = rgb.shape[0] // factor * factor, rgb.shape[1] // factor * factor
+    blocks = rgb[:h, :w].reshape(h // factor, factor, w // factor, factor, 3).mean(axis=(1, 3))
+    return np.rint(blocks).astype(np.uint8)
+
+
+def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:
+    """Pixels of pen ink, marker, dust or bubble rims in an image of OD above the glass's (H, W, 3);
+    `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
+    total = od.sum(axis=-1)
+    coloured = total >= INK_MIN_OD
+    neutral = coloured & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
+    off_colour = coloured & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
+    bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
+    candidate = off_colour | bluish | (total >= DARK_OD)
+    # two strokes crossing: no stain is that dark and that far off colour, textured or not
+    ink = neutral | (off_colour & (total >= DARK_OD))
+    margin = math.ceil((POCKET_PX + 4 * VOTE_SIGMA) * sigma) + GROW_PX
+    for part in _around(candidate, margin):
+        ink[part] |= _films(od[part], candidate[part], neutral[part], ink[part], settings, sigma)
+    return ink
+
+
+def _films(
+    od: np.ndarray,
+    candidate: np.ndarray,
+    neutral: np.ndarray,
+    ink: np.ndarray,
+    settings: TissueSettings,
+    sigma: float,
+) -> np.ndarray:
+    smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
+    # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
+    window = VOTE_SIGMA * sigma
+    vote = ndimage.gaussian_filter(smooth, window, mode="nearest")
+    film = candidate & (
+        vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
+    )
+    ink = ink | film
+    # where strokes cross, or a stroke runs along the tissue, the mix is textured: ink takes in the
+    # off-colour and bluish pixels next to it and those it encloses
+    inky = candidate | neutral
+    ink |= ndimage.binary_dilation(ink, iterations=GROW_PX) & inky
+    ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
+    return ink
+
+
+def _around(mask: np.ndarray, margin: int) -> list[tuple[slice, slice]]:
+    """Rectangles covering the groups of `mask`'s pixels, each with at least `margin` pixels around
+    (found on blocks of `margin` pixels: cheap on a mostly empty slide)."""
+    if not mask.any():
+        return []
+    b = max(8, margin)
+    h, w = mask.shape
+    padded = np.zeros((-(-h // b) * b, -(-w // b) * b), bool)
+    padded[:h, :w] = mask
+    blocks = padded.reshape(padded.shape[0] // b, b, padded.shape[1] // b, b).any(axis=(1, 3))
+    labels, _count = ndimage.label(ndimage.binary_dilation(blocks, iterations=1))
+    return [
+        (slice(r.start * b, min(h, r.stop * b)), slice(c.start * b, min(w, c.stop * b)))
+        for r, c in ndimage.find_objects(labels)
+    ]
+
+
+def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
+    """Pixels of `background` components of at most `max_area` pixels that do not touch the image's
+    edge (what lies beyond it is unknown): the holes of the foreground."""
+    labels, count = ndimage.label(background)
+    if count == 0:
+        return np.zeros(background.shape, bool)
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    small = sizes <= max_area
+    edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+    small[edge] = False
+    small[0] = False
+    return small[labels]
+
+
+def colour_texture(od: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    """How much a pixel's neighbourhood (Gaussian window of `sigma` pixels) varies in colour, as the
+    spread of OD across the neighbourhood's mean colour, over that colour's strength.
+
+    A film of dye varies in amount only (streaks, soft edges on glass: the same colour scaled), so it
+    scores ~0; tissue is nuclei beside cytoplasm and stroma, each its own mix of the two dyes.
+    """
+
+    def smooth(x: np.ndarray) -> np.ndarray:
+        return ndimage.gaussian_filter(x, sigma, mode="nearest")
+
+    mean = np.stack([smooth(od[..., c]) for c in range(3)], axis=-1)
+    strength = np.linalg.norm(mean, axis=-1)
+    unit = mean / np.maximum(strength, 1e-6)[..., None]
+    spread = np.zeros_like(strength)
+    along = np.zeros_like(strength)
+    for i in range(3):
+        spread += smooth(od[..., i] * od[..., i])
+        for j in range(i, 3):
+            moment = smooth(od[..., i] * od[..., j])
+            along += (1 if i == j else 2) * unit[..., i] * unit[..., j] * moment
+    return np.sqrt(np.maximum(spread - along, 0)) / np.maximum(strength, 1e-3)
+
+
+def tissue_mask(
+    slide: Slide,
+    *,
+    max_size: int = MASK_SIZE,
+    settings: TissueSettings = TissueSettings(),
+) -> TissueMask:
+    """Otsu tissue mask on a low level (longer side <= `max_size`), small specks and holes removed, and
+    only pixels `settings` call tissue (no ink, marker or dust).
 
     Thresholds saturation (stained tissue is coloured, glass is not); falls back to darkness when the
     image has no colour. Only the chosen low level is read.
@@ -56,20 +301,33 @@ def tissue_mask(slide: Slide, *, max_size: int = MASK_SIZE) -> TissueMask:
     h, w = image.shape[:2]
     w0, h0 = slide.dimensions
     downsample = (w0 / w + h0 / h) / 2
-    mask = otsu_mask(image)
+    pixel_um = slide.mpp[0] * downsample if slide.mpp is not None else None
+    mask = otsu_mask(image, settings, pixel_um=pixel_um)
     return TissueMask(mask, downsample)
 
 
-def otsu_mask(image: np.ndarray) -> np.ndarray:
-    """Otsu threshold on saturation (or on darkness for grey images), then cleaned."""
-    saturation = _saturation(image)
-    darkness = 255.0 - greyscale(image)
-    channel = saturation if np.ptp(saturation) > 0.05 else darkness
-    if np.ptp(channel) <= 1e-6:
-        return np.zeros(image.shape[:2], bool)
-    mask = channel > threshold_otsu(channel)
-    # Only pixels the rule calls tissue qualify: this drops black borders and pen-free glass noise.
-    mask &= rule_mask(image)
+def otsu_mask(
+    image: np.ndarray,
+    settings: TissueSettings = TissueSettings(),
+    *,
+    pixel_um: float | None = None,
+) -> np.ndarray:
+    """The pixels `classify_pixels` calls tissue, small specks and holes removed. With the greyscale
+    rule: an Otsu threshold on saturation (or on darkness for grey images) within the rule's pixels.
+
+    Ink is the most saturated thing on a slide: with it on the glass, an Otsu cut on saturation falls
+    between ink and tissue, so the stain rule's own glass threshold (relative to the slide's glass)
+    decides instead.
+    """
+    classes = classify_pixels(image, settings, pixel_um=pixel_um)
+    mask = classes == TISSUE
+    if not settings.reject_ink:
+        saturation = _saturation(image)
+        darkness = 255.0 - greyscale(image)
+        channel = saturation if np.ptp(saturation) > 0.05 else darkness
+        if np.ptp(channel) <= 1e-6:
+            return np.zeros(image.shape[:2], bool)
+        mask &= channel > threshold_otsu(channel)
     speck = max(4, mask.size // 20000)
     mask = remove_small_objects(mask, max_size=speck)
     return remove_small_holes(mask, max_size=speck)
@@ -78,8 +336,8 @@ def otsu_mask(image: np.ndarray) -> np.ndarray:
 def _saturation(image: np.ndarray) -> np.ndarray:
     """HSV saturation (max - min) / max, 0 for black; as skimage's rgb2hsv but without hue."""
     rgb = image[..., :3]
-    top = rgb.max(axis=2).astype(np.float32)
-    spread = top - rgb.min(axis=2)
+    top = rgb.max(axis=-1).astype(np.float32)
+    spread = top - rgb.min(axis=-1)
     return np.divide(spread, top, out=np.zeros_like(top), where=top > 0)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import shapely
 
 from bigslide.grid import TileGrid
@@ -75,5 +76,66 @@ def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> Non
         centre = rect.mean(axis=0)[::-1]
         assert polygon.contains(shapely.Point(centre))
     assert viewer.layers.selection.active.name == layer.name  # drawing can go on
+    panel.preview.setChecked(False)
+    assert not any(lay.metadata.get("bigslide_role") == "tiles" for lay in viewer.layers)
+
+
+def test_an_area_to_leave_out_is_saved_as_qupaths_ignore_class_and_read_back(
+    viewer: Any, dock: Any, tmp_path: Path, svs_slide: Any
+) -> None:
+    viewer.open(svs_slide.path, plugin="bigslide")
+    panel = dock("Sampling regions")
+    panel.exclude_button.click()
+    layer = viewer.layers.selection.active
+    assert layer.metadata["bigslide_role"] == "exclusions"
+    assert layer.mode == "add_polygon"
+    square = np.array([[100.0, 100.0], [100.0, 400.0], [400.0, 400.0], [400.0, 100.0]])  # level-0 (row, col)
+    layer.add_polygons([square])
+    saved = panel.save_geojson(tmp_path / "left-out.geojson")
+    assert saved is not None
+    [region] = load_regions(saved)
+    assert region.name == "Ignore*"
+    assert region.excluded()
+
+    viewer.layers.remove(layer)
+    loaded = panel.load_geojson(saved)
+    assert loaded.metadata["bigslide_role"] == "exclusions"
+    np.testing.assert_allclose(np.sort(loaded.data[0], axis=0), np.sort(square, axis=0))
+
+
+@pytest.fixture(scope="module")
+def marked_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from bigslide.synthetic.marks import synthesize_marked_slide
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+
+    marked = synthesize_marked_slide((768, 768), seed=31, mpp=2.0, inks=("blue", "green"))
+    path = tmp_path_factory.mktemp("marked") / "marked.tif"
+    return write_pyramid(path, downsample_pyramid(marked.rgb, 4), mpp=2.0, flavour="tiff")
+
+
+def test_tile_preview_shows_the_tiles_left_out_in_another_colour(
+    viewer: Any, dock: Any, qtbot: Any, marked_slide: Path
+) -> None:
+    [slide] = viewer.open(marked_slide, plugin="bigslide")
+    panel = dock("Sampling regions")
+    with qtbot.waitSignal(panel.preview.toggled):
+        panel.preview.setChecked(True)
+    qtbot.waitUntil(lambda: any(lay.metadata.get("left_out") for lay in viewer.layers), timeout=30_000)
+    left_out = next(lay for lay in viewer.layers if lay.metadata.get("left_out"))
+    kept = next(
+        lay for lay in viewer.layers if lay.metadata.get("bigslide_role") == "tiles" and lay is not left_out
+    )
+    s = panel.session
+    with open_slide(marked_slide) as opened:
+        grid = TileGrid.from_slide(opened, s.tile_size, target_mpp=s.target_mpp, min_tissue=s.min_tissue)
+    assert kept.metadata["count"] == len(grid)
+    assert grid.check.ink > 50
+    labels = np.asarray(left_out.data)
+    assert (labels == 1).sum() == grid.check.ink  # one cell per tile left out for ink (magenta)
+    np.testing.assert_allclose(
+        left_out.colormap.map(1)[:3], [0xE6 / 255, 0, 0xC8 / 255], atol=0.01
+    )  # magenta
+    np.testing.assert_allclose(left_out.scale, np.asarray(slide.scale) * grid.tile_size_level0)
+    assert "for ink (magenta)" in panel.status.text()
     panel.preview.setChecked(False)
     assert not any(lay.metadata.get("bigslide_role") == "tiles" for lay in viewer.layers)

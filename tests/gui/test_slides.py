@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bigslide.data.table import SlideTable
 from bigslide.grid import TileGrid
 from bigslide.slide import open_slide
@@ -71,7 +73,8 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     from bigslide.engine.config import TrainConfig
     from bigslide.napari._run import write_run_folder
 
-    unstated = make_slide(slide_image, flavour="tiff", mpp=None, name="no-mpp")
+    pink = (slide_image // 3 + np.array([150, 70, 130], np.uint8)).astype(np.uint8)  # grey noise is dust
+    unstated = make_slide(pink, flavour="tiff", mpp=None, name="no-mpp")
     panel = dock("Slides")
     viewer.open(unstated.path, plugin="bigslide")
     panel.set_label(0, "tumor")

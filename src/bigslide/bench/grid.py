@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from bigslide.bench.targets import Targets, add_target_argument, machine_line, min_median
-from bigslide.grid import TileGrid, measure_level
+from bigslide.grid import TileGrid
 from bigslide.slide import Slide, open_slide
 from bigslide.synthetic.pyramid import LazyLevel, write_pyramid
 from bigslide.tissue import tile_tissue_fraction, tissue_mask
+from bigslide.tissue_measure import measure_level
 
 TILE = 256
 FACTOR = 4

@@ -8,8 +8,8 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
   nuclei: same density, same mean colour), and, as a control that the change is in the pixels, the same
   encoder trained on the same tiles with tile labels from the lesion masks (tile AUC on the test slides).
 - stain: ABMIL-ACC trained as `bigslide demo` does on the demo slides (lab A) with flips only, with
-  stain augmentation (strength 1 and 1.5), with Macenko normalisation and with both, tested on the
-  demo's test slides as lab A and as lab B stains them.
+  stain augmentation (strength 1 and 1.5), with Macenko or Reinhard normalisation and with both, tested
+  on the demo's test slides as lab A and as labs B and C stain them.
 - study: survival, regression and cases of three slides (one lesion slide makes a case positive) on the
   synthetic study slides, ABMIL-ACC against the frozen encoder, test C-index / Pearson r / case AUC next to
   the oracle's (the quantity the outcome was made from).

@@ -124,7 +124,7 @@ def slide_run(
     test = table.subset("test")
     preds, raw = predict_slides(result.checkpoint, test, repeats=0)
     labels = np.array([table.encode(e.label) for e in test.entries])
-    metrics = classification_metrics(labels, raw.probs)
+    metrics = classification_metrics(labels, raw.probs, raw.decision)  # the threshold chosen on validation
     lesions = load_lesions(csv.parent / "lesions.json")
     map_name = "attention" if method not in IMAGE_METHODS else "evidence"
     aucs = [

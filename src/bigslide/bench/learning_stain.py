@@ -1,7 +1,8 @@
 """The learning bench's stain part: ABMIL-ACC trained as `bigslide demo` trains it, on the demo's
-slides (lab A), tested on the demo's test slides as lab A and as a second lab stains them
-(`bigslide.synthetic.he.LABS`: stronger, bluer hematoxylin, paler eosin, a colour cast), without and
-with stain augmentation and normalisation."""
+slides (lab A), tested on the demo's test slides as lab A and as two other labs stain them
+(`bigslide.synthetic.he.LABS`: B, stronger, bluer hematoxylin, paler eosin, a yellow cast; C, a larger
+shift still, hematoxylin x1.45, eosin x0.6 and a warm cast), without and with stain augmentation and
+normalisation."""
 
 from __future__ import annotations
 
@@ -26,15 +27,18 @@ STAIN_RUNS: dict[str, dict[str, object]] = {
     "stain_augment_x1.5": {"stain_augment": True, "stain_augment_strength": 1.5},
     "macenko": {"stain_normalise": "macenko"},
     "macenko+stain_augment": {"stain_normalise": "macenko", "stain_augment": True},
+    "reinhard": {"stain_normalise": "reinhard"},
+    "reinhard+stain_augment": {"stain_normalise": "reinhard", "stain_augment": True},
 }
+LAB_NAMES = ("A", "B", "C")
 
 
 def stain_sets() -> dict[str, Path]:
-    """The demo's slides as lab A stains them (the bundled set) and as lab B does (same splits)."""
-    return {
-        "A": make_slide_set(demo_dir()),
-        "B": make_slide_set(demo_dir().with_name("demo-slides-labB"), lab="B"),
-    }
+    """The demo's slides as lab A stains them (the bundled set) and as labs B and C do (same splits)."""
+    sets = {"A": make_slide_set(demo_dir())}
+    for lab in LAB_NAMES[1:]:
+        sets[lab] = make_slide_set(demo_dir().with_name(f"demo-slides-lab{lab}"), lab=lab)
+    return sets
 
 
 def stain_run(args: argparse.Namespace, sets: dict[str, Path], name: str, seed: int) -> dict[str, float]:
@@ -53,7 +57,7 @@ def stain_run(args: argparse.Namespace, sets: dict[str, Path], name: str, seed: 
         test = table.subset("test")
         _, raw = predict_slides(result.checkpoint, test, repeats=0)
         labels = np.array([table.encode(e.label) for e in test.entries])
-        found = classification_metrics(labels, raw.probs)
+        found = classification_metrics(labels, raw.probs, raw.decision)
         metrics[f"auc_{lab}"] = found["auc"]
         metrics[f"balanced_accuracy_{lab}"] = found["balanced_accuracy"]
     return metrics

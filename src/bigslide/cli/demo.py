@@ -71,7 +71,8 @@ def run_demo(
     table = SlideTable.from_csv(csv)
     test = table.subset("test")
     preds, raw = predict_slides(result.checkpoint, test, repeats=0)
-    metrics = classification_metrics(np.array([table.encode(e.label) for e in test.entries]), raw.probs)
+    labels = np.array([table.encode(e.label) for e in test.entries])
+    metrics = classification_metrics(labels, raw.probs, raw.decision)
     lesions = load_lesions(csv.parent / "lesions.json")
     positive = [(p, e) for p, e in zip(preds, test.entries) if e.label == "tumor"]
     aucs = [
@@ -96,6 +97,8 @@ def run_demo(
         f"wall time: slides {made - start:.1f} s, training {trained - made:.1f} s, "
         f"test {time.perf_counter() - trained:.1f} s"
     )
+    if raw.decision is not None:
+        print(raw.decision.describe(list(table.classes)))
     print(f"checkpoint: {result.checkpoint}")
     print(f"config (replay with `bigslide train`): {out / 'config.yaml'}")
     print("heatmaps: " + ", ".join(str(p) for p in heatmaps if p.suffix == ".png"))

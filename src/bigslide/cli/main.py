@@ -21,6 +21,7 @@ from bigslide.plan.arguments import add_arguments as add_plan_arguments
 
 BENCHES = (
     "grid",
+    "tissue",
     "acc",
     "patchgd",
     "biglayer",
@@ -129,6 +130,8 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
         print(path)
     probs = ", ".join(f"{c}={p:.3f}" for c, p in zip(pred.classes, pred.probs))
     print(f"{Path(args.slide).name}: {pred.label} ({probs})")
+    if pred.decision is not None:
+        print(pred.decision.describe(pred.classes))
     return 0
 
 

@@ -30,6 +30,7 @@ from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
 from bigslide.errors import ConfigError, DataError
+from bigslide.explain.tissue_check import warning
 
 
 @dataclass
@@ -83,7 +84,13 @@ def run_predict(args: argparse.Namespace) -> int:
     if run.csv is None:
         print("bigslide: stopped; the slides predicted so far are kept: run again to go on", file=sys.stderr)
         return 130
+    if endpoint.task == "classification":
+        print(trained.decision.describe(classes))
     print(f"predictions: {run.csv}")
+    if (run.csv.parent / "tissue_check.csv").is_file():
+        print(
+            f"tissue check: {run.csv.parent / 'tissue_check.csv'} and a thumbnail per slide in tissue_check/"
+        )
     if (run.csv.parent / "km.png").is_file():
         print(f"Kaplan-Meier plot: {run.csv.parent / 'km.png'}")
     return 1 if run.failed else 0
@@ -170,6 +177,7 @@ def predict_to(
             endpoint=method.spec.endpoint or Endpoint(classes=trained.classes),
             titles=dict(method.map_titles),
             epochs=trained.epochs,
+            decision=trained.decision,
         )
     return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv)
 
@@ -193,6 +201,9 @@ class _Tally:
             tqdm.write(f"{outcome.result.slide}: failed: {outcome.result.error}", file=sys.stderr)
         else:
             self.predicted += 1
+        text = warning(outcome.result.slide, outcome.grid) if outcome.grid is not None else None
+        if text is not None:
+            tqdm.write(f"warning: {text}", file=sys.stderr)
         self.tiles += outcome.tiles
         self.bar.update()
         if self.tiles:
@@ -202,7 +213,7 @@ class _Tally:
 def _write(out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool) -> None:
     try:
         slide_rows.write_slide_outputs(
-            out, outcome.result, settings=settings, heatmaps=heatmaps, tiles=outcome.tiles
+            out, outcome.result, settings=settings, heatmaps=heatmaps, tiles=outcome.tiles, grid=outcome.grid
         )
     except OSError as err:  # a full disk, a folder not ours: the run cannot go on
         raise DataError(

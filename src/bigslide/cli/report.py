@@ -52,7 +52,8 @@ def write_predictions(
     (higher = earlier event) with the survival curve, and an `error` column: empty, or why the slide (a
     case: one of its slides) has no prediction. Heatmaps are per slide. With the table's survival times
     and events, the Kaplan-Meier plot of the median-split risk groups with its log-rank p-value
-    (`km.png`). `endpoint` (default: the first prediction's) sets the columns."""
+    (`km.png`). `endpoint` (default: the first prediction's) sets the columns; two classes called by a
+    threshold chosen on validation get a `threshold` column."""
     out.mkdir(parents=True, exist_ok=True)
     preds = [r for r in results if isinstance(r, SlidePrediction)]
     if endpoint is None:
@@ -68,7 +69,18 @@ def write_predictions(
         if heatmaps and isinstance(r, SlidePrediction):
             write_heatmaps(r, out / "heatmaps")
     names = ["case", "slides"] if by_case else ["slide"]
-    lines = [[*names, *_columns(endpoint.task), *endpoint.output_names, "error"]]
+    decision = next((p.decision for p in preds if p.decision is not None), None)
+    # two classes: the threshold the class was called with, on every row
+    called = decision is not None and decision.source != "argmax" and len(endpoint.classes) == 2
+    lines = [
+        [
+            *names,
+            *_columns(endpoint.task),
+            *(["threshold"] if called else []),
+            *endpoint.output_names,
+            "error",
+        ]
+    ]
     firsts: list[SlidePrediction] = []
     for key, group in groups.items():
         named = [key, ";".join(str(g.slide) for g in group)] if by_case else [key]
@@ -81,7 +93,8 @@ def write_predictions(
         assert isinstance(first, SlidePrediction)
         firsts.append(first)
         outputs = [f"{v:.6f}" for v in np.atleast_1d(first.probs)] if endpoint.output_names else []
-        lines.append([*named, *_values(first), *outputs, ""])
+        threshold = [f"{decision.threshold:.6g}"] if called and decision is not None else []
+        lines.append([*named, *_values(first), *threshold, *outputs, ""])
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(lines)
     path = atomic_write_text(out / "predictions.csv", text.getvalue())

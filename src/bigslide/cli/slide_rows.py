@@ -21,8 +21,12 @@ import numpy as np
 from bigslide.cli.report import write_heatmaps, write_predictions
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
+from bigslide.engine.decision import Decision
 from bigslide.engine.inference import SlideFailure, SlidePrediction
+from bigslide.explain.tissue_check import CSV_NAME, FOLDER, check_row, write_check_csv, write_check_png
 from bigslide.files import atomic_write_text
+from bigslide.grid import TileGrid
+from bigslide.slide import open_slide
 
 ROWS = "slides"
 HEATMAPS = "heatmaps"
@@ -46,9 +50,15 @@ def write_slide_outputs(
     settings: dict[str, Any],
     heatmaps: bool,
     tiles: int = 0,
+    grid: TileGrid | None = None,
 ) -> Path:
-    """The slide's heatmaps (a prediction's, when `heatmaps`), then its row."""
+    """The slide's heatmaps (a prediction's, when `heatmaps`) and tissue check (with its `grid`), then
+    its row."""
     row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
+    if grid is not None:
+        with open_slide(result.slide) as slide:
+            write_check_png(slide, grid, out / FOLDER)
+        row["tissue_check"] = check_row(result.slide, grid)
     if isinstance(result, SlideFailure):
         row |= {"error": result.error, "outputs": None, "heatmaps": None}
     else:
@@ -92,9 +102,10 @@ def assemble_predictions(
     endpoint: Endpoint,
     titles: dict[str, str] | None = None,
     epochs: int = 0,
+    decision: Decision | None = None,
 ) -> Path:
     """`predictions.csv` (and the survival plot) from the rows of `table`'s slides, in table order; a
-    slide without a row (not reached yet) is left out."""
+    slide without a row (not reached yet) is left out. Classes are called by `decision`."""
     results: list[SlidePrediction | SlideFailure] = []
     for entry in table.entries:
         row = read_row(out, entry.path)
@@ -105,6 +116,13 @@ def assemble_predictions(
         else:
             probs = np.asarray(row["outputs"], dtype=np.dtype(row.get("dtype", "float64")))
             results.append(
-                SlidePrediction(entry.path, probs, classes, {}, dict(titles or {}), epochs, endpoint)
+                SlidePrediction(
+                    entry.path, probs, classes, {}, dict(titles or {}), epochs, endpoint, decision=decision
+                )
             )
+    checks = [
+        row["tissue_check"] for e in table.entries if (row := read_row(out, e.path)) and "tissue_check" in row
+    ]
+    if checks:
+        write_check_csv(checks, out / CSV_NAME)
     return write_predictions(results, out, heatmaps=False, table=table, endpoint=endpoint)

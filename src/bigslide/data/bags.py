@@ -19,6 +19,7 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError, RegionError, SlideError
 from bigslide.grid import TileGrid
 from bigslide.resolution import DEFAULT_MPP
+from bigslide.tissue import TissueSettings
 
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -57,6 +58,7 @@ class BagDataset(Dataset[Sample]):
         target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,
@@ -84,6 +86,7 @@ class BagDataset(Dataset[Sample]):
         self.stain_normalise = stain_normalise
         self._stain_fits: dict[int, StainFit] = {}
         self.min_tissue = min_tissue
+        self.tissue = tissue
         self.grids: list[TileGrid] = []
         self.left_out: list[str] = []  # why each slide left out (skip_bad) was
         kept = []
@@ -103,7 +106,7 @@ class BagDataset(Dataset[Sample]):
         self.items = list(self.table.cases().values())  # table rows of each case, in table order
 
     def _grid(self, entry: SlideEntry) -> TileGrid:
-        grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue)
+        grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue, self.tissue)
         if len(grid) == 0:
             raise DataError(
                 f"{entry.path}: no tile of {self.tile_size} px at {self.target_mpp} µm/px has tissue "
@@ -174,6 +177,7 @@ class BagDataset(Dataset[Sample]):
                     tile_size=self.tile_size,
                     target_mpp=self.target_mpp,
                     min_tissue=self.min_tissue,
+                    tissue=self.tissue,
                     slides=self.slides,
                 )
             source = self._stain_fits[i]

@@ -8,6 +8,7 @@ from typing import Literal
 from bigslide.coerce import check_ranges
 from bigslide.errors import ConfigError
 from bigslide.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
+from bigslide.tissue import TissueSettings
 
 
 @dataclass
@@ -118,6 +119,58 @@ class DataConfig:
     )
     min_tissue: float = field(
         default=0.6, metadata={"min": 0, "max": 1, "help": "minimum tissue fraction of a tile"}
+    )
+    reject_ink: bool = field(
+        default=True,
+        metadata={
+            "help": "pen ink, marker, dust and bubble rims are not tissue (judged in optical density "
+            "against the slide's glass); false: the Big-Layers greyscale rule [3, 230] alone"
+        },
+    )
+    ink_blue_green: float = field(
+        default=0.6,
+        metadata={
+            "min": 0,
+            "shown_with": {"reject_ink": (True,)},
+            "help": "a pixel absorbing at least this share of blue light to green is no H&E stain "
+            "(black, green, red ink, dust) unless it shows cell texture",
+        },
+    )
+    ink_texture: float = field(
+        default=0.01,
+        metadata={
+            "min": 0,
+            "shown_with": {"reject_ink": (True,)},
+            "help": "ink is a film of one colour: blue-violet or off-stain areas whose colour varies "
+            "less than this (spread across their mean colour, over its strength) are ink, not nuclei",
+        },
+    )
+    fill_holes_um: float = field(
+        default=100.0,
+        metadata={
+            "min": 0,
+            "shown_with": {"reject_ink": (True,)},
+            "help": "glass enclosed by tissue up to this many µm across (fat cells, lumens) counts as "
+            "tissue (0 = none)",
+        },
+    )
+    min_sharpness: float = field(
+        default=0.1,
+        metadata={
+            "min": 0,
+            "help": "tiles whose Laplacian variance over their own greyscale variance is below this are "
+            "out of focus (measured at about 32 px per tile; reported per slide)",
+        },
+    )
+    exclude_blurred: bool = field(
+        default=False, metadata={"help": "leave out-of-focus tiles (data.min_sharpness) out of training"}
+    )
+    exclude_classes: str = field(
+        default="",
+        metadata={
+            "help": "region classes whose areas are left out, comma-separated (QuPath's ignored classes, "
+            "ending in '*', always are)"
+        },
     )
     image_size: int = field(
         default=256,
@@ -251,6 +304,19 @@ class DataConfig:
                 "data.features: stored features are of the tiles as read, so data.stain_augment and "
                 "data.stain_normalise cannot apply to them; turn those off, or leave data.features unset"
             )
+
+    @property
+    def tissue(self) -> TissueSettings:
+        """What the tile grids count as tissue and leave out (`bigslide.tissue.TissueSettings`)."""
+        return TissueSettings(
+            reject_ink=self.reject_ink,
+            ink_blue_green=self.ink_blue_green,
+            ink_texture=self.ink_texture,
+            fill_holes_um=self.fill_holes_um if self.reject_ink else 0.0,
+            min_sharpness=self.min_sharpness,
+            exclude_blurred=self.exclude_blurred,
+            exclude_classes=tuple(c.strip() for c in self.exclude_classes.split(",") if c.strip()),
+        )
 
     @property
     def read_mpp(self) -> float:

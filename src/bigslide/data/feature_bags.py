@@ -29,6 +29,7 @@ from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.grid import TileGrid
 from bigslide.resolution import DEFAULT_MPP
+from bigslide.tissue import TissueSettings
 
 
 class FeatureBagDataset(BagDataset):
@@ -49,6 +50,7 @@ class FeatureBagDataset(BagDataset):
         target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
         seed: int = 0,
         slides: SlideCache | None = None,
         endpoint: Endpoint | None = None,
@@ -70,6 +72,7 @@ class FeatureBagDataset(BagDataset):
         self.target_mpp = target_mpp
         self.bag_size = bag_size
         self.min_tissue = min_tissue
+        self.tissue = tissue
         self.augment = False  # stored features are of the tiles as read
         self.seed = seed
         self.epoch = 0
@@ -88,7 +91,7 @@ class FeatureBagDataset(BagDataset):
         grid = self._grids.get(i)
         if grid is None:
             entry = self.table.entries[i]
-            grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue)
+            grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue, self.tissue)
             if len(grid) == 0:
                 raise DataError(
                     f"{entry.path}: no tile of {self.tile_size} px at {self.target_mpp} µm/px has tissue "

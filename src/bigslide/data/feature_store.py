@@ -203,7 +203,8 @@ class ExpectedTiles:
         if coords.shape != self.coords.shape or not np.array_equal(coords, self.coords):
             raise DataError(
                 f"{path}: its coords ({len(coords)} tiles) are not this run's tile grid ({len(self.coords)} "
-                f"tiles: data.min_tissue or the slide's regions differ); {REMEDY}"
+                f"tiles: data.min_tissue, the tissue settings (data.reject_ink, ...) or the slide's regions "
+                f"differ); {REMEDY}"
             )
 
 

@@ -16,10 +16,10 @@ from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
-from bigslide.regions import load_regions
+from bigslide.regions import Region, load_regions, split_regions
 from bigslide.resolution import DEFAULT_MPP, plan_read
 from bigslide.slide import Slide
-from bigslide.tissue import TissueMask
+from bigslide.tissue import TissueMask, TissueSettings
 
 IMAGE_CACHE_BYTES = 1 << 30
 """Decoded images a dataset keeps for later epochs; beyond, an image is read again each epoch (a cohort of
@@ -27,7 +27,8 @@ thousands of large images would not fit in memory)."""
 
 
 def mask_bounds(slide: Slide, mask: TissueMask) -> tuple[float, float, float, float]:
-    """The level-0 (x0, y0, x1, y1) of the tissue in `mask`, else the whole slide."""
+    """The level-0 (x0, y0, x1, y1) of the tissue in `mask` (pen ink, marker and dust are not tissue),
+    else the whole slide."""
     ys, xs = np.nonzero(mask.mask)
     if len(xs):
         d = mask.downsample
@@ -66,6 +67,7 @@ class SlideImageDataset(Dataset[Sample]):
         endpoint: Endpoint | None = None,
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> None:
         several = table.case_of_several()
         if several is not None:
@@ -77,6 +79,7 @@ class SlideImageDataset(Dataset[Sample]):
         self.table = table
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.image_size = image_size
+        self.tissue = tissue
         self.target_mpp = target_mpp
         self.augment = augment
         self.seed = seed
@@ -104,11 +107,13 @@ class SlideImageDataset(Dataset[Sample]):
         with self.slides.opened(entry.path) as slide:
             plan = plan_read(slide, self.image_size, self.target_mpp)
             if i not in self._boxes:
+                include: list[Region] = []
                 if entry.regions:
-                    geometry = union_all([r.geometry for r in load_regions(entry.regions)])
-                    bounds = tuple(float(v) for v in geometry.bounds)
+                    include, _ = split_regions(load_regions(entry.regions), self.tissue.exclude_classes)
+                if include:  # areas to leave out only: the image is the tissue's
+                    bounds = tuple(float(v) for v in union_all([r.geometry for r in include]).bounds)
                 else:
-                    bounds = mask_bounds(slide, self.slides.tissue_mask(entry.path))
+                    bounds = mask_bounds(slide, self.slides.tissue_mask(entry.path, self.tissue))
                 self._boxes[i] = square_box(slide, bounds, plan.size_level0)  # type: ignore[arg-type]
         box = self._boxes[i]
         image = torch.from_numpy(

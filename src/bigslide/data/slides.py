@@ -23,7 +23,7 @@ from bigslide.grid import TileGrid
 from bigslide.regions import load_regions
 from bigslide.resolution import check_mpp, slide_mpp
 from bigslide.slide import Slide, open_slide
-from bigslide.tissue import TissueMask, tissue_mask
+from bigslide.tissue import TissueMask, TissueSettings, tissue_mask
 
 MAX_OPEN_SLIDES = 32
 """Slides a process keeps open (each holds one or two file descriptors, and a decode worker's copy too),
@@ -103,9 +103,21 @@ class SlideCache:
     def open_count(self) -> int:
         return len(self._open)
 
-    def grid(self, entry: SlideEntry, tile_size: int, target_mpp: float, min_tissue: float) -> TileGrid:
+    def grid(
+        self,
+        entry: SlideEntry,
+        tile_size: int,
+        target_mpp: float,
+        min_tissue: float,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+    ) -> TileGrid:
         # Every argument of the grid builder goes through `settings`: the tile cache's key is made of it.
-        settings = {"tile_size": tile_size, "target_mpp": target_mpp, "min_tissue": min_tissue}
+        settings = {
+            "tile_size": tile_size,
+            "target_mpp": target_mpp,
+            "min_tissue": min_tissue,
+            "tissue": tissue,
+        }
         key = (entry.path, entry.regions, *settings.items())
         grid = self._grids.get(key)
         if grid is None:
@@ -127,14 +139,18 @@ class SlideCache:
             except RegionError as err:  # the message names the slide; name the regions file too
                 raise RegionError(f"{entry.regions}: {err}") from None
 
-    def tissue_mask(self, path: Path) -> TissueMask:
+    def tissue_mask(
+        self,
+        path: Path,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+    ) -> TissueMask:
         """`tissue_mask` of the slide, from the tile cache when there is one."""
 
         def build() -> TissueMask:
             with self.opened(path) as slide:
-                return tissue_mask(slide)
+                return tissue_mask(slide, settings=tissue)
 
-        return build() if self.tiles is None else self.tiles.mask(Path(path), build)
+        return build() if self.tiles is None else self.tiles.mask(Path(path), tissue, self.slide_mpp, build)
 
     def close(self) -> None:
         with self._lock:

@@ -86,6 +86,7 @@ def slide_dataset(
             target_mpp=data.read_mpp,
             bag_size=bag_size,
             min_tissue=data.min_tissue,
+            tissue=data.tissue,
             seed=seed,
             slides=slides,
             endpoint=endpoint,
@@ -98,6 +99,7 @@ def slide_dataset(
             target_mpp=data.read_mpp,
             bag_size=bag_size,
             min_tissue=data.min_tissue,
+            tissue=data.tissue,
             augment=data.augment and train,
             seed=seed,
             slides=slides,
@@ -113,6 +115,7 @@ def slide_dataset(
         seed=seed,
         slides=slides,
         endpoint=endpoint,
+        tissue=data.tissue,
         **stain,
     )
 

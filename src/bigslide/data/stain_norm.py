@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bigslide.errors import ConfigError, DataError
+from bigslide.tissue import TissueSettings
 
 NormaliseMethod = Literal["macenko", "reinhard"]
 NORMALISE_METHODS: tuple[str, ...] = ("macenko", "reinhard")
@@ -136,10 +137,11 @@ def fit_slide_stain(
     tile_size: int,
     target_mpp: float,
     min_tissue: float = 0.6,
+    tissue: TissueSettings | None = None,
     slides: Any = None,
 ) -> StainFit:
     """The stain of the slide at `path`, from up to `FIT_TILES` tissue tiles spread over it, read at
-    the run's resolution (what the model sees)."""
+    the run's resolution (what the model sees); `tissue`: the run's `TissueSettings` (None: the defaults)."""
     from bigslide.data.processes import read_slide_squares
     from bigslide.data.slides import SlideCache
     from bigslide.data.table import SlideEntry
@@ -147,7 +149,7 @@ def fit_slide_stain(
     path = Path(path)
     cache = slides if slides is not None else SlideCache()
     try:
-        grid = cache.grid(SlideEntry(path, ""), tile_size, target_mpp, min_tissue)
+        grid = cache.grid(SlideEntry(path, ""), tile_size, target_mpp, min_tissue, tissue or TissueSettings())
         if len(grid) == 0:
             raise DataError(f"{path}: no tissue tile to fit the stain on")
         pick = np.unique(np.linspace(0, len(grid) - 1, min(FIT_TILES, len(grid))).round().astype(int))
@@ -176,7 +178,13 @@ BUNDLED_REFERENCES: dict[str, StainFit] = {
 
 
 def stain_reference(
-    method: str, reference: str | None, *, tile_size: int, target_mpp: float, min_tissue: float = 0.6
+    method: str,
+    reference: str | None,
+    *,
+    tile_size: int,
+    target_mpp: float,
+    min_tissue: float = 0.6,
+    tissue: TissueSettings | None = None,
 ) -> StainFit | None:
     """The stain a run normalises to: None for method "none", the bundled reference without a
     `reference` slide, else that slide's fit (`data.stain_reference`)."""
@@ -191,7 +199,7 @@ def stain_reference(
         raise ConfigError(f"data.stain_reference: {reference}: no such slide file")
     try:
         return fit_slide_stain(
-            method, path, tile_size=tile_size, target_mpp=target_mpp, min_tissue=min_tissue
+            method, path, tile_size=tile_size, target_mpp=target_mpp, min_tissue=min_tissue, tissue=tissue
         )
     except DataError as err:
         raise ConfigError(f"data.stain_reference: {err}") from None

@@ -21,6 +21,7 @@ is warned about once and the run goes on without it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -37,11 +38,13 @@ import numpy as np
 from bigslide.files import atomic_path
 from bigslide.grid import TILING_VERSION, TileGrid
 from bigslide.slide import slide_stem
-from bigslide.tissue import TissueMask
+from bigslide.tissue import TissueMask, TissueSettings
 
 TILING_MODULES = (
     "bigslide.grid",
     "bigslide.tissue",
+    "bigslide.tissue_measure",
+    "bigslide.blur",
     "bigslide.resolution",
     "bigslide.regions",
     "bigslide.slide",
@@ -90,15 +93,16 @@ class TileCache:
         grid = self._read(path, identity, lambda: TileGrid.load(path))
         if grid is None:
             grid = build()
-            self._write(
-                path, identity, coords=grid.coords, tissue=grid.tissue, attrs=json.dumps(grid.attributes())
-            )
+            self._write(path, identity, **grid.arrays())
         grid.slide_path = str(slide)  # as this run names it
         return grid
 
-    def mask(self, slide: Path, build: Callable[[], TissueMask]) -> TissueMask:
-        """The slide's tissue mask (`tissue_mask`), from the cache or made now and kept."""
-        path = self._entry("mask", slide, None, {})
+    def mask(
+        self, slide: Path, tissue: TissueSettings, slide_mpp: float | None, build: Callable[[], TissueMask]
+    ) -> TissueMask:
+        """The slide's tissue mask (`tissue_mask` with these `tissue` settings), from the cache or made now
+        and kept."""
+        path = self._entry("mask", slide, None, {"tissue": tissue, "slide_mpp": slide_mpp})
         identity = files_identity(slide)
         mask = self._read(path, identity, lambda: _load_mask(path))
         if mask is None:
@@ -118,7 +122,7 @@ class TileCache:
             "version": TILING_VERSION,
             "code": code_digest(),
         }
-        digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=_plain).encode()).hexdigest()
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", slide_stem(slide))[:48]
         return self.folder / f"{stem}-{digest[:24]}.{kind}.npz"
 
@@ -179,6 +183,13 @@ def code_digest() -> str:
         if spec is not None and spec.origin and os.path.isfile(spec.origin):
             digest.update(Path(spec.origin).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """A key's value as JSON can write it: settings dataclasses by their fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def _content_digest(path: Path) -> str | None:

@@ -26,6 +26,7 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.tile_cache import TileCache
 from bigslide.engine import setup
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.decision import Decision
 from bigslide.engine.inference import (
     SlideFailure,
     SlidePrediction,
@@ -34,7 +35,9 @@ from bigslide.engine.inference import (
     prediction_table,
     read_samples,
 )
+from bigslide.engine.tissue_report import slide_grids
 from bigslide.errors import BigslideError
+from bigslide.grid import TileGrid
 from bigslide.methods.base import Method
 
 
@@ -45,12 +48,14 @@ class SlideOutcome:
     index: int  # row of the table
     result: SlidePrediction | SlideFailure
     tiles: int = 0  # tiles read (bag methods)
+    grid: TileGrid | None = None  # the slide's tile grid: its tissue check
 
 
 class SlideRead(NamedTuple):
     dataset: BagDataset | SlideImageDataset | None
     samples: list[Sample]
     error: str  # empty when read
+    grids: dict[str, TileGrid] = {}  # noqa: RUF012 (never changed) slide -> its tile grid
 
 
 def describe(err: BaseException) -> str:
@@ -96,7 +101,8 @@ class CohortSlides:
                 slides=slides,
                 endpoint=self.endpoint,
             )
-            return SlideRead(dataset, read_samples(dataset, 0, self.repeats, pool), "")
+            grids = {str(path): grid for path, grid in slide_grids(dataset, self.config.data, slides)}
+            return SlideRead(dataset, read_samples(dataset, 0, self.repeats, pool), "", grids)
         except Exception as err:  # this slide is reported; the cohort goes on
             slides.close()
             return SlideRead(None, [], describe(err))
@@ -122,8 +128,9 @@ def predict_cohort(
     files state none (None: the checkpoint's data.slide_mpp). `tiles`: where tile grids are kept between
     runs (None: made anew). Closing the generator stops the reading and joins every thread and process.
     """
-    method, _config, classes, epochs, _reference = trained
+    method, classes, epochs = trained.method, trained.classes, trained.epochs
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
+    decision = trained.decision if endpoint.task == "classification" else None
     reads = read_cohort(
         trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp, tiles=tiles
     )
@@ -134,10 +141,11 @@ def predict_cohort(
                 yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
                 continue
             count = sum(len(s.coords) for s in read.samples if s.coords is not None)
-            results = _predict(method, read, entries, with_grids, classes, epochs, endpoint)
+            results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
+            grids = read.grids
             del read  # the tiles' shared buffer is free for the slides read next
             for k, (r, result) in enumerate(zip(rows, results, strict=True)):
-                yield SlideOutcome(r, result, count if k == 0 else 0)
+                yield SlideOutcome(r, result, count if k == 0 else 0, grids.get(str(table.entries[r].path)))
     finally:
         reads.close()
 
@@ -154,7 +162,7 @@ def read_cohort(
 ) -> Generator[tuple[list[int], SlideRead], None, None]:
     """(the case's rows, what was read) for the cases of the rows `todo` of `table`, in order, read ahead
     as `predict_cohort` describes. A read holds a dataset of the case's own (close its `slides` when done)."""
-    method, config, classes, _epochs, _reference = trained
+    method, config, classes = trained.method, trained.config, trained.classes
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     table = prediction_table(table, classes, endpoint)
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
@@ -178,6 +186,7 @@ def _predict(
     classes: list[str],
     epochs: int,
     endpoint: Endpoint,
+    decision: Decision | None = None,
 ) -> list[SlidePrediction | SlideFailure]:
     """Per slide of the case read: the case's prediction with the slide's own heatmaps, or the error."""
     assert read.dataset is not None
@@ -190,7 +199,15 @@ def _predict(
     titles = dict(method.map_titles)
     return [
         SlidePrediction(
-            e.path, probs, classes, (grids or {}).get(str(e.path), {}), titles, epochs, endpoint, e.case
+            e.path,
+            probs,
+            classes,
+            (grids or {}).get(str(e.path), {}),
+            titles,
+            epochs,
+            endpoint,
+            e.case,
+            decision=decision,
         )
         for e in entries
     ]

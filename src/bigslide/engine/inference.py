@@ -28,6 +28,7 @@ from bigslide.data.ultramnist import UltraMNIST
 from bigslide.engine import setup
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.decision import Decision
 from bigslide.engine.features import attach_feature_store
 from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
@@ -42,6 +43,7 @@ class DatasetPredictions:
     labels: np.ndarray  # (n,) the targets as datasets give them ((n, 3) for survival)
     probs: np.ndarray  # (n, K) the endpoint's outputs (class probabilities for classes)
     grids: list[dict[str, dict[str, ScoreGrid]]] = field(default_factory=list)  # per item: slide -> maps
+    decision: Decision | None = None  # the checkpoint's, when predicted from one (classification)
 
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
@@ -177,6 +179,7 @@ class SlidePrediction:
     # survival: the risks of the run's last validation (else training) cases, that a risk is read against
     risk_reference: dict[str, Any] | None = None
     thinned: int = 1  # a preview: one tile in thinned x thinned was read, its score drawn over the block
+    decision: Decision | None = None  # how a class is called (None: the most probable)
 
     @property
     def task(self) -> str:
@@ -218,6 +221,8 @@ class SlidePrediction:
             return f"{float(self.probs[0]):.4g}"
         if self.task == "survival":
             return f"risk {self.risk:.3g}"
+        if self.decision is not None:
+            return self.classes[int(self.decision.classes(np.atleast_2d(self.probs))[0])]
         return self.classes[int(np.argmax(self.probs))]
 
 
@@ -235,6 +240,7 @@ class Trained(NamedTuple):
     classes: list[str]
     epochs: int  # epochs the weights were trained for (the checkpoint's history)
     risk_reference: dict[str, Any] | None = None  # survival: the risks a prediction is read against
+    decision: Decision = Decision()  # the checkpoint's decision threshold (classification)
 
 
 def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
@@ -251,7 +257,9 @@ def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
     method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain)
     method.model.load_state_dict(state["model"])
     method.model.eval()
-    return Trained(method, config, classes, len(state.get("history", [])), state.get("risk_reference"))
+    decision = Decision.from_state(state.get("decision"), len(classes))
+    history = len(state.get("history", []))
+    return Trained(method, config, classes, history, state.get("risk_reference"), decision)
 
 
 def prediction_table(table: SlideTable, classes: list[str], endpoint: Endpoint) -> SlideTable:
@@ -282,8 +290,11 @@ def predict_slides(
     `max_tiles` makes a preview of a bag method: a slide with more tiles is read one tile in s x s (a
     regular lattice) and its map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
     """
-    method, config, classes, epochs, reference = load_trained(checkpoint, device=device)
+    trained = load_trained(checkpoint, device=device)
+    method, config, classes, epochs = trained.method, trained.config, trained.classes, trained.epochs
+    reference = trained.risk_reference
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
+    decision = trained.decision if endpoint.task == "classification" else None
     table = prediction_table(table, classes, endpoint)
     if tiles is None and Path(config.run.out_dir).is_dir():
         tiles = tile_cache_for(config.data.tile_cache, config.run.out_dir)
@@ -302,6 +313,7 @@ def predict_slides(
         )
     finally:
         slides.close()
+    preds.decision = decision
     out = []
     for i, rows in enumerate(table.cases().values()):  # the datasets' items, in order
         for row in rows:
@@ -313,7 +325,17 @@ def predict_slides(
             titles = dict(method.map_titles)
             out.append(
                 SlidePrediction(
-                    e.path, preds.probs[i], classes, grids, titles, epochs, endpoint, e.case, reference, step
+                    e.path,
+                    preds.probs[i],
+                    classes,
+                    grids,
+                    titles,
+                    epochs,
+                    endpoint,
+                    e.case,
+                    reference,
+                    step,
+                    decision=decision,
                 )
             )
     return out, preds

@@ -36,12 +36,14 @@ from bigslide.engine.checkpoint import (
     set_rng_state,
 )
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.decision import Decision, choose_threshold
 from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
+from bigslide.engine.tissue_report import write_tissue_check
 from bigslide.errors import ConfigError, DataError, SlideError, TrainingError
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
@@ -146,6 +148,8 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
         f"{method.title()} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
         f"val items, {predicts(endpoint)}"
     )
+    if ranks.is_main:  # what was kept as tissue and what was left out, slide by slide
+        yield from write_tissue_check((data.train, data.val, data.test), config.data, slides, out)
 
     batches_per_epoch = math.ceil(len(ranks.shard(np.arange(len(data.train)))) / batch_size)
     total = config.optim.epochs * batches_per_epoch
@@ -181,6 +185,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
             skip_bad=config.data.skip_bad_slides,
         ),
         loss_log=LossLog(out / "losses.csv"),
+        decision=Decision.from_state(None, len(data.classes)),
     )
 
 
@@ -205,6 +210,7 @@ class _Run:
     loss_log: LossLog
     board: RunBoard | None = None
     state: dict[str, int] = field(default_factory=lambda: {"epoch": 0, "batch": 0, "step": 0})
+    decision: Decision = field(default_factory=Decision)  # chosen on the last validation (two classes)
     history: list[dict[str, Any]] = field(default_factory=list)
     saved_at: int = -1  # the step of the last checkpoint
     reported: set[int] = field(default_factory=set)  # bad training items already named in a message
@@ -234,6 +240,7 @@ class _Run:
         if saved.get("stain"):
             self.method.stain_reference = StainFit.from_state(saved["stain"])
         self.risk_reference = saved.get("risk_reference")
+        self.decision = Decision.from_state(saved.get("decision"), len(self.data.classes))
         return Message(
             f"resumed from {self.ckpt} at epoch {self.state['epoch']}, batch {self.state['batch']}"
         )
@@ -264,6 +271,8 @@ class _Run:
             # what slides are normalised to, so prediction maps them as training did
             "stain": method.stain_reference.state() if method.stain_reference is not None else None,
             "risk_reference": self.risk_reference,
+            # the threshold prediction calls a slide's class with (two classes)
+            "decision": self.decision.state() if self.endpoint.task == "classification" else None,
         }
         self.saved_at = self.state["step"]
         return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
@@ -306,6 +315,10 @@ class _Run:
             preds = predict_dataset(method, self.val, repeats=config.data.inference_repeats)
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
             outputs, split = preds.probs, "validation"
+            if self.endpoint.task == "classification":
+                self.decision = choose_threshold(preds.labels, preds.probs, epoch=epoch)
+                if self.decision.source == "validation":
+                    record["val"]["chosen_threshold"] = self.decision.threshold
             yield Metrics(epoch, "val", record["val"])
         if self.endpoint.task == "survival" and len(outputs):
             self.risk_reference = {"split": split, "risks": [float(r) for r in self.endpoint.risk(outputs)]}
@@ -377,7 +390,10 @@ class _Run:
         if self.test is None:
             return None
         preds = predict_dataset(self.method, self.test, repeats=0)
-        test = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+        decision = self.decision if self.endpoint.task == "classification" else None
+        test = endpoint_metrics(self.endpoint, preds.labels, preds.probs, decision)
+        if decision is not None:
+            yield Message(f"test split: {decision.describe(self.endpoint.classes)}")
         if self.endpoint.task == "survival" and self.ranks.is_main and len(preds.labels) >= 2:
             from bigslide.explain.survival import km_plot, risk_groups
 

@@ -15,14 +15,18 @@ import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
 
 from bigslide.data.endpoint import Endpoint
+from bigslide.engine.decision import Decision
 
 
-def endpoint_metrics(endpoint: Endpoint, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
-    """Metrics of `outputs` (n, K) (`Method.outputs`) against the targets `y` as datasets give them."""
+def endpoint_metrics(
+    endpoint: Endpoint, y: np.ndarray, outputs: np.ndarray, decision: Decision | None = None
+) -> dict[str, float]:
+    """Metrics of `outputs` (n, K) (`Method.outputs`) against the targets `y` as datasets give them;
+    classes are called by `decision` (None: the most probable class)."""
     if len(y) == 0:
         return {}
     if endpoint.task == "classification":
-        return classification_metrics(y, outputs)
+        return classification_metrics(y, outputs, decision)
     if endpoint.task == "regression":
         return regression_metrics(np.asarray(y, dtype=np.float64), np.asarray(outputs)[:, 0])
     y = np.asarray(y, dtype=np.float64).reshape(-1, 3)
@@ -56,13 +60,17 @@ def survival_metrics(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> d
     return out
 
 
-def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, float]:
-    """`probs` is (n, C). AUC is one-vs-rest macro for C > 2; NaN when a class is missing from y_true."""
+def classification_metrics(
+    y_true: np.ndarray, probs: np.ndarray, decision: Decision | None = None
+) -> dict[str, float]:
+    """`probs` is (n, C). AUC is one-vs-rest macro for C > 2; NaN when a class is missing from y_true.
+    Classes are called by `decision` (None: the most probable class); with one, `threshold` is its
+    threshold on P(class 1)."""
     y_true = np.asarray(y_true, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if len(y_true) == 0:
         return {}
-    pred = probs.argmax(axis=1)
+    pred = decision.classes(probs) if decision is not None else probs.argmax(axis=1)
     n_classes = probs.shape[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one-class subsets warn; the NaN below says it
@@ -83,4 +91,6 @@ def classification_metrics(y_true: np.ndarray, probs: np.ndarray) -> dict[str, f
         out["auc"] = float("nan")
     if np.isnan(out["qwk"]):
         out["qwk"] = 0.0  # kappa is undefined when both raters agree on one class
+    if decision is not None and n_classes == 2 and decision.source != "argmax":
+        out["threshold"] = float(decision.threshold)
     return out

@@ -65,6 +65,7 @@ def build_method(
             tile_size=data.tile_size,
             target_mpp=data.read_mpp,
             min_tissue=data.min_tissue,
+            tissue=data.tissue,
         )
         if stain == "fit"
         else stain

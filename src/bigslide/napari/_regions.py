@@ -16,12 +16,15 @@ if TYPE_CHECKING:
 
 
 def layer_regions(viewer: napari.Viewer, slide_path: str | Path) -> list[Region] | None:
-    """Polygons drawn in the slide's regions layer(s), or None when there is no such layer or it is empty."""
-    from bigslide.regions import Region
+    """Polygons drawn in the slide's regions layer(s) (areas to sample from) and exclusions layer(s)
+    (areas to leave out, classified as QuPath's "Ignore*"), or None when none is drawn."""
+    from bigslide.regions import EXCLUDE_CLASS, Region
 
-    layers = layers_with_role(viewer, "regions", str(Path(slide_path)))
-    polygons = [p for layer in layers for p in shapes_to_polygons(layer)]
-    return [Region(p, "sampling region") for p in polygons] or None
+    found = []
+    for role, name in (("regions", "sampling region"), ("exclusions", EXCLUDE_CLASS)):
+        layers = layers_with_role(viewer, role, str(Path(slide_path)))
+        found += [Region(p, name) for layer in layers for p in shapes_to_polygons(layer)]
+    return found or None
 
 
 def slide_regions(viewer: napari.Viewer, session: Session, slide_path: str | Path) -> list[Region] | None:

@@ -1,5 +1,6 @@
-"""Regions panel: draw the areas tiles (or the whole image) are sampled from, save/load QuPath GeoJSON,
-and preview the tiles that training will use."""
+"""Regions panel: draw the areas tiles (or the whole image) are sampled from and the areas to leave out
+(QuPath's "Ignore*" class), save/load QuPath GeoJSON, and preview the tiles that training will use
+beside those the tissue check leaves out."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
 from bigslide.napari._roles import layers_with_role, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
+from bigslide.napari._tile_check import add_rejected_tiles
 
 if TYPE_CHECKING:
     from bigslide.napari._session import Session
@@ -46,14 +48,22 @@ class RegionsWidget(Panel):
         self.slide_box.setToolTip("The slide the regions belong to")
         self.new_button = QPushButton("New sampling regions")
         self.new_button.setToolTip("Adds a layer for this slide and starts polygon drawing")
+        self.exclude_button = QPushButton("New areas to leave out")
+        self.exclude_button.setToolTip(
+            "Adds a layer for areas no tile is sampled from (saved as QuPath's 'Ignore*' class)"
+        )
         self.load_button = QPushButton("Load GeoJSON…")
         self.save_button = QPushButton("Save GeoJSON…")
         self.preview = QCheckBox("Preview sampled tiles")
-        self.preview.setToolTip("Outlines every tile that passes the tissue and region filters")
+        self.preview.setToolTip(
+            "Outlines every tile that passes the tissue and region filters (yellow); tiles left out for "
+            "ink are magenta, out-of-focus ones orange"
+        )
         self.status = QLabel("Select a slide, press 'New sampling regions' and draw polygons.")
         self.status.setWordWrap(True)
 
         self.new_button.clicked.connect(lambda: self.new_regions_layer())
+        self.exclude_button.clicked.connect(lambda: self.new_regions_layer(role="exclusions"))
         self.load_button.clicked.connect(lambda: self.load_geojson())
         self.save_button.clicked.connect(lambda: self.save_geojson())
         self.preview.toggled.connect(self._on_preview_toggled)
@@ -70,6 +80,7 @@ class RegionsWidget(Panel):
         layout = scrolled(body)
         layout.addLayout(form)
         layout.addWidget(self.new_button)
+        layout.addWidget(self.exclude_button)
         layout.addLayout(files)
         layout.addWidget(self.preview)
         layout.addWidget(self.status)
@@ -85,7 +96,7 @@ class RegionsWidget(Panel):
         set_items(self.slide_box, [layer.name for layer in slide_layers(self.viewer)])
         if event is not None and getattr(event, "type", "") == "inserted":
             layer = event.value
-            if layer.metadata.get("bigslide_role") == "regions":
+            if layer.metadata.get("bigslide_role") in ("regions", "exclusions"):
                 layer.events.data.connect(lambda _e: self._schedule_preview())
 
     def _on_active_layer(self, event: Any) -> None:
@@ -104,29 +115,32 @@ class RegionsWidget(Panel):
         return layer
 
     # -- regions layers ----------------------------------------------------------------------------
-    def regions_layer(self, create: bool = False) -> Any:
+    def regions_layer(self, create: bool = False, role: str = "regions") -> Any:
+        """The slide's layer of areas to sample from (`role` "regions") or to leave out ("exclusions")."""
         slide = self.slide_layer()
         if slide is None:
             return None
-        existing = layers_with_role(self.viewer, "regions", slide.metadata["path"])
+        existing = layers_with_role(self.viewer, role, slide.metadata["path"])
         if existing or not create:
             return existing[0] if existing else None
+        what = "sampling regions" if role == "regions" else "areas to leave out"
         return self.viewer.add_shapes(
-            None, shape_type="polygon", **regions_layer_kwargs(slide, f"{slide.name} sampling regions")
+            None, shape_type="polygon", **regions_layer_kwargs(slide, f"{slide.name} {what}", role=role)
         )
 
-    def new_regions_layer(self) -> Any:
-        """The selected slide's regions layer (created when missing), selected and in polygon mode."""
+    def new_regions_layer(self, role: str = "regions") -> Any:
+        """The selected slide's regions (or exclusions) layer, created when missing, selected and in
+        polygon mode."""
         if self._require_slide() is None:
             return None
-        layer = self.regions_layer(create=True)
+        layer = self.regions_layer(create=True, role=role)
         self.viewer.layers.selection.active = layer
         layer.mode = "add_polygon"
         self.status.setText("Click to add vertices; double-click closes a polygon. Press Escape to stop.")
         return layer
 
     def load_geojson(self, path: str | Path | None = None) -> Any:
-        from bigslide.regions import load_regions
+        from bigslide.regions import load_regions, split_regions
 
         if self._require_slide() is None:
             return None
@@ -139,10 +153,19 @@ class RegionsWidget(Panel):
         except BigslideError as err:
             show_error(str(err))
             return None
-        layer = self.regions_layer(create=True)
-        layer.add_polygons(polygons_to_shapes([r.geometry for r in regions]))
+        include, exclude = split_regions(regions)
+        layer = self.regions_layer(create=bool(include) or not exclude)
+        if include:
+            layer.add_polygons(polygons_to_shapes([r.geometry for r in include]))
+        if exclude:
+            left_out = self.regions_layer(create=True, role="exclusions")
+            left_out.add_polygons(polygons_to_shapes([r.geometry for r in exclude]))
+            layer = layer or left_out
         self.session.update(self.slide_layer().metadata["path"], regions=Path(path).resolve())
-        self.status.setText(f"Loaded {len(regions)} regions from {Path(path).name}.")
+        text = f"Loaded {len(include)} regions" + (
+            f" and {len(exclude)} areas to leave out" if exclude else ""
+        )
+        self.status.setText(f"{text} from {Path(path).name}.")
         return layer
 
     def save_geojson(self, path: str | Path | None = None) -> Path | None:
@@ -208,10 +231,14 @@ class RegionsWidget(Panel):
                 return
             previous = self.viewer.layers.selection.active
             add_tile_preview(self.viewer, slide, grid.coords, grid.tile_size_level0)
+            add_rejected_tiles(self.viewer, slide, grid)
             if previous in self.viewer.layers:  # keep drawing where the user was drawing
                 self.viewer.layers.selection.active = previous
+            c = grid.check
             self.status.setText(
-                f"{len(grid)} tiles of {grid.tile_size_level0} level-0 px will be sampled from {slide.name}."
+                f"{len(grid)} tiles of {grid.tile_size_level0} level-0 px will be sampled from {slide.name}; "
+                f"left out: {c.ink} for ink (magenta), {c.blurred} out of focus (orange"
+                + (", left out)." if c.blur_excluded else ", still sampled).")
             )
             self.session.update(slide.metadata["path"], tiles=len(grid))
 

@@ -254,7 +254,8 @@ class ResultsWidget(Panel):
             if prediction.thinned > 1
             else ""
         )
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){coarse}")
+        decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
+        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}")
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()

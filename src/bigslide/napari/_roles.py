@@ -8,8 +8,9 @@ if TYPE_CHECKING:
     import napari
 
 ROLE = "bigslide_role"
-"""Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles" or "heatmap"."""
-OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
+"""Metadata key telling our layers apart: "slide", "regions", "exclusions" (areas to leave out),
+"lesions", "tiles" or "heatmap"."""
+OVERLAY_ROLES = ("regions", "exclusions", "lesions", "tiles", "heatmap")
 
 
 def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:

@@ -61,6 +61,14 @@ LABS: dict[str, Lab] = {
         e_strength=0.65,
         cast=(0.0, 0.015, 0.06),
     ),
+    # A stronger shift, as between hospitals: hematoxylin x1.45 and bluer still, eosin x0.6 and a warm
+    # (yellow-orange) cast from the mounting medium and lamp.
+    "C": Lab(
+        np.array([[0.80, 0.57, 0.18], [0.12, 0.97, 0.20], color.rgb_from_hed[2]]),
+        h_strength=1.45,
+        e_strength=0.6,
+        cast=(0.0, 0.035, 0.09),
+    ),
 }
 
 

@@ -102,7 +102,8 @@ def synthesize_slide(
     lab: str = "A",
 ) -> SlideImage:
     """Render an H&E-like slide of `size` (w, h) with `lesions` lesions of `lesion_kind` inside the tissue,
-    stained as `lab` does (`he.LABS`: "A", or "B": stronger, bluer hematoxylin, paler eosin, a cast).
+    stained as `lab` does (`he.LABS`: "A"; "B": stronger, bluer hematoxylin, paler eosin, a cast; "C": a
+    larger shift of the same kind).
 
     Each part draws from its own random stream, so the same seed with and without lesions gives the same
     pixels everywhere outside the lesion mask (the tests rely on this to check the ground truth), and the

@@ -1,0 +1,64 @@
+"""Screenshots of the tissue check (run under `xvfb-run -a -s "-screen 0 1600x1000x24"`):
+
+- `tissue_preview.png`: the napari window, 1600 x 1000, with a marked slide (pen strokes of blue and red
+  ink around, onto and across H&E-like tissue, dust, bubble rims, a blurred, a pale and a fatty patch) and
+  the Sampling regions panel's tile preview: kept tiles yellow, tiles left out for ink magenta, out of
+  focus orange; an area to leave out (QuPath's `Ignore*`) drawn in red;
+- `tissue_check_before.png` / `tissue_check.png`: the tissue-check thumbnails a run writes for that
+  slide with the greyscale rule (the earlier default) and with the stain rule (the default).
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from make_screenshots import IMAGES, dismiss_toasts, process, save, wait_until
+
+
+def main() -> None:
+    import napari
+
+    from bigslide.explain.tissue_check import check_image
+    from bigslide.grid import TileGrid
+    from bigslide.slide import open_slide
+    from bigslide.synthetic.marks import synthesize_marked_slide
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.tissue import GREYSCALE_RULE
+
+    work = Path(tempfile.mkdtemp(prefix="bigslide-tissue-shots-"))
+    marked = synthesize_marked_slide((1024, 1024), seed=5001, mpp=2.0, lab="B", inks=("blue", "red"))
+    path = write_pyramid(work / "marked.tif", downsample_pyramid(marked.rgb, 4), mpp=2.0, flavour="tiff")
+
+    with open_slide(path) as slide:
+        for rule, name in ((GREYSCALE_RULE, "tissue_check_before.png"), (None, "tissue_check.png")):
+            grid = TileGrid.from_slide(slide, 64, target_mpp=0.5, **({"tissue": rule} if rule else {}))
+            save(check_image(slide, grid, max_size=768), name)
+
+    viewer = napari.Viewer()
+    viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
+    [slide_layer] = viewer.open(path, plugin="bigslide")
+    _, panel = viewer.window.add_plugin_dock_widget("bigslide", "Sampling regions")
+    process(500)
+    left_out = panel.new_regions_layer(role="exclusions")
+    left_out.add_polygons([np.array([[560.0, 250.0], [560.0, 420.0], [700.0, 420.0], [700.0, 250.0]])])
+    left_out.mode = "pan_zoom"
+    panel.preview.setChecked(True)
+    wait_until(lambda: any(layer.metadata.get("left_out") for layer in viewer.layers))
+    process(1500)
+    viewer.layers.selection.active = slide_layer
+    viewer.reset_view()
+    dismiss_toasts()
+    process(500)
+    save(viewer.screenshot(canvas_only=False), "tissue_preview.png")
+    print(panel.status.text())
+    viewer.close()
+
+
+if __name__ == "__main__":
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    main()

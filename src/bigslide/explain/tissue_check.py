@@ -1,0 +1,132 @@
+"""The tissue check a person can see: per slide, a thumbnail with the kept tiles outlined and the tiles
+left out for ink (magenta) or blur (yellow) shaded, and a CSV line with what was kept.
+
+`bigslide train` writes them for every slide of a run (`<out>/tissue_check/`), `bigslide predict` for
+every slide it predicts. A slide where no tile, or nearly every tile, is kept is named in a warning:
+either the tissue was missed, or glass, ink or a dark scan passed for tissue.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+from scipy import ndimage
+
+from bigslide.files import atomic_path, atomic_write_text
+from bigslide.grid import BLUR, INK, TileGrid
+from bigslide.slide import Slide, slide_stem
+
+FOLDER = "tissue_check"
+CSV_NAME = "tissue_check.csv"
+COLUMNS = (
+    "slide",
+    "tiles_kept",
+    "tiles",
+    "tissue_fraction",
+    "ink_fraction",
+    "blurred_fraction",
+    "ink_tiles",
+    "blurred_tiles",
+    "blurred_left_out",
+)
+KEPT_COLOUR = (0, 200, 70)
+INK_COLOUR = (230, 0, 200)
+BLUR_COLOUR = (255, 210, 0)
+MOSTLY_KEPT = 0.95
+"""A slide with at least this share of its tiles kept is named in a warning (glass taken for tissue?)."""
+
+
+def check_row(slide: str | Path, grid: TileGrid) -> dict[str, Any]:
+    """The slide's line of `tissue_check.csv`."""
+    c = grid.check
+    return {
+        "slide": str(slide),
+        "tiles_kept": c.kept,
+        "tiles": c.tiles,
+        "tissue_fraction": round(c.tissue_fraction, 4),
+        "ink_fraction": round(c.ink_fraction, 4),
+        "blurred_fraction": round(c.blurred_fraction, 4),
+        "ink_tiles": c.ink,
+        "blurred_tiles": c.blurred,
+        "blurred_left_out": c.blur_excluded,
+    }
+
+
+def warning(slide: str | Path, grid: TileGrid) -> str | None:
+    """A one-line warning when no tile, or nearly every tile, of the slide is kept."""
+    c = grid.check
+    if c.tiles and c.kept == 0:
+        return f"{slide}: tissue check kept no tile of {c.tiles} (no tissue found: look at its thumbnail)"
+    if c.tiles >= 20 and c.kept >= MOSTLY_KEPT * c.tiles:
+        return (
+            f"{slide}: tissue check kept {c.kept} of {c.tiles} tiles ({100 * c.kept_fraction:.0f} %): is "
+            "glass, ink or a dark background taken for tissue? Look at its thumbnail"
+        )
+    return None
+
+
+def check_image(slide: Slide, grid: TileGrid, *, max_size: int = 768) -> np.ndarray:
+    """RGB thumbnail: kept tiles outlined in green, tiles left out for ink shaded magenta, out-of-focus
+    tiles (left out, or only flagged) shaded yellow, and a one-line legend below."""
+    thumb = slide.thumbnail(max_size)[..., :3].astype(np.float32)
+    h, w = thumb.shape[:2]
+    scale = (w / slide.dimensions[0] + h / slide.dimensions[1]) / 2
+    kept = _paint(grid.coords, grid.tile_size_level0, scale, (h, w))
+    flagged = grid.sharpness < grid.tissue_settings.min_sharpness
+    blurred = _paint(grid.coords[flagged], grid.tile_size_level0, scale, (h, w))
+    for reason, colour in ((INK, INK_COLOUR), (BLUR, BLUR_COLOUR)):
+        rows = grid.rejected[grid.rejected_reason == reason]
+        area = _paint(rows, grid.tile_size_level0, scale, (h, w))
+        thumb[area] = 0.45 * thumb[area] + 0.55 * np.array(colour, np.float32)
+    thumb[blurred] = 0.6 * thumb[blurred] + 0.4 * np.array(BLUR_COLOUR, np.float32)
+    edge = kept & ~ndimage.binary_erosion(kept, iterations=max(1, round(max(h, w) / 400)))
+    thumb[edge] = KEPT_COLOUR
+    return _legend(np.rint(thumb).astype(np.uint8), grid)
+
+
+def _paint(coords: np.ndarray, size0: int, scale: float, shape: tuple[int, int]) -> np.ndarray:
+    mask = np.zeros(shape, bool)
+    for x, y in np.asarray(coords).reshape(-1, 2):
+        x0, y0 = int(np.floor(x * scale)), int(np.floor(y * scale))
+        x1, y1 = int(np.ceil((x + size0) * scale)), int(np.ceil((y + size0) * scale))
+        mask[max(0, y0) : max(0, y1), max(0, x0) : max(0, x1)] = True
+    return mask
+
+
+def _legend(image: np.ndarray, grid: TileGrid) -> np.ndarray:
+    c = grid.check
+    strip = Image.new("RGB", (image.shape[1], 30), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    x = 6
+    for colour, text in (
+        (KEPT_COLOUR, f"kept {c.kept}/{c.tiles}"),
+        (INK_COLOUR, f"ink {c.ink}"),
+        (BLUR_COLOUR, f"out of focus {c.blurred}" + (" (left out)" if c.blur_excluded else "")),
+    ):
+        draw.rectangle([x, 8, x + 14, 22], fill=colour)
+        draw.text((x + 19, 9), text, fill=(0, 0, 0))
+        x += 24 + int(draw.textlength(text)) + 14
+    return np.concatenate([image, np.asarray(strip)], axis=0)
+
+
+def write_check_png(slide: Slide, grid: TileGrid, folder: Path) -> Path:
+    """`<folder>/<slide stem>.png`, written under a temporary name and renamed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{slide_stem(slide.path)}.png"
+    with atomic_path(path) as tmp:
+        Image.fromarray(check_image(slide, grid)).save(tmp, format="PNG")
+    return path
+
+
+def write_check_csv(rows: Iterable[dict[str, Any]], path: Path) -> Path:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, text.getvalue())

@@ -1,0 +1,191 @@
+"""Measure tiles on a low pyramid level, never by reading level 0 tile by tile: each tile's share of
+tissue and of ink is the share of its footprint's pixels that `classify_pixels` puts in each class.
+
+A level too large to hold is read in strips of whole tile rows (with a margin, so a pixel's neighbours
+are seen across the strip's edge); a slide with no small enough level is measured on its streamed
+thumbnail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from bigslide.errors import SlideError
+from bigslide.slide import WHOLE_READ_PIXELS, Slide
+from bigslide.tissue import INK, MASK_SIZE, TISSUE, TissueSettings, classify_pixels, glass_od
+
+MIN_FOOTPRINT_PX = 4
+"""A tile must still span this many pixels on the level its tissue is measured on."""
+STRIP_PIXELS = 1 << 24
+
+
+class TileMeasure(NamedTuple):
+    """Per tile: its share of tissue and of ink (pen, marker, dust); for the slide: the share of the
+    tiled area (every tile, kept or not) that is tissue and that is ink."""
+
+    tissue: np.ndarray
+    ink: np.ndarray
+    slide_tissue: float
+    slide_ink: float
+
+
+def measure_level(slide: Slide, size0: int) -> int:
+    """The coarsest level on which a tile of `size0` level-0 pixels still spans MIN_FOOTPRINT_PX."""
+    return level_spanning(slide, size0, MIN_FOOTPRINT_PX)
+
+
+def level_spanning(slide: Slide, size0: int, pixels: int) -> int:
+    """The coarsest level on which `size0` level-0 pixels still span `pixels` (level 0 if none does)."""
+    chosen = 0
+    for level, ds in enumerate(slide.level_downsamples):
+        if size0 / ds >= pixels * 0.99:  # level sizes are floored, so ds runs a hair high
+            chosen = level
+    return chosen
+
+
+def thumbnail_downsample(slide: Slide) -> float:
+    """Level-0 pixels per pixel of `slide.thumbnail(MASK_SIZE)`, without reading it."""
+    level = slide.thumbnail_level(MASK_SIZE)
+    w, h = slide.level_dimensions[level]
+    return slide.level_downsamples[level] * max(1, math.ceil(max(w, h) / MASK_SIZE))
+
+
+def footprints(coords: np.ndarray, size0: int, ds: float, shape: tuple[int, int]) -> np.ndarray:
+    """(N, 4) row0, row1, col0, col1 of each tile on a raster of downsample `ds` (at least 1 px)."""
+    h, w = shape
+    start = np.round(coords / ds).astype(np.int64)
+    stop = np.round((coords + size0) / ds).astype(np.int64)
+    stop = np.maximum(stop, start + 1)
+    col0, row0 = np.clip(start[:, 0], 0, w - 1), np.clip(start[:, 1], 0, h - 1)
+    col1, row1 = np.clip(stop[:, 0], col0 + 1, w), np.clip(stop[:, 1], row0 + 1, h)
+    return np.stack([row0, row1, col0, col1], axis=1)
+
+
+def box_means(values: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Mean of `values` over each (row0, row1, col0, col1) box, via a summed-area table."""
+    dtype = np.float64 if values.dtype.kind == "f" else np.int64
+    table = np.zeros((values.shape[0] + 1, values.shape[1] + 1), dtype)
+    table[1:, 1:] = values.astype(dtype).cumsum(0).cumsum(1)
+    r0, r1, c0, c1 = boxes.T
+    total = table[r1, c1] - table[r0, c1] - table[r1, c0] + table[r0, c0]
+    return total / ((r1 - r0) * (c1 - c0))
+
+
+def strips(
+    slide: Slide, level: int, boxes: np.ndarray, margin: int = 0
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(tile indices, image, their boxes in the image's pixels): `level` read in strips of whole tile rows
+    spanning the tiles' columns, each with `margin` extra pixels around it where the level has them."""
+    lw, lh = slide.level_dimensions[level]
+    col0, col1 = int(boxes[:, 2].min()), int(boxes[:, 3].max())
+    x0, x1 = max(0, col0 - margin), min(lw, col1 + margin)
+    max_rows = max(int((boxes[:, 1] - boxes[:, 0]).max()), STRIP_PIXELS // max(1, x1 - x0))
+    order = np.argsort(boxes[:, 0], kind="stable")
+    start = 0
+    while start < len(order):
+        top = int(boxes[order[start], 0])
+        stop, bottom = start, top
+        while stop < len(order) and int(boxes[order[stop], 1]) - top <= max_rows:
+            bottom = max(bottom, int(boxes[order[stop], 1]))
+            stop += 1
+        batch = order[start:stop]
+        y0, y1 = max(0, top - margin), min(lh, bottom + margin)
+        image = slide._read_level(level, y0, y1, x0, x1)
+        yield batch, image, boxes[batch] - np.array([y0, y0, x0, x0])
+        start = stop
+
+
+def measure_tiles(
+    slide: Slide,
+    coords: np.ndarray,
+    size0: int,
+    settings: TissueSettings,
+) -> TileMeasure:
+    """Tissue and ink shares of each tile (`coords` level-0 top-left corners, side `size0`), measured on
+    `measure_level` (or on the thumbnail when every level is too large to read)."""
+    if len(coords) == 0:
+        empty = np.zeros(0, np.float64)
+        return TileMeasure(empty, empty, 0.0, 0.0)
+    level = measure_level(slide, size0)
+    lw, lh = slide.level_dimensions[level]
+    if lw * lh > WHOLE_READ_PIXELS and size0 / thumbnail_downsample(slide) >= MIN_FOOTPRINT_PX:
+        # no pyramid level is small enough: measure on the (streamed) thumbnail instead
+        thumb = slide.thumbnail(MASK_SIZE)
+        ds = slide.dimensions[0] / thumb.shape[1]
+        classes = _classify(slide, thumb, ds, settings, None)
+        boxes = footprints(coords, size0, ds, classes.shape)
+        return _shares([(np.arange(len(coords)), classes, boxes)], len(coords))
+    ds = slide.level_downsamples[level]
+    glass = None
+    if lw * lh > STRIP_PIXELS and settings.reject_ink:  # one glass for every strip
+        glass = glass_od(slide.thumbnail(512))
+    boxes = footprints(coords, size0, ds, (lh, lw))
+    margin = _margin(slide, ds, settings)
+    parts = [
+        (batch, _classify(slide, image, ds, settings, glass), local)
+        for batch, image, local in strips(slide, level, boxes, margin)
+    ]
+    return _shares(parts, len(coords))
+
+
+def _classify(
+    slide: Slide, image: np.ndarray, ds: float, settings: TissueSettings, glass: np.ndarray | None
+) -> np.ndarray:
+    pixel_um = slide.mpp[0] * ds if slide.mpp is not None else None
+    return classify_pixels(image, settings, glass=glass, pixel_um=pixel_um)
+
+
+def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
+    """Pixels read around a strip so that texture and filled holes see across its edge."""
+    if not settings.reject_ink:
+        return 0
+    pixel_um = slide.mpp[0] * ds if slide.mpp is not None else None
+    holes = settings.fill_holes_um / pixel_um if pixel_um else 0.0
+    return math.ceil(max(16.0, holes))
+
+
+def _shares(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int) -> TileMeasure:
+    tissue, ink = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    for batch, classes, boxes in parts:
+        tissue[batch] = box_means(classes == TISSUE, boxes)
+        ink[batch] = box_means(classes == INK, boxes)
+    return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()))
+
+
+def apply_in_runs(
+    slide: Slide,
+    level: int,
+    boxes: np.ndarray,
+    per_run: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    margin: int = 0,
+) -> np.ndarray:
+    """`per_run(image, boxes in the image)` -> one value per tile, reading only the tiles: each run of
+    neighbouring tiles in a row of tiles is read as one rectangle (with `margin` pixels around it). A run
+    that cannot be read gets NaN (the tile read for training names the broken file tile)."""
+    out = np.zeros(len(boxes), np.float64)
+    lw, lh = slide.level_dimensions[level]
+    order = np.lexsort((boxes[:, 2], boxes[:, 0]))
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        first = boxes[order[start]]
+        while (
+            stop < len(order)
+            and boxes[order[stop], 0] == first[0]
+            and boxes[order[stop], 2] <= boxes[order[stop - 1], 3] + (first[3] - first[2])
+        ):
+            stop += 1
+        batch = order[start:stop]
+        y0, y1 = max(0, int(boxes[batch, 0].min()) - margin), min(lh, int(boxes[batch, 1].max()) + margin)
+        x0, x1 = max(0, int(boxes[batch, 2].min()) - margin), min(lw, int(boxes[batch, 3].max()) + margin)
+        try:
+            image = slide._read_level(level, y0, y1, x0, x1)
+            out[batch] = per_run(image, boxes[batch] - np.array([y0, y0, x0, x0]))
+        except SlideError:
+            out[batch] = np.nan
+        start = stop
+    return out
