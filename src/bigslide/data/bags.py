@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from bigslide.data.colour import SampleStain
 from bigslide.data.endpoint import Endpoint
+from bigslide.data.instance_labels import AnnotatedTiles
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample, SlidePart, as_float
 from bigslide.data.slides import SlideCache
@@ -45,6 +46,8 @@ class BagDataset(Dataset[Sample]):
     `set_epoch` each epoch for fresh bags. `stain_augment` > 0: a stain perturbation of that strength
     per slide, drawn from (seed, epoch, i); `stain_normalise`: each sample carries its slide's stain
     fit (made once per slide), which the method maps onto its reference (`bigslide.data.colour`).
+    `instance_classes`: label each tile from its slide's teaching annotations (`Sample.instance_labels`),
+    and put the annotated tiles in every training bag (`AnnotatedTiles.pick`).
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class BagDataset(Dataset[Sample]):
         endpoint: Endpoint | None = None,
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
+        instance_classes: list[str] | None = None,
     ) -> None:
         several = table.case_of_several()
         if stain_normalise != "none" and several is not None:  # refused before any slide is read
@@ -92,6 +96,7 @@ class BagDataset(Dataset[Sample]):
                 )
             self.grids.append(grid)
         self.items = list(table.cases().values())  # table rows of each case, in table order
+        self.annotated = AnnotatedTiles.of(table, self.grids, instance_classes)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -109,7 +114,8 @@ class BagDataset(Dataset[Sample]):
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
-        return np.sort(rng.choice(n, self.bag_size, replace=False))
+        picked = None if self.annotated is None else self.annotated.pick(self.items[i], self.bag_size, rng)
+        return picked if picked is not None else np.sort(rng.choice(n, self.bag_size, replace=False))
 
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
         """The bag of tiles `indices` of case i; file tiles are decoded once, on `pool` when given."""
@@ -140,6 +146,7 @@ class BagDataset(Dataset[Sample]):
             tile_size_level0=self.grids[rows[0]].tile_size_level0,
             parts=tuple(parts) if len(rows) > 1 else (),
             stain=self.sample_stain(i),
+            instance_labels=None if self.annotated is None else self.annotated.labels(rows)[indices],
         )
 
     def sample_stain(self, i: int) -> SampleStain | None:

@@ -55,6 +55,8 @@ def build_method(
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,
+        instance_loss=config.data.instance_loss if config.data.instance_weight > 0 else None,
+        instance_weight=config.data.instance_weight,
     )
     method = cls(params, spec, device)
     data = config.data
@@ -70,6 +72,21 @@ def build_method(
         else stain
     )
     return method
+
+
+def annotations_taught(method: Method, train: object) -> str | None:
+    """When the training slides carry teaching annotations that this run learns from: what they teach,
+    in words (a `ConfigError` naming why the method cannot learn from them, if it cannot); else None."""
+    annotated = getattr(train, "annotated", None)
+    if annotated is None or method.spec.instance_loss is None:
+        return None
+    method.check_instances()
+    counts = [annotated.count(row) for row in range(len(annotated.per_row))]
+    what = "the attention" if method.spec.instance_loss == "attention" else "a tile classifier"
+    return (
+        f"annotations: {sum(counts)} annotated tiles in {sum(c > 0 for c in counts)} training slides teach "
+        f"{what} (weight {method.spec.instance_weight:g})"
+    )
 
 
 def build_dataset(
