@@ -155,6 +155,16 @@ def label_tiles(
     return labels
 
 
+def annotated_count(annotations: Sequence[Annotation], coords: np.ndarray, tile_size_level0: float) -> int:
+    """How many tiles (level-0 top-left `coords`) have their centre inside a teaching annotation."""
+    coords = np.asarray(coords, dtype=np.float64).reshape(-1, 2)
+    if not annotations or not len(coords):
+        return 0
+    centre = coords + tile_size_level0 / 2
+    union = shapely.union_all([a.geometry for a in annotations])
+    return int(np.count_nonzero(shapely.contains_xy(union, centre[:, 0], centre[:, 1])))
+
+
 def _features(data: Any, path: Path) -> list[Any]:
     if isinstance(data, list):
         return data

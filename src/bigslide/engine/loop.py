@@ -120,6 +120,8 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     endpoint = data.endpoint
     assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
+    if (started := setup.init_from_checkpoint(config, method, endpoint)) is not None:
+        yield Message(started)
     batch_size = method.batch_size(config.data.batch_size)
     if endpoint.survival_loss == "cox" and endpoint.task == "survival" and batch_size < 2:
         raise ConfigError(

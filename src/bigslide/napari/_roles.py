@@ -8,8 +8,9 @@ if TYPE_CHECKING:
     import napari
 
 ROLE = "bigslide_role"
-"""Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles" or "heatmap"."""
-OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap")
+"""Metadata key telling our layers apart: "slide", "regions", "lesions", "tiles", "heatmap",
+"annotations" (teaching annotations) or "comparison" (a slide and map shown beside it, for comparing)."""
+OVERLAY_ROLES = ("regions", "lesions", "tiles", "heatmap", "annotations")
 
 
 def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:
