@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from napari.qt.threading import create_worker
 from napari.utils.notifications import show_error, show_info
@@ -22,16 +22,33 @@ from bigslide.napari._compare import caption, show_beside
 from bigslide.napari._number import NumberField
 
 if TYPE_CHECKING:
+    import napari
+    from qtpy.QtWidgets import QCheckBox, QComboBox, QLineEdit
+
     from bigslide.engine.config import TrainConfig
-    from bigslide.napari._results_widget import ResultsWidget
+    from bigslide.napari._session import Session
 
 BEFORE = "before retraining"
+
+
+class ResultsPanel(Protocol):
+    """What retraining uses of the Results panel: its chosen checkpoint, slide, device and display."""
+
+    viewer: napari.Viewer
+    session: Session
+    checkpoint: QLineEdit
+    device: QComboBox
+    follow: QCheckBox
+    normalisation: QComboBox
+    colormap: QComboBox
+
+    def slide_layer(self) -> Any: ...
 
 
 class RetrainBox(QGroupBox):
     """Epochs, the annotations' weight and the button that starts (and stops) a fine-tune run."""
 
-    def __init__(self, panel: ResultsWidget) -> None:
+    def __init__(self, panel: ResultsPanel) -> None:
         super().__init__("Retrain with annotations")
         self.panel = panel
         self.worker: Any = None
