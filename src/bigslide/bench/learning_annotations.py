@@ -80,7 +80,7 @@ def _normal_square(
 def annotation_run(args: argparse.Namespace, csv_path: Path, arm: str, seed: int) -> dict[str, float]:
     """ABMIL-ACC on the annotated subtle set, `arm` saying what the annotations teach ("none": they are
     ignored): test slide AUC and balanced accuracy, attention cell AUC on the test lesions, and the
-    first epoch whose validation AUC reaches `AUC_GOAL` (NaN when none does)."""
+    epochs to `AUC_GOAL` on the validation slides (`goal_epochs`)."""
     config = slide_config(args, csv_path, "subtle", "abmil_acc", seed, f"annotations-{arm}")
     config.optim.epochs = args.annotated_epochs
     config.data.instance_weight = ARMS[arm]
@@ -100,7 +100,18 @@ def annotation_run(args: argparse.Namespace, csv_path: Path, arm: str, seed: int
         if lesions[Path(e.path).name]
     ]
     metrics["cell_auc"] = float(np.nanmean(aucs))
-    reached = [r["epoch"] + 1 for r in result.history if r.get("val", {}).get("auc", 0) >= AUC_GOAL]
-    metrics["epochs_to_goal"] = float(reached[0]) if reached else float("nan")
-    metrics["final_val_auc"] = float(result.history[-1]["val"]["auc"])
+    metrics.update(goal_epochs([float(r["val"]["auc"]) for r in result.history if "val" in r]))
     return metrics
+
+
+def goal_epochs(val_auc: list[float]) -> dict[str, float]:
+    """From the validation AUC of each epoch: the first epoch (1-based) that reaches `AUC_GOAL`, the first
+    from which every later epoch stays at it (NaN when none does), and the last epoch's AUC."""
+    reached = [epoch for epoch, auc in enumerate(val_auc, start=1) if auc >= AUC_GOAL]
+    below = [epoch for epoch, auc in enumerate(val_auc, start=1) if auc < AUC_GOAL]
+    stays = (below[-1] + 1 if below else 1) if val_auc and val_auc[-1] >= AUC_GOAL else float("nan")
+    return {
+        "epochs_to_goal": float(reached[0]) if reached else float("nan"),
+        "epochs_to_stay": float(stays),
+        "final_val_auc": val_auc[-1] if val_auc else float("nan"),
+    }

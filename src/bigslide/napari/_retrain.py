@@ -196,16 +196,15 @@ class RetrainBox(QGroupBox):
         is the run's from now on."""
         if slide not in self.panel.viewer.layers or "attention" not in prediction.grids:
             return
-        title = f"{BEFORE} ({Path(self.panel.checkpoint.text()).parent.parent.name})"
         show_beside(
             self.panel.viewer,
             slide,
             prediction.grids["attention"],
-            title,
+            BEFORE,
             normalisation=self.panel.normalisation.currentText(),  # type: ignore[arg-type]
             colormap=self.panel.colormap.currentText(),
         )
-        caption(self.panel.viewer, slide, "after retraining with annotations", slide.metadata.get("path"))
+        caption(self.panel.viewer, slide, "after retraining", slide.metadata.get("path"))
         self.panel.viewer.reset_view()
 
     def _on_returned(self, result: Any) -> None:
