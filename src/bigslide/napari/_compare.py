@@ -66,7 +66,10 @@ def caption(viewer: napari.Viewer, layer: Any, text: str, slide: str | None, nam
     old = next((c for c in viewer.layers if c.name == name), None)
     if old is not None:
         viewer.layers.remove(old)
-    top, left = float(layer.extent.world[0][-2]), float(layer.extent.world[0][-1])
+    extent = layer.extent.world
+    # just above the layer, where the canvas is dark: white text over white glass would not read
+    top = float(extent[0][-2]) - 0.01 * float(np.ptp(extent[:, -2]))
+    left = float(extent[0][-1])
     return viewer.add_points(
         np.array([[top, left]]),
         name=name,
@@ -74,6 +77,6 @@ def caption(viewer: napari.Viewer, layer: Any, text: str, slide: str | None, nam
         face_color="transparent",
         border_color="transparent",
         units=WORLD_UNITS,
-        text={"string": [text], "color": "white", "size": 13, "anchor": "lower_left"},
+        text={"string": [text], "color": "white", "size": 13, "anchor": "upper_left"},  # above the point
         metadata={ROLE: COMPARISON, "slide": slide},
     )
