@@ -45,7 +45,9 @@ def test_csv_rows_and_tile_counts(viewer: Any, dock: Any, qtbot: Any, tiny_set: 
         with open_slide(row.path) as slide:
             expected = len(TileGrid.from_slide(slide, 64, min_tissue=panel.session.min_tissue))
         assert row.tiles == expected
-    assert [panel.table.item(i, panel.column("Tiles")).text() for i in range(5)] == [str(r.tiles) for r in panel.session.rows]
+    assert [panel.table.item(i, panel.column("Tiles")).text() for i in range(5)] == [
+        str(r.tiles) for r in panel.session.rows
+    ]
 
 
 def test_bad_csv_is_reported(viewer: Any, dock: Any, tmp_path: Path, notifications: list[Any]) -> None:
