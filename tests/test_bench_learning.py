@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import shapely
 
 from bigslide.bench import learning, learning_runs
 from bigslide.bench.learning import _update, render_tables
@@ -126,3 +127,47 @@ def test_a_study_run_is_scored_on_its_test_split_beside_the_oracle(kind: str, tm
     else:
         assert set(metrics) == {"c_index", "td_auc", "oracle_c_index"}
         assert 0.5 < metrics["oracle_c_index"] <= 1.0
+
+
+def test_the_annotations_part_draws_a_quarter_of_the_training_lesions_and_normal_squares(
+    tmp_path: Path,
+) -> None:
+    from bigslide.annotations import NOT_LESION, read_annotations
+    from bigslide.bench.learning_annotations import annotated_set
+    from bigslide.data.table import SlideTable
+    from bigslide.synthetic.slide_set import load_lesions
+
+    csv_path = make_slide_set(
+        tmp_path / "subtle", n_slides=8, size=(512, 512), seed=2, lesion_kind="subtle", lesion_count=(2, 2)
+    )
+    table = SlideTable.from_csv(annotated_set(csv_path, 32, 0.5))
+    lesions = load_lesions(csv_path.parent / "lesions.json")
+    train = [e for e in table.entries if e.split == "train"]
+    drawn = {e.path.name: read_annotations(e.annotations) for e in train if e.annotations is not None}
+    outlined = [a for found in drawn.values() for a in found if a.name == "tumor"]
+    total = sum(len(lesions[e.path.name]) for e in train)
+    assert len(outlined) == round(total / 4)
+    for name, found in drawn.items():  # each lesion outline is a lesion's own; the squares are clear of them
+        truth = [shapely.Polygon(p) for p in lesions[name]]
+        for annotation in found:
+            if annotation.name == "tumor":
+                assert any(annotation.geometry.equals(t) for t in truth)
+            else:
+                assert annotation.name == NOT_LESION
+                assert not any(annotation.geometry.intersects(t) for t in truth)
+    assert any(a.name == NOT_LESION for found in drawn.values() for a in found)
+    assert all(e.annotations is None for e in table.entries if e.split != "train")  # test slides: none
+
+
+def test_epochs_to_the_goal_count_the_first_reach_and_the_last_fall() -> None:
+    from bigslide.bench.learning_annotations import goal_epochs
+
+    assert goal_epochs([0.5, 0.95, 0.8, 0.92, 0.93]) == {
+        "epochs_to_goal": 2.0,
+        "epochs_to_stay": 4.0,
+        "final_val_auc": 0.93,
+    }
+    never = goal_epochs([0.5, 0.95, 0.7])
+    assert never["epochs_to_goal"] == 2.0
+    assert np.isnan(never["epochs_to_stay"])
+    assert goal_epochs([0.9, 0.91])["epochs_to_stay"] == 1.0

@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from bigslide.data.colour import SampleStain
 from bigslide.data.endpoint import Endpoint
+from bigslide.data.instance_labels import AnnotatedTiles
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample, SlidePart, as_float
 from bigslide.data.slides import SlideCache
@@ -48,6 +49,8 @@ class BagDataset(Dataset[Sample]):
     fit (made once per slide), which the method maps onto its reference (`bigslide.data.colour`).
     `skip_bad`: a slide that cannot be tiled (or has no tile with tissue) is left out of the table, and
     named in `left_out`, instead of being an error.
+    `instance_classes`: label each tile from its slide's teaching annotations (`Sample.instance_labels`),
+    and put the annotated tiles in every training bag (`AnnotatedTiles.pick`).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class BagDataset(Dataset[Sample]):
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
         skip_bad: bool = False,
+        instance_classes: list[str] | None = None,
     ) -> None:
         several = table.case_of_several()
         if stain_normalise != "none" and several is not None:  # refused before any slide is read
@@ -104,6 +108,7 @@ class BagDataset(Dataset[Sample]):
             )
         self.table = table.like(kept) if self.left_out else table
         self.items = list(self.table.cases().values())  # table rows of each case, in table order
+        self.annotated = AnnotatedTiles.of(self.table, self.grids, instance_classes)
 
     def _grid(self, entry: SlideEntry) -> TileGrid:
         grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue, self.tissue)
@@ -130,7 +135,8 @@ class BagDataset(Dataset[Sample]):
         if self.bag_size <= 0 or self.bag_size >= n:
             return np.arange(n)
         rng = np.random.default_rng([self.seed, self.epoch, i, repeat])
-        return np.sort(rng.choice(n, self.bag_size, replace=False))
+        picked = None if self.annotated is None else self.annotated.pick(self.items[i], self.bag_size, rng)
+        return picked if picked is not None else np.sort(rng.choice(n, self.bag_size, replace=False))
 
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
         """The bag of tiles `indices` of case i; file tiles are decoded once, on `pool` when given."""
@@ -161,6 +167,7 @@ class BagDataset(Dataset[Sample]):
             tile_size_level0=self.grids[rows[0]].tile_size_level0,
             parts=tuple(parts) if len(rows) > 1 else (),
             stain=self.sample_stain(i),
+            instance_labels=None if self.annotated is None else self.annotated.labels(rows)[indices],
         )
 
     def sample_stain(self, i: int) -> SampleStain | None:

@@ -117,6 +117,25 @@ class DataConfig:
             "help": "tiles sampled per slide for training (0 = all)",
         },
     )
+    instance_weight: float = field(
+        default=1.0,
+        metadata={
+            "label": "weight of annotated tiles",
+            "min": 0,
+            "help": "weight of the loss on annotated tiles (the slide table's annotations column) beside the "
+            "slide loss; 0 = ignore annotations. Annotated tiles are always in the bag (up to half of it)",
+        },
+    )
+    instance_loss: Literal["attention", "tiles"] = field(
+        default="attention",
+        metadata={
+            "label": "annotated tiles teach",
+            "choices": {"attention": "the attention", "tiles": "a tile classifier"},
+            "help": "attention: annotated tiles of a class draw attention, 'Not lesion' tiles none (MIL "
+            "heads with attention scores); tiles: a per-tile classifier on the encoder's features (any "
+            "MIL head; it trains the encoder, so not with a frozen one)",
+        },
+    )
     min_tissue: float = field(
         default=0.6, metadata={"min": 0, "max": 1, "help": "minimum tissue fraction of a tile"}
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bigslide.annotations import instance_classes
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError
 
@@ -41,6 +42,12 @@ class Endpoint:
         if self.task == "survival" and self.survival_loss == "nll":
             return len(self.bins) + 1
         return 1
+
+    @property
+    def instance_classes(self) -> list[str]:
+        """The classes a teaching annotation may have: the task's classes (or "Lesion" for a task without
+        classes), then "Not lesion"."""
+        return instance_classes(self.classes if self.task == "classification" else [])
 
     @property
     def output_names(self) -> list[str]:

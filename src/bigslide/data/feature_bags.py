@@ -22,6 +22,7 @@ from bigslide.data.feature_store import (
     feature_path,
     open_feature_file,
 )
+from bigslide.data.instance_labels import AnnotatedTiles
 from bigslide.data.processes import Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
@@ -55,6 +56,7 @@ class FeatureBagDataset(BagDataset):
         slides: SlideCache | None = None,
         endpoint: Endpoint | None = None,
         foreign_dim: int = 0,
+        instance_classes: list[str] | None = None,
     ) -> None:
         # Not BagDataset.__init__: a slide's tile grid is needed only to extract or check bigslide's own
         # files, so it is made on demand (`grid`), and foreign files need none.
@@ -81,6 +83,11 @@ class FeatureBagDataset(BagDataset):
         self.grids: list[TileGrid] = []  # unused: rows come from the files
         self._grids: dict[int, TileGrid] = {}
         self.files: list[FeatureFile | None] = [None] * len(table)
+        # labelled as each file is attached: a file's rows are its own tiles (foreign files too)
+        self.instance_classes = instance_classes
+        self.annotated = (
+            AnnotatedTiles.unlabelled(len(table)) if instance_classes and table.annotated() else None
+        )
         check_unique_names(self.folder, [e.path for e in table.entries])
 
     def path(self, i: int) -> Path:
@@ -119,6 +126,10 @@ class FeatureBagDataset(BagDataset):
         if not file.foreign:
             self.expected_tiles(i).check(file)
         self.files[i] = file
+        if self.annotated is not None and self.instance_classes is not None:
+            self.annotated.label_row(
+                self.table.entries[i], i, file.coords, file.tile_size_level0, self.instance_classes
+            )
         return file
 
     def file(self, i: int) -> FeatureFile:
@@ -142,6 +153,7 @@ class FeatureBagDataset(BagDataset):
             coords=file.coords[indices],
             tile_size_level0=file.tile_size_level0,
             features=True,
+            instance_labels=None if self.annotated is None else self.annotated.labels([i])[indices],
         )
 
     def load(self, i: int, pool: Pool) -> Sample:

@@ -34,6 +34,9 @@ class Sample:
     stain: SampleStain | None = None  # the slide's stain fit and perturbation (`bigslide.data.colour`)
     features: bool = False  # bags of stored features: `x` is (N, D) float32, one encoder row per tile
     parts: tuple[SlidePart, ...] = ()
+    # bags: each tile's label from teaching annotations (`bigslide.annotations`), -1 where none; None
+    # when the bag's slides are not annotated or annotations are not asked for
+    instance_labels: np.ndarray | None = None
 
     def by_slide(self) -> tuple[SlidePart, ...]:
         """A bag's tiles slide by slide."""
@@ -72,6 +75,7 @@ class Batch:
     y: torch.Tensor
     samples: list[Sample]
     sizes: list[int] | None = None  # bags: tiles per bag
+    instance_labels: torch.Tensor | None = None  # bags: (sum N,) tile labels, -1 = none; None: none at all
 
 
 def as_float(x: torch.Tensor, colour: RowColour | None = None) -> torch.Tensor:
@@ -85,3 +89,15 @@ def to_device(x: torch.Tensor, device: torch.device | str, colour: RowColour | N
     """Pixels onto `device` (asynchronously from pinned memory), then as float in [0, 1] there, through
     `colour` (the rows' colour maps) when given."""
     return as_float(x.to(device, non_blocking=True), colour)
+
+
+def batch_instance_labels(samples: list[Sample]) -> torch.Tensor | None:
+    """(sum N,) the bags' tile labels one bag after another (-1 where a bag has none); None when no bag
+    has any."""
+    if all(s.instance_labels is None for s in samples):
+        return None
+    parts = [
+        s.instance_labels if s.instance_labels is not None else np.full(len(s.x), -1, dtype=np.int64)
+        for s in samples
+    ]
+    return torch.from_numpy(np.concatenate(parts).astype(np.int64))

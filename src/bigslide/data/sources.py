@@ -78,6 +78,14 @@ def slide_dataset(
         "stain_normalise": data.stain_normalise,
     }
     bag_size = data.bag_size if train else (0 if data.inference_repeats == 0 else data.bag_size)
+    taught = train and data.instance_weight > 0 and table.annotated()
+    if taught and kind != "bag":
+        raise ConfigError(
+            "data.instance_weight: the slide table's annotations label tiles, and this method reads each "
+            "slide as one image, without tiles to label; choose a method that learns from tiles, or set "
+            "data.instance_weight: 0 to train without the annotations"
+        )
+    classes = (endpoint or Endpoint(classes=list(table.classes))).instance_classes if taught else None
     if kind == "bag" and data.features:
         return FeatureBagDataset(
             table,
@@ -91,6 +99,7 @@ def slide_dataset(
             slides=slides,
             endpoint=endpoint,
             foreign_dim=data.feature_dim if data.features_foreign else 0,
+            instance_classes=classes,
         )
     if kind == "bag":
         return BagDataset(
@@ -105,6 +114,7 @@ def slide_dataset(
             slides=slides,
             endpoint=endpoint,
             skip_bad=data.skip_bad_slides if skip_bad is None else skip_bad,
+            instance_classes=classes,
             **stain,
         )
     return SlideImageDataset(

@@ -23,7 +23,8 @@ TASK_COLUMNS = {"classification": ("label",), "survival": ("time", "event"), "re
 @dataclass
 class SlideEntry:
     """One row of the slide table. `case` groups a patient's slides (None: the slide is its own case);
-    `time`/`event` are the survival endpoint (event 1 = observed, 0 = censored), `target` a number."""
+    `time`/`event` are the survival endpoint (event 1 = observed, 0 = censored), `target` a number;
+    `annotations` a QuPath GeoJSON of teaching annotations (`bigslide.annotations`)."""
 
     path: Path
     label: str
@@ -33,6 +34,7 @@ class SlideEntry:
     time: float | None = None
     event: int | None = None
     target: float | None = None
+    annotations: Path | None = None
 
     @property
     def case_id(self) -> str:
@@ -129,9 +131,15 @@ class SlideTable:
 
     @property
     def columns(self) -> list[str]:
-        """The columns this table writes: slide, the task's, split, regions, and case when any is set."""
+        """The columns this table writes: slide, the task's, split, regions, and case and annotations when
+        any row has one."""
         cols = ["slide", *TASK_COLUMNS[self.task], "split", "regions"]
-        return cols + (["case"] if any(e.case is not None for e in self.entries) else [])
+        cols += ["case"] if any(e.case is not None for e in self.entries) else []
+        return cols + (["annotations"] if self.annotated() else [])
+
+    def annotated(self) -> bool:
+        """Whether any row points to teaching annotations."""
+        return any(e.annotations is not None for e in self.entries)
 
     @classmethod
     def from_csv(
@@ -144,8 +152,8 @@ class SlideTable:
         task: str = "classification",
     ) -> SlideTable:
         """Read `slide` plus the task's columns (`label`; `time,event`; `target`) and the optional
-        `split`, `regions` and `case`. Relative paths are relative to the CSV's folder. A slide is a
-        file, or a folder holding one DICOM whole-slide series.
+        `split`, `regions`, `case` and `annotations`. Relative paths are relative to the CSV's folder.
+        A slide is a file, or a folder holding one DICOM whole-slide series.
 
         With `classes` given, a label outside them is an error naming the row. For prediction
         (`labels_required=False`) the task's columns may be missing or empty.
@@ -162,7 +170,7 @@ class SlideTable:
             raise DataError(
                 f"{path}: missing column(s) {', '.join(sorted(missing))} for data.task {task} "
                 f"(columns read, separated by {SEPARATORS[separator]}: {', '.join(columns) or 'none'}); "
-                f"expected slide,{','.join(wanted)}[,split][,regions][,case]{hint}"
+                f"expected slide,{','.join(wanted)}[,split][,regions][,case][,annotations]{hint}"
             )
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
@@ -192,6 +200,9 @@ class SlideTable:
             entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
             if entry.regions is not None and check_files and not entry.regions.is_file():
                 raise DataError(f"{where}: regions file not found: {entry.regions}")
+            entry.annotations = _resolve(path, row["annotations"]) if row.get("annotations") else None
+            if entry.annotations is not None and check_files and not entry.annotations.is_file():
+                raise DataError(f"{where}: annotations file not found: {entry.annotations}")
             if entry.case is not None:
                 first_row, split = case_splits.setdefault(entry.case, (row_no, entry.split))
                 if split != entry.split:
@@ -234,6 +245,7 @@ class SlideTable:
                     "split": e.split or "",
                     "regions": _relative(e.regions, base) if e.regions else "",
                     "case": e.case or "",
+                    "annotations": _relative(e.annotations, base) if e.annotations else "",
                 }
                 writer.writerow([values[c] for c in columns])
         return path

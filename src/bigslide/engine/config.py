@@ -25,6 +25,13 @@ class ModelConfig:
     backbone: str = field(default="resnet18", metadata={"help": "timm model name"})
     pretrained: bool = field(default=False, metadata={"help": "ImageNet weights from the timm hub"})
     weights: str | None = field(default=None, metadata={"help": "local backbone state dict"})
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "a bigslide checkpoint whose weights the run starts from (fine-tuning: the optimizer, "
+            "schedule and epochs start afresh); its classes must be this run's"
+        },
+    )
 
 
 @dataclass
@@ -150,8 +157,11 @@ class TrainConfig:
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         config = build_dataclass(cls, migrate(values, str(path)), str(path))
+        # paths in the file are relative to it: a run folder can move
         if config.data.csv and not Path(config.data.csv).is_absolute():
             config.data.csv = str((path.parent / config.data.csv).resolve())
+        if config.model.init_from and not Path(config.model.init_from).is_absolute():
+            config.model.init_from = str((path.parent / config.model.init_from).resolve())
         return config
 
 

@@ -20,7 +20,7 @@ import torch
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
-from bigslide.data.sample import Batch, Sample, as_float
+from bigslide.data.sample import Batch, Sample, as_float, batch_instance_labels
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
 from bigslide.data.tile_cache import tile_cache_for
@@ -77,7 +77,8 @@ def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) 
     # Inputs stay in host memory: methods move what they need (Big-Layer never moves a whole bag).
     if device.type == "cuda":
         x = x.pin_memory()
-    return Batch(x=x, y=y.to(device), samples=samples, sizes=sizes)
+    labels = batch_instance_labels(samples) if bags else None
+    return Batch(x=x, y=y.to(device), samples=samples, sizes=sizes, instance_labels=labels)
 
 
 def checkpoint_path(config: TrainConfig) -> Path:
@@ -133,6 +134,8 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
     endpoint = data.endpoint
     assert endpoint is not None  # RunData fills it in
     method = setup.build_method(config, endpoint, device)
+    if (started := setup.init_from_checkpoint(config, method, endpoint)) is not None:
+        yield Message(started)
     batch_size = method.batch_size(config.data.batch_size)
     if endpoint.survival_loss == "cox" and endpoint.task == "survival" and batch_size < 2:
         raise ConfigError(
@@ -141,6 +144,8 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
         )
     if config.data.features:
         yield from attach_feature_store(config, method, (data.train, data.val, data.test))
+    if (taught := setup.annotations_taught(method, data.train)) is not None:
+        yield Message(taught)
     ranks.broadcast_module(method.model)
     # rank 0 validates and saves; the others only train
     val, test = (data.val, data.test) if ranks.is_main else (None, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -55,6 +56,8 @@ def build_method(
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,
+        instance_loss=config.data.instance_loss if config.data.instance_weight > 0 else None,
+        instance_weight=config.data.instance_weight,
     )
     method = cls(params, spec, device)
     data = config.data
@@ -71,6 +74,64 @@ def build_method(
         else stain
     )
     return method
+
+
+def annotations_taught(method: Method, train: object) -> str | None:
+    """When the training slides carry teaching annotations that this run learns from: what they teach,
+    in words (a `ConfigError` naming why the method cannot learn from them, if it cannot); else None."""
+    annotated = getattr(train, "annotated", None)
+    if annotated is None or method.spec.instance_loss is None:
+        return None
+    method.check_instances()
+    counts = [annotated.count(row) for row in range(len(annotated.per_row))]
+    what = "the attention" if method.spec.instance_loss == "attention" else "a tile classifier"
+    return (
+        f"annotations: {sum(counts)} annotated tiles in {sum(c > 0 for c in counts)} training slides teach "
+        f"{what} (weight {method.spec.instance_weight:g})"
+    )
+
+
+INIT_OPTIONAL = ("tiles.",)
+"""State-dict keys a starting checkpoint may lack or hold beyond the model (the tile classifier that
+annotations teach: a fine-tune may add it, or teach the attention instead)."""
+
+
+def init_from_checkpoint(config: TrainConfig, method: Method, endpoint: Endpoint) -> str | None:
+    """Load the weights of `config.model.init_from` into `method` (fine-tuning); says what it loaded, in
+    words. A checkpoint of other classes or of another model is a `ConfigError` naming it."""
+    if not config.model.init_from:
+        return None
+    from bigslide.engine.checkpoint import load_checkpoint
+
+    path = Path(config.model.init_from)
+    where = f"model.init_from: {path}"
+    saved = load_checkpoint(path)
+    saved_endpoint = Endpoint.from_state(saved.get("endpoint"), list(saved["classes"]))
+    if (saved_endpoint.task, saved_endpoint.classes) != (endpoint.task, endpoint.classes):
+        raise ConfigError(
+            f"{where}: predicts {saved_endpoint.task} {saved_endpoint.classes or ''}, this run "
+            f"{endpoint.task} {endpoint.classes or ''}; start from a checkpoint of the same classes"
+        )
+    own = method.model.state_dict()
+    state = {k: v for k, v in saved["model"].items() if k in own or not k.startswith(INIT_OPTIONAL)}
+    wrong = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    missing = [k for k in own if k not in state and not k.startswith(INIT_OPTIONAL)]
+    unknown = [k for k in state if k not in own]
+    if wrong or missing or unknown:
+        trained_with = saved.get("method", "?")
+        detail = "; ".join(
+            f"{what}: {', '.join(keys[:3])}{' …' if len(keys) > 3 else ''}"
+            for what, keys in (("other shapes", wrong), ("missing", missing), ("not in this model", unknown))
+            if keys
+        )
+        raise ConfigError(
+            f"{where}: its weights ({trained_with}) do not fit this run's model ({method.name}, "
+            f"{config.model.backbone}): {detail}; start from a checkpoint of the same method, backbone "
+            "and MIL head"
+        )
+    method.model.load_state_dict(state, strict=False)
+    epochs = len(saved.get("history", []))
+    return f"started from the weights of {path} ({saved.get('method', '?')}, {epochs} epochs trained)"
 
 
 def build_dataset(

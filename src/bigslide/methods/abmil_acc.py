@@ -30,6 +30,7 @@ from bigslide.methods.base import (
     StepResult,
     register,
 )
+from bigslide.methods.instances import InstanceTerm, with_instances
 from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, bn_policy
 from bigslide.methods.replay import (
     AutocastFactory,
@@ -60,6 +61,7 @@ def accumulated_bag_backward(
     stochastic: bool | None = None,
     device: torch.device | None = None,
     colour: RowColour | None = None,
+    instance: InstanceTerm | None = None,
 ) -> BagStep:
     """ABMIL-ACC on one bag, or a batch of bags: leaves the full-batch gradients in `.grad`
     (accumulating, like `.backward()`).
@@ -81,11 +83,13 @@ def accumulated_bag_backward(
     `bag` may stay on the host, and should: each pass moves one chunk at a time to `device` (default:
     the encoder's), so device memory does not grow with the bag. On CUDA the bag is pinned (once, if
     it is not already) so the chunk copies are asynchronous. `colour`: the tiles' stain maps, applied
-    to each chunk on the device.
+    to each chunk on the device. `instance`: the loss on annotated tiles, added to the bag loss on Z, so
+    its dL/dZ rows are replayed with the bag loss's (`bigslide.methods.instances`).
     """
 
     def loss_of(Z: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
         loss, logits, attention = batch_loss(aggregator, Z, sizes or [Z.shape[0]], target, loss_fn)
+        loss = with_instances(loss, instance, aggregator, Z)
         return loss, (logits.detach(), None if attention is None else attention.detach())
 
     with bn_policy(encoder, bn_mode):
@@ -176,6 +180,7 @@ class ABMILACC(MILMethod[ABMILACCParams]):
             bn_mode=p.bn_mode,
             device=self.device,
             colour=self.colour(batch.samples),
+            instance=self.instances(batch),
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())

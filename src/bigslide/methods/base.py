@@ -92,6 +92,9 @@ class ModelSpec:
     num_classes: int = 2  # outputs of a classifier when no endpoint is given
     endpoint: Endpoint | None = None  # what is predicted (None: `num_classes` classes)
     feature_dim: int | None = None  # features stored by another tool's encoder (None: the backbone's)
+    # what teaching annotations teach ("attention" | "tiles"; None: nothing) and the weight of their loss
+    instance_loss: str | None = None
+    instance_weight: float = 0.0
 
     @property
     def outputs(self) -> int:
@@ -177,6 +180,14 @@ class Method(ABC, Generic[P]):
         (`data.features`) can stand in for it; None when the method trains its encoder. A method that
         returns one takes bags of stored features (`Sample.features`) in `train_step` and `predict`."""
         return None
+
+    def check_instances(self) -> None:
+        """Called when the training slides carry teaching annotations (`spec.instance_loss` set): a
+        `ConfigError` naming why this method cannot learn from annotated tiles, if it cannot."""
+        raise ConfigError(
+            f"{self.title()} does not learn from annotated tiles (the slide table's annotations); set "
+            "data.instance_weight: 0 to train it without them"
+        )
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)

@@ -49,6 +49,7 @@ from bigslide.methods.batchnorm import (
     freeze_batchnorm_affine,
     frozen_batchnorm,
 )
+from bigslide.methods.instances import check_support, instance_term, tile_classifier, with_instances
 from bigslide.methods.mil import BN_WORDS, MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.replay import batchnorm_mode
 from bigslide.nn.backbones import Encoder, create_encoder
@@ -76,15 +77,17 @@ def _big_encoder(
 
 
 class BigMILModel(nn.Module):
-    """Big encoder over the whole bag, then a MIL aggregator.
+    """Big encoder over the whole bag, then a MIL aggregator (and the tile classifier annotations train,
+    when they teach "tiles").
 
     (N, 3, t, t) -> (logits (1, C), attention (N,)).
     """
 
-    def __init__(self, encoder: Encoder, aggregator: nn.Module) -> None:
+    def __init__(self, encoder: Encoder, aggregator: nn.Module, tiles: nn.Module | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.aggregator = aggregator
+        self.tiles = tiles
 
     def forward(self, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.aggregator(self.encoder(bag))
@@ -139,7 +142,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
     Params = BigLayerMILParams
     summary = "Whole bag as one batch through a Big-Layer encoder into a MIL aggregator"
     memory_params = ("budget_mb",)
-    map_titles: ClassVar[dict[str, str]] = {"attention": "attention"}
+    map_titles: ClassVar[dict[str, str]] = {"attention": "attention", "lesion": "tile classifier: lesion"}
     plan_preference = 5
 
     @classmethod
@@ -157,14 +160,20 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         aggregator = make_aggregator(p.aggregator, encoder.dim, spec.outputs, **aggregator_kwargs(p))
         if p.bn_mode == "frozen":
             freeze_batchnorm_affine(encoder)
-        return BigMILModel(encoder, aggregator)
+        return BigMILModel(encoder, aggregator, tile_classifier(spec, encoder.dim))
+
+    def check_instances(self) -> None:
+        check_support(self.spec, self.model.aggregator, frozen_encoder=False, method=self.title())
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
+        model = self.model
         # The whole bag is one batch, so "batch" statistics are exact: no chunking to warn about.
-        with stepper.autocast(), bn_policy(self.model.encoder, self.params.bn_mode, chunked=False):
-            logits, _ = self.model(_to_host(batch.x, self.colour(batch.samples)))
-            loss = bag_loss(self.model.aggregator, logits.float(), target, self.loss)
+        with stepper.autocast(), bn_policy(model.encoder, self.params.bn_mode, chunked=False):
+            z = model.encoder(_to_host(batch.x, self.colour(batch.samples)))
+            logits, _ = model.aggregator(z)
+            loss = bag_loss(model.aggregator, logits.float(), target, self.loss)
+            loss = with_instances(loss, instance_term(self.spec, batch, model.tiles), model.aggregator, z)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
@@ -173,10 +182,16 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         # The statistics the training steps used: the bag's own ("batch"; the running ones are left as
         # they were) or the running ones.
         whole_bag = self.params.bn_mode == "batch"
-        with torch.no_grad(), batchnorm_mode(self.model.encoder, whole_bag, keep_statistics=True):
-            logits, attention = self.model(_to_host(sample.x, self.colour([sample])))
+        model = self.model
+        with torch.no_grad(), batchnorm_mode(model.encoder, whole_bag, keep_statistics=True):
+            z = model.encoder(_to_host(sample.x, self.colour([sample])))
+            logits, attention = model.aggregator(z)
+            maps = {}
+            if model.tiles is not None:  # what the tile classifier calls each tile
+                maps["lesion"] = (1 - torch.softmax(model.tiles(z).float(), dim=1)[:, -1]).cpu().numpy()
         probs = self.outputs(logits)[0]
-        return Prediction(probs=probs.cpu().numpy(), instance_scores=attention.float().cpu().numpy())
+        scores = attention.float().cpu().numpy()
+        return Prediction(probs=probs.cpu().numpy(), instance_scores=scores, instance_maps=maps)
 
 
 @register

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from bigslide.errors import ConfigError
-from bigslide.methods.base import Method, MethodParams, Prediction, Sample
+from bigslide.methods.base import Batch, Method, MethodParams, Prediction, Sample
 from bigslide.methods.batchnorm import freeze_batchnorm_affine
+from bigslide.methods.instances import InstanceTerm, check_support, instance_term, tile_classifier
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
 from bigslide.nn.backbones import Encoder, NoEncoder, create_encoder
 from bigslide.nn.mil import Aggregator, make_aggregator
@@ -76,12 +77,14 @@ def bn_policy(encoder: nn.Module, mode: str, *, chunked: bool = True) -> Iterato
 
 
 class MILModel(nn.Module):
-    """Encoder and MIL head; `forward` is the plain full-bag graph."""
+    """Encoder and MIL head; `forward` is the plain full-bag graph. `tiles`: the per-tile classifier
+    teaching annotations train ("tiles"), when they do."""
 
-    def __init__(self, encoder: nn.Module, aggregator: Aggregator) -> None:
+    def __init__(self, encoder: nn.Module, aggregator: Aggregator, tiles: nn.Module | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.aggregator = aggregator
+        self.tiles = tiles
 
     def forward(self, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.aggregator(self.encoder(bag))
@@ -199,6 +202,7 @@ class MILMethod(Method[P]):
         "attention": "attention",
         "risk": "tile contribution to the risk",
         "value": "tile contribution to the value",
+        "lesion": "tile classifier: lesion",
     }
     Params: ClassVar[type[MethodParams]] = MILParams
 
@@ -219,7 +223,15 @@ class MILMethod(Method[P]):
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)
-        return MILModel(encoder, aggregator)
+        return MILModel(encoder, aggregator, tile_classifier(self.spec, encoder.dim))
+
+    def check_instances(self) -> None:
+        frozen = self.frozen_encoder() is not None
+        check_support(self.spec, self.mil_model.aggregator, frozen_encoder=frozen, method=self.title())
+
+    def instances(self, batch: Batch) -> InstanceTerm | None:
+        """The batch's instance term (None without annotated tiles)."""
+        return instance_term(self.spec, batch, self.mil_model.tiles)
 
     def features(self, sample: Sample | None, bag: torch.Tensor) -> torch.Tensor:
         """Encoder features of a bag without grad (overridden by the frozen-encoder method's cache)."""
@@ -241,6 +253,10 @@ class MILMethod(Method[P]):
         if self.explains_score and contributions is not None:
             with torch.no_grad():
                 maps[self.score_map] = contributions(z, self.score).float().cpu().numpy()
+        if self.mil_model.tiles is not None:  # what the tile classifier calls each tile
+            with torch.no_grad():
+                not_lesion = torch.softmax(self.mil_model.tiles(z).float(), dim=1)[:, -1]
+            maps["lesion"] = (1 - not_lesion).cpu().numpy()
         return Prediction(probs=probs.cpu().numpy(), instance_scores=scores, instance_maps=maps)
 
     @property

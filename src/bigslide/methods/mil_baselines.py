@@ -19,6 +19,7 @@ from torch import nn
 
 from bigslide.data.sample import to_device
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
+from bigslide.methods.instances import InstanceTerm, with_instances
 from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
 from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
 from bigslide.nn.mil import Aggregator, LossFn
@@ -40,9 +41,10 @@ def full_bag_backward(
     bn_mode: str = "eval",
     encode_chunk_size: int | None = None,
     sizes: Sequence[int] | None = None,
+    instance: InstanceTerm | None = None,
 ) -> BagStep:
     """Forward the whole bag (or the batch of bags, `sizes` tiles each) with grad, then one backward;
-    gradients accumulate in `.grad`.
+    gradients accumulate in `.grad`. `instance`: the loss on annotated tiles, added to the bag loss.
 
     `encode_chunk_size` splits the encoder call (still one graph holding every activation); with
     "batch" BatchNorm that changes the statistics, otherwise only the random-number stream.
@@ -52,6 +54,7 @@ def full_bag_backward(
     with bn_policy(encoder, bn_mode, chunked=False), autocast():
         z = torch.cat([encoder(bag[start : start + step]) for start in range(0, bag.shape[0], step)])
         loss, logits, attention = batch_loss(aggregator, z, sizes or [z.shape[0]], target, loss_fn)
+        loss = with_instances(loss, instance, aggregator, z)
     (backward or torch.Tensor.backward)(loss)
     return BagStep(loss.detach(), logits.detach(), None if attention is None else attention.detach())
 
@@ -86,6 +89,7 @@ class FullBag(MILMethod[EndToEndParams]):
             backward=stepper.backward,
             bn_mode=p.bn_mode,
             sizes=batch.sizes,
+            instance=self.instances(batch),
         )
         stepper.step()
         return StepResult(loss=float(step.loss), logits=step.logits.float())
@@ -201,6 +205,7 @@ class FrozenABMIL(MILMethod[FrozenParams]):
         z = torch.cat([self.features(s, bag) for s, bag in zip(samples or [None] * len(sizes), bags)])
         with stepper.autocast():
             loss, logits, _ = batch_loss(aggregator, z, sizes, target, self.loss)
+            loss = with_instances(loss, self.instances(batch), aggregator, z)
         stepper.backward(loss)
         stepper.step()
         return StepResult(loss=float(loss.detach()), logits=logits.detach().float())

@@ -20,10 +20,12 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
+from bigslide.napari._annotate import AnnotateBox
 from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import percent_slider, scrolled, set_items
+from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
 
 if TYPE_CHECKING:
@@ -120,6 +122,10 @@ class ResultsWidget(Panel):
         layout.addLayout(display)
         layout.addWidget(QLabel("Export the chosen heatmap:"))
         layout.addLayout(exports)
+        self.annotate = AnnotateBox(self.viewer, self.session, self.slide_layer)
+        self.retrain = RetrainBox(self)
+        layout.addWidget(self.annotate)
+        layout.addWidget(self.retrain)
         layout.addStretch()
 
         self.viewer.layers.events.inserted.connect(self._on_layers_changed)

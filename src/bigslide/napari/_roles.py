@@ -9,8 +9,9 @@ if TYPE_CHECKING:
 
 ROLE = "bigslide_role"
 """Metadata key telling our layers apart: "slide", "regions", "exclusions" (areas to leave out),
-"lesions", "tiles" or "heatmap"."""
-OVERLAY_ROLES = ("regions", "exclusions", "lesions", "tiles", "heatmap")
+"lesions", "tiles", "heatmap", "annotations" (teaching annotations) or "comparison" (a slide and map shown
+beside it, for comparing)."""
+OVERLAY_ROLES = ("regions", "exclusions", "lesions", "tiles", "heatmap", "annotations")
 
 
 def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:

@@ -35,6 +35,8 @@ class SlideRow:
     time: float | None = None  # survival: time to event or censoring
     event: int | None = None  # survival: 1 observed, 0 censored
     target: float | None = None  # regression
+    annotations: Path | None = None  # teaching annotations (QuPath GeoJSON)
+    annotated: int | None = None  # tiles inside them, once counted
 
 
 class Session:
@@ -57,6 +59,7 @@ class Session:
         self.columns: list[str] = []  # of the last slide table loaded
         self.task = "classification"  # what those columns imply (data.task)
         self.table_name = ""  # the file they were read from
+        self.table_path: Path | None = None  # and where it is (teaching annotations are saved beside it)
         self._problems: dict[str, str] = {}  # refused inputs of the panels, by field
 
     def set_problem(self, field: str, refusal: str | None) -> None:
@@ -132,11 +135,13 @@ class Session:
         task = implied_task(columns)
         table = SlideTable.from_csv(path, task=task)
         self.columns, self.task, self.table_name = columns, task, Path(path).name
+        self.table_path = Path(path).resolve()
         for entry in table.entries:
             row = self.add(
                 entry.path, label=entry.label, split=entry.split or "", regions=entry.regions, emit=False
             )
             row.case, row.time, row.event, row.target = entry.case, entry.time, entry.event, entry.target
+            row.annotations = entry.annotations or row.annotations
         self.changed.emit()
         return len(table.entries)
 
@@ -163,7 +168,17 @@ class Session:
                 f"{', '.join(lacking)}; load a slide table that gives them"
             )
         entries = [
-            SlideEntry(r.path, r.label.strip(), r.split or None, r.regions, r.case, r.time, r.event, r.target)
+            SlideEntry(
+                r.path,
+                r.label.strip(),
+                r.split or None,
+                r.regions,
+                r.case,
+                r.time,
+                r.event,
+                r.target,
+                r.annotations,
+            )
             for r in self.rows
         ]
         return SlideTable(entries, task=self.task)

@@ -41,6 +41,7 @@ MPP_TIPS = {
     "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
     "closed": "Read from the file when the slide is opened or trained on",
 }
+ANNOTATED_TIP = "Tiles whose centres lie in the teaching annotations of {} (Count tiles counts them)"
 SPLIT_TIP = "auto: a stratified train/validation split is made when training starts"
 # The columns each task shows, after Slide: what it learns from (editable), then split, regions, tiles.
 TASK_COLUMNS = {"classification": ("Label",), "survival": ("Time", "Event"), "regression": ("Target",)}
@@ -187,6 +188,7 @@ class SlidesWidget(Panel):
         try:
             columns = ["Slide", *TASK_COLUMNS[self.session.task], "Split", "µm/px", "Regions", "Tiles"]
             columns += ["Case"] if any(r.case for r in self.session.rows) else []
+            columns += ["Annotated"] if any(r.annotations for r in self.session.rows) else []
             if columns != self.columns:
                 self.columns = columns
                 self.table.setColumnCount(len(columns))
@@ -209,6 +211,8 @@ class SlidesWidget(Panel):
                         tip = str(row.regions or "whole slide")
                     elif name == "µm/px":
                         tip = MPP_TIPS[self._mpp_state(row)[1]]
+                    elif name == "Annotated":
+                        tip = ANNOTATED_TIP.format(row.annotations) if row.annotations else ""
                     self._set_item(i, columns.index(name), text, editable=editable, tip=tip)
                 split = self.table.item(i, columns.index("Split"))
                 assert split is not None
@@ -229,6 +233,7 @@ class SlidesWidget(Panel):
             "Regions": row.regions.name if row.regions else "",
             "Tiles": "" if row.tiles is None else str(row.tiles),
             "Case": row.case or "",
+            "Annotated": "" if row.annotated is None or row.annotations is None else str(row.annotated),
         }
         return {name: cells[name] for name in self.columns}
 
@@ -392,7 +397,8 @@ class SlidesWidget(Panel):
             return None
         try:
             jobs = [
-                (row.path, slide_regions(self.viewer, self.session, row.path)) for row in self.session.rows
+                (row.path, slide_regions(self.viewer, self.session, row.path), row.annotations)
+                for row in self.session.rows
             ]
         except BigslideError as err:
             show_error(str(err))
@@ -402,7 +408,9 @@ class SlidesWidget(Panel):
         s = self.session
         worker = _count_tiles(jobs, s.tile_size, s.target_mpp, s.min_tissue, s.slide_mpp)
         self.count_error = None
-        worker.yielded.connect(lambda result: self.session.update(result[0], tiles=result[1]))
+        worker.yielded.connect(
+            lambda result: self.session.update(result[0], tiles=result[1], annotated=result[2])
+        )
         worker.errored.connect(self._count_failed)
         worker.finished.connect(self._count_finished)
         self.count_worker = worker
@@ -427,18 +435,22 @@ class SlidesWidget(Panel):
 
 @thread_worker(ignore_errors=True)
 def _count_tiles(
-    jobs: list[tuple[Path, Any]],
+    jobs: list[tuple[Path, Any, Path | None]],
     tile_size: int,
     target_mpp: float,
     min_tissue: float,
     slide_mpp: float | None,
-) -> Generator[tuple[Path, int], None, None]:
+) -> Generator[tuple[Path, int, int | None], None, None]:
+    from bigslide.annotations import annotated_count, read_annotations
     from bigslide.data.slides import open_with_mpp
     from bigslide.grid import TileGrid
 
-    for path, regions in jobs:
+    for path, regions, taught_by in jobs:
         with open_with_mpp(path, slide_mpp) as slide:
             grid = TileGrid.from_slide(
                 slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
             )
-        yield path, len(grid)
+        taught = None
+        if taught_by is not None:
+            taught = annotated_count(read_annotations(taught_by), grid.coords, grid.tile_size_level0)
+        yield path, len(grid), taught

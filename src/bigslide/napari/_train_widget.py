@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 BACKBONES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "mobilenetv3_small_100", "convnext_tiny")
 DATA_FIELDS = (
     "bag_size",
+    "instance_weight",
+    "instance_loss",
     "image_size",
     "batch_size",
     "augment",
@@ -50,7 +52,10 @@ DATA_FIELDS = (
     "stain_augment_strength",
     "stain_normalise",
 )
-KIND_FIELDS = {"bag": ("bag_size",), "image": ("image_size", "batch_size")}
+KIND_FIELDS = {
+    "bag": ("bag_size", "instance_weight", "instance_loss"),
+    "image": ("image_size", "batch_size"),
+}
 KIND_WORDS = {
     "bag": "learns from tiles of each slide, pooled into one prediction per slide",
     "image": "learns from each slide read as one large image",

@@ -34,6 +34,11 @@ class ABMIL(Aggregator):
         pooled, attention = self.pool(self.project(z))
         return self.classifier(pooled).unsqueeze(0), attention
 
+    def instance_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """(N,) each instance's attention score before the softmax (or sigmoid): what teaching
+        annotations supervise, one instance at a time."""
+        return self.pool.score(self.project(z))
+
     def contributions(self, z: torch.Tensor, score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Each instance's share of `score(logits)` (N,): the score minus the score of the bag without
         that instance. Leaving instance i out renormalises the pool (softmax: (M - a_i h_i) / (1 - a_i)),

@@ -82,6 +82,11 @@ class DTFD(Aggregator):
         attention = torch.empty_like(scores).index_copy(0, order, scores)
         return logits, attention
 
+    def instance_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """(N,) each instance's tier-1 attention score before the softmax (the pseudo-bag it falls in
+        does not change it): what teaching annotations supervise."""
+        return self.tier1_pool.score(self.project(z))
+
     def aux_loss(self, target: torch.Tensor, loss_fn: LossFn = F.cross_entropy) -> torch.Tensor | None:
         """Tier-1 loss: every pseudo-bag gets the bag's target (`loss_fn`, cross-entropy for classes)."""
         if self._tier1_logits is None:

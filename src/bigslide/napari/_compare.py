@@ -1,0 +1,82 @@
+"""A slide shown a second time, to the right of every slide, with another map over it: before and after
+maps side by side at the same physical scale. The copy and its layers have the role "comparison", so the
+panels do not list it as a slide to train on and its map is not the one the Results panel redraws."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bigslide.napari._layers import heatmap_display, heatmap_layer_kwargs
+from bigslide.napari._placement import SLIDE_GAP, WORLD_UNITS
+from bigslide.napari._roles import ROLE, remove_layers, slide_layers
+
+if TYPE_CHECKING:
+    import napari
+
+    from bigslide.explain.heatmap import Normalisation, ScoreGrid
+
+COMPARISON = "comparison"
+
+
+def show_beside(
+    viewer: napari.Viewer,
+    slide_layer: Any,
+    grid: ScoreGrid,
+    title: str,
+    *,
+    normalisation: Normalisation = "rank",
+    colormap: str = "inferno",
+) -> tuple[Any, Any]:
+    """The slide again, right of every slide, with `grid` over it and `title` above it (replacing an
+    earlier comparison of that slide); returns the copy and its map."""
+    path = slide_layer.metadata.get("path")
+    remove_layers(viewer, role=COMPARISON, slide=path)
+    right = max(float(s.extent.world[1][-1]) for s in slide_layers(viewer))
+    width = float(np.ptp(slide_layer.extent.world[:, -1]))
+    sx = float(slide_layer.scale[-1])
+    offset = (float(slide_layer.translate[-2]), right + SLIDE_GAP * width + sx / 2)
+    copy = viewer.add_image(
+        slide_layer.data,
+        name=f"{slide_layer.name} — {title}",
+        rgb=True,
+        multiscale=slide_layer.multiscale,
+        scale=slide_layer.scale,
+        translate=offset,
+        units=WORLD_UNITS,
+        contrast_limits=(0, 255),
+        metadata={ROLE: COMPARISON, "slide": path, "mpp": slide_layer.metadata.get("mpp")},
+    )
+    kwargs = heatmap_layer_kwargs(
+        grid, copy, name=f"{slide_layer.name} attention — {title}", normalisation=normalisation
+    )
+    kwargs["metadata"][ROLE] = COMPARISON
+    kwargs["metadata"]["slide"] = path
+    heat = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
+    if not grid.is_rgb:
+        heat.colormap = colormap
+    caption(viewer, copy, title, path)
+    return copy, heat
+
+
+def caption(viewer: napari.Viewer, layer: Any, text: str, slide: str | None, name: str | None = None) -> Any:
+    """A line of text over the top left corner of `layer` (replacing the caption of that name)."""
+    name = name or f"{layer.name} caption"
+    old = next((c for c in viewer.layers if c.name == name), None)
+    if old is not None:
+        viewer.layers.remove(old)
+    extent = layer.extent.world
+    # just above the layer, where the canvas is dark: white text over white glass would not read
+    top = float(extent[0][-2]) - 0.01 * float(np.ptp(extent[:, -2]))
+    left = float(extent[0][-1])
+    return viewer.add_points(
+        np.array([[top, left]]),
+        name=name,
+        size=1,
+        face_color="transparent",
+        border_color="transparent",
+        units=WORLD_UNITS,
+        text={"string": [text], "color": "white", "size": 13, "anchor": "upper_left"},  # above the point
+        metadata={ROLE: COMPARISON, "slide": slide},
+    )

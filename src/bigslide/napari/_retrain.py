@@ -1,0 +1,245 @@
+"""Teach by annotation, the training half: "Retrain with annotations" fine-tunes the Results panel's chosen
+checkpoint on the training set with its saved annotations, in a new run folder the CLI can replay
+(`bigslide train <folder>/config.yaml`), while the Results panel follows the chosen slide's map.
+
+The chosen checkpoint's map of the slide is drawn first on a copy of the slide to the right of every slide
+("before retraining"); the slide itself then shows the map of each new checkpoint as the run saves it, and
+the full map once the run ends: before and after, side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from napari.qt.threading import create_worker
+from napari.utils.notifications import show_error, show_info
+from qtpy.QtCore import Qt
+from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
+
+from bigslide.napari._compare import caption, show_beside
+from bigslide.napari._number import NumberField
+
+if TYPE_CHECKING:
+    import napari
+    from qtpy.QtWidgets import QCheckBox, QComboBox, QLineEdit
+
+    from bigslide.engine.config import TrainConfig
+    from bigslide.napari._session import Session
+
+BEFORE = "before retraining"
+
+
+class ResultsPanel(Protocol):
+    """What retraining uses of the Results panel: its chosen checkpoint, slide, device and display."""
+
+    viewer: napari.Viewer
+    session: Session
+    checkpoint: QLineEdit
+    device: QComboBox
+    follow: QCheckBox
+    normalisation: QComboBox
+    colormap: QComboBox
+
+    def slide_layer(self) -> Any: ...
+
+
+class RetrainBox(QGroupBox):
+    """Epochs, the annotations' weight and the button that starts (and stops) a fine-tune run."""
+
+    def __init__(self, panel: ResultsPanel) -> None:
+        super().__init__("Retrain with annotations")
+        self.panel = panel
+        self.worker: Any = None
+        self.run_gen: Any = None
+        self.run_dir: Path | None = None
+        self.last_checkpoint: Path | None = None
+        self.epochs = NumberField(
+            int, 5, name="retraining epochs", minimum=1, maximum=10_000, tip="Epochs of the fine-tune run"
+        )
+        self.weight = NumberField(
+            float,
+            1.0,
+            name="weight of annotated tiles",
+            minimum=0,
+            tip="Weight of the loss on annotated tiles beside the slide loss (data.instance_weight)",
+        )
+        self.button = QPushButton("Retrain with annotations")
+        self.button.setToolTip(
+            "Continues training the chosen checkpoint on the training set, learning from the saved "
+            "annotations, in a new run folder; the chosen slide's map follows the run"
+        )
+        self.button.clicked.connect(lambda: self.stop() if self.worker is not None else self.start())
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.status = QLabel("Save annotations, then retrain the chosen checkpoint with them.")
+        self.status.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("epochs", self.epochs)
+        form.addRow("weight of annotated tiles", self.weight)
+        rows = QVBoxLayout(self)
+        rows.addLayout(form)
+        rows.addWidget(self.button)
+        rows.addWidget(self.progress)
+        rows.addWidget(self.status)
+
+    # -- starting ----------------------------------------------------------------------------------
+    def write_folder(self) -> TrainConfig:
+        """The fine-tune run folder of the chosen checkpoint, beside the checkpoint's own run folder."""
+        from bigslide.engine.finetune import write_finetune_folder
+        from bigslide.napari._regions import write_run_regions
+        from bigslide.napari._run import new_run_folder
+
+        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        session = self.panel.session
+        session.table()  # a slide without a label fails here, before anything is written
+        self.run_dir = new_run_folder(checkpoint.resolve().parent.parent.parent, "retrained")
+        write_run_regions(self.panel.viewer, session, self.run_dir / "regions")  # rows now point there
+        epochs, weight = self.epochs.value(), self.weight.value()
+        assert isinstance(epochs, int)
+        assert isinstance(weight, float | int)
+        return write_finetune_folder(
+            checkpoint, self.run_dir, session.table(), epochs=epochs, instance_weight=float(weight)
+        )
+
+    def problems(self) -> list[str]:
+        slide = self.panel.slide_layer()
+        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        typed = [text for text in (self.epochs.refusal(), self.weight.refusal()) if text]
+        if typed:
+            return typed
+        if slide is None:
+            return ["open a slide and choose it above: its map is followed and compared"]
+        if not checkpoint.is_file():
+            return [f"no checkpoint at '{checkpoint}': choose the one to retrain above"]
+        if not any(r.annotations for r in self.panel.session.rows):
+            return ["no slide has saved annotations: draw some (Draw) and press Save"]
+        return []
+
+    def start(self) -> Any:
+        """Write the run folder and start the fine-tune in a worker thread; returns the worker (or None,
+        with the reason in the status line)."""
+        from bigslide.errors import BigslideError
+
+        problems = self.problems()
+        config = None
+        if not problems:
+            try:
+                config = self.write_folder()
+            except (BigslideError, OSError) as err:
+                problems = [str(err)]
+        if problems or config is None:
+            text = "Not started: " + "; ".join(problems) + "."
+            self.status.setText(text)
+            show_error(text)
+            return None
+        panel = self.panel
+        slide = panel.slide_layer()
+        checkpoint = Path(panel.checkpoint.text().strip()).expanduser()
+        row = panel.session.row(slide.metadata["path"])
+        panel.follow.setChecked(True)
+        self.last_checkpoint = None
+        self.run_gen = _retrain(
+            checkpoint,
+            slide.metadata["path"],
+            config,
+            regions=row.regions if row is not None else None,
+            device=panel.device.currentText(),
+            slide_mpp=panel.session.slide_mpp,
+        )
+        from bigslide.napari._run import drive
+
+        worker = create_worker(drive, self.run_gen, _start_thread=False, _ignore_errors=True)
+        worker.yielded.connect(lambda event: self._on_event(event, slide))
+        worker.aborted.connect(self._close_run, Qt.ConnectionType.DirectConnection)
+        worker.returned.connect(self._on_returned)
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_finished)
+        self.worker = worker
+        self.button.setText("Stop retraining")
+        self.progress.setRange(0, 0)
+        self.status.setText(
+            f"Drawing {checkpoint.name}'s map of {slide.name}, then retraining in {self.run_dir}…"
+        )
+        worker.start()
+        return worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.status.setText("Stopping after the current step; saving a checkpoint…")
+            self.worker.quit()
+
+    def _close_run(self) -> None:
+        if self.run_gen is not None:
+            self.run_gen.close()  # the engine saves checkpoints/last.pt on close
+
+    # -- the run's events ------------------------------------------------------------------------------
+    def _on_event(self, event: Any, slide: Any) -> None:
+        kind = type(event).__name__
+        if kind == "tuple" and event[0] == BEFORE:
+            self.show_before(event[1], slide)
+        elif kind == "Progress":
+            self.progress.setRange(0, max(event.total, 1))
+            self.progress.setValue(event.step)
+        elif kind == "Metrics" and event.split == "val":
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in event.values.items() if k in ("auc", "accuracy"))
+            self.status.setText(f"Retraining, epoch {event.epoch + 1} validation: {shown}")
+        elif kind == "CheckpointSaved":
+            self.last_checkpoint = Path(event.path)
+            self.panel.session.checkpoint_saved.emit(self.last_checkpoint)  # the Results panel follows
+        elif kind == "Message":
+            self.status.setText(event.text)
+
+    def show_before(self, prediction: Any, slide: Any) -> None:
+        """The chosen checkpoint's map on a copy of the slide, right of every slide; the slide's own map
+        is the run's from now on."""
+        if slide not in self.panel.viewer.layers or "attention" not in prediction.grids:
+            return
+        show_beside(
+            self.panel.viewer,
+            slide,
+            prediction.grids["attention"],
+            BEFORE,
+            normalisation=self.panel.normalisation.currentText(),  # type: ignore[arg-type]
+            colormap=self.panel.colormap.currentText(),
+        )
+        caption(self.panel.viewer, slide, "after retraining", slide.metadata.get("path"))
+        self.panel.viewer.reset_view()
+
+    def _on_returned(self, result: Any) -> None:
+        checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
+        if checkpoint is not None:
+            self.panel.session.run_finished.emit(Path(checkpoint))  # the Results panel draws the full map
+        test = getattr(result, "test", None)
+        scored = f"; test {', '.join(f'{k} {v:.3f}' for k, v in test.items())}" if test else ""
+        self.status.setText(
+            f"Retrained: {checkpoint}{scored}. Replay: bigslide train {self.run_dir}/config.yaml"
+        )
+        show_info(f"Retraining finished; checkpoint {checkpoint}")
+
+    def _on_error(self, err: Exception) -> None:
+        from bigslide.napari._run import in_panel_words
+
+        text = in_panel_words(f"Retraining failed: {err}")
+        self.status.setText(text)
+        show_error(text)
+
+    def _on_finished(self) -> None:
+        self.worker = None
+        self.run_gen = None
+        self.button.setText("Retrain with annotations")
+        if self.progress.maximum() == 0:
+            self.progress.setRange(0, 1)
+
+
+def _retrain(checkpoint: Path, slide: str, config: TrainConfig, **predict: Any) -> Generator[Any, None, Any]:
+    """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), then the fine-tune run's
+    events; returns its result."""
+    from bigslide.engine.inference import predict_slide
+    from bigslide.engine.loop import train
+    from bigslide.napari._train_widget import _limit_torch_threads
+
+    _limit_torch_threads()
+    yield BEFORE, predict_slide(checkpoint, slide, **predict)
+    return (yield from train(config))

@@ -1,0 +1,188 @@
+"""Teach by annotation in the Results panel: polygons drawn over a slide are saved as QuPath GeoJSON next to
+the slide table in level-0 pixels, read back from QuPath, counted in the Slides table, and "Retrain with
+annotations" fine-tunes the chosen checkpoint in a replayable run folder, its map shown before and after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import shapely
+import yaml
+from qtpy.QtCore import Qt
+
+from bigslide.annotations import NOT_LESION, annotated_count, annotations_path, class_colour, read_annotations
+from bigslide.data.table import SlideTable
+from bigslide.engine.config import TrainConfig
+from bigslide.grid import TileGrid
+from bigslide.slide import open_slide
+from tests.gui.test_results import tiny_checkpoint
+from tests.gui.test_typed_numbers import type_into
+
+LESION_BOX = [[64.0, 96.0], [64.0, 224.0], [192.0, 224.0], [192.0, 96.0]]  # napari (row, col), level 0
+NORMAL_BOX = [[320.0, 320.0], [320.0, 448.0], [448.0, 448.0], [448.0, 320.0]]
+
+
+def annotated_panel(viewer: Any, dock: Any, tiny_set: Path) -> tuple[Any, Any, Any]:
+    """The tiny set's table loaded, its first slide open and chosen in the Results panel, two polygons
+    drawn on it: a 'tumor' area and a 'Not lesion' one, as a pathologist does (choose, Draw, outline)."""
+    slides = dock("Slides")
+    slides.load_csv(tiny_set)
+    [slide] = viewer.open(tiny_set.parent / "slide_000.svs", plugin="bigslide")
+    panel = dock("Results")
+    panel.slide_box.setCurrentText(slide.name)
+    box = panel.annotate
+    assert [box.class_box.itemText(i) for i in range(box.class_box.count())] == [
+        NOT_LESION,
+        "normal",
+        "tumor",
+    ]
+    for name, polygon in (("tumor", LESION_BOX), (NOT_LESION, NORMAL_BOX)):
+        box.class_box.setCurrentText(name)
+        box.draw_button.click()
+        layer = box.layer()
+        assert layer.mode == "add_polygon"
+        layer.add_polygons([np.array(polygon)])  # what a double-click closing the outline adds
+    return slides, panel, layer
+
+
+def test_drawn_annotations_are_saved_as_qupath_geojson_beside_the_table_and_counted(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path
+) -> None:
+    slides, panel, layer = annotated_panel(viewer, dock, tiny_set)
+    assert list(layer.features["class"]) == [
+        "tumor",
+        NOT_LESION,
+    ]  # each shape keeps the class it was drawn as
+    np.testing.assert_allclose(layer.scale, slides.viewer.layers["slide_000"].scale)  # on the slide, in µm
+    panel.annotate.save_button.click()
+    slide_path = (tiny_set.parent / "slide_000.svs").resolve()
+    saved = annotations_path(tiny_set, slide_path)
+    assert saved.is_file()
+    feature = json.loads(saved.read_text())["features"][0]
+    assert feature["properties"]["classification"] == {
+        "name": "tumor",
+        "color": list(class_colour("tumor", ["normal", "tumor"])),
+    }
+    annotations = read_annotations(saved)
+    assert [a.name for a in annotations] == ["tumor", NOT_LESION]
+    # level-0 pixels, x right and y down: the (row, col) vertices swapped
+    assert annotations[0].geometry.equals(shapely.box(96, 64, 224, 192))
+    assert annotations[1].geometry.equals(shapely.box(320, 320, 448, 448))
+
+    row = panel.session.row(slide_path)
+    assert row is not None
+    assert row.annotations == saved
+    column = slides.column("Annotated")
+    assert column >= 0
+    index = panel.session.rows.index(row)
+    qtbot.waitUntil(lambda: slides.table.item(index, column).text() != "", timeout=60_000)
+    counted = int(slides.table.item(index, column).text())
+    session = panel.session  # the tiles a run would make of the slide, at the panel's tiling
+    with open_slide(slide_path) as opened:
+        grid = TileGrid.from_slide(
+            opened, session.tile_size, target_mpp=session.target_mpp, min_tissue=session.min_tissue
+        )
+    assert counted == annotated_count(annotations, grid.coords, grid.tile_size_level0) > 0
+    assert "Annotated" in slides.columns
+    assert panel.session.table().annotated()
+
+
+def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
+    viewer: Any, dock: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    [slide] = viewer.open(tiny_set.parent / "slide_001.svs", plugin="bigslide")
+    dock("Slides").load_csv(tiny_set)
+    panel = dock("Results")
+    panel.slide_box.setCurrentText(slide.name)
+    export = tmp_path / "qupath.geojson"
+    export.write_text(
+        json.dumps(
+            {
+                "type": "FeatureCollection",
+                "features": [
+                    {
+                        "type": "Feature",
+                        "geometry": {
+                            "type": "Polygon",
+                            "coordinates": [[[10, 20], [200, 20], [200, 90], [10, 20]]],
+                        },
+                        "properties": {
+                            "objectType": "annotation",
+                            "classification": {"name": "tumor", "color": [200, 0, 0]},
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    layer = panel.annotate.load(export)
+    assert list(layer.features["class"]) == ["tumor"]
+    np.testing.assert_allclose(
+        layer.data[0][:, ::-1], [[10, 20], [200, 20], [200, 90]]
+    )  # (x, y) as in the file
+    np.testing.assert_allclose(
+        layer.edge_color[0][:3], np.array(class_colour("tumor", ["normal", "tumor"])) / 255
+    )
+    assert "tumor" in panel.annotate.status.text()
+
+
+def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_and_shows_both_maps(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    checkpoint = tiny_checkpoint(
+        tiny_set, tmp_path / "runs" / "first", "abmil_acc", {"hidden": 32, "attention_dim": 16}
+    )
+    slides, panel, _layer = annotated_panel(viewer, dock, tiny_set)
+    panel.annotate.save_button.click()
+    row = panel.session.row(tiny_set.parent / "slide_000.svs")
+    qtbot.waitUntil(lambda: row is not None and row.annotated is not None, timeout=60_000)  # counted
+    panel.checkpoint.setText(str(checkpoint))
+    panel.device.setCurrentText("cpu")
+    retrain = panel.retrain
+    type_into(qtbot, retrain.epochs, "1")
+    type_into(qtbot, retrain.weight, "2.5")
+    seen: list[Path] = []
+    panel.session.checkpoint_saved.connect(seen.append)
+    qtbot.mouseClick(retrain.button, Qt.MouseButton.LeftButton)
+    assert retrain.worker is not None, retrain.status.text()
+    assert retrain.button.text() == "Stop retraining"
+    qtbot.waitUntil(lambda: retrain.worker is None, timeout=240_000)
+    assert retrain.status.text().startswith("Retrained:"), retrain.status.text()
+
+    folder = retrain.run_dir
+    assert folder is not None
+    assert folder.parent == checkpoint.parent.parent.parent
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert config["model"]["init_from"] == str(checkpoint.resolve())
+    assert (config["optim"]["epochs"], config["data"]["instance_weight"]) == (1, 2.5)
+    assert Path(config["data"]["csv"]).name == "slides.csv"
+    table = SlideTable.from_csv(folder / "slides.csv")
+    annotated = [e for e in table.entries if e.annotations is not None]
+    assert [e.path.name for e in annotated] == ["slide_000.svs"]
+    assert (
+        annotated[0].annotations.parent == (folder / "annotations").resolve()
+    )  # the run keeps what it learned from
+    replayed = TrainConfig.from_yaml(
+        folder / "config.yaml"
+    )  # what `bigslide train <folder>/config.yaml` reads
+    assert replayed.data.csv == str((folder / "slides.csv").resolve())
+
+    final = folder / "checkpoints" / "last.pt"
+    assert seen
+    assert seen[-1] == final
+    qtbot.waitUntil(
+        lambda: panel.run_button.isEnabled() and panel.checkpoint.text() == str(final), timeout=60_000
+    )
+    roles = [(layer.metadata.get("bigslide_role"), layer.name) for layer in viewer.layers]
+    compared = [name for role, name in roles if role == "comparison"]
+    assert any(name.startswith("slide_000 attention — before retraining") for name in compared), compared
+    slide = viewer.layers["slide_000"]
+    copy = next(layer for layer in viewer.layers if layer.name.startswith("slide_000 — before retraining"))
+    assert copy.extent.world[0][-1] > slide.extent.world[1][-1]  # to the right of the slide
+    np.testing.assert_allclose(copy.scale, slide.scale)
+    assert ("heatmap", "slide_000 attention") in roles  # the slide's own map: the retrained model's
+    assert "slide_000" in [s.name for s in slides.viewer.layers if s.metadata.get("bigslide_role") == "slide"]
+    assert len(panel.session.rows) == 4  # the copy is no slide of the training set
