@@ -25,7 +25,7 @@ from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.tile_cache import TileCache, tile_cache_for
-from bigslide.engine import Message, TrainConfig, train
+from bigslide.engine import Message, TrainConfig, tissue_report, train
 from bigslide.engine.cv import prepare_folds
 from bigslide.files import too_many_open_files
 from bigslide.grid import TileGrid
@@ -200,7 +200,17 @@ def test_where_the_cache_is(tmp_path: Path, slide_csv: Path) -> None:
     assert {f.config.data.tile_cache for f in folds} == {str(tmp_path / "runs" / ".tiles")}
 
 
-def test_a_second_training_run_tiles_nothing(slide_csv: Path, tmp_path: Path) -> None:
+def test_a_second_training_run_tiles_nothing(
+    slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[Path] = []
+    draw = tissue_report.save_check_png
+    monkeypatch.setattr(
+        tissue_report,
+        "save_check_png",
+        lambda slide, grid, path: drawn.append(path) or draw(slide, grid, path),
+    )
+
     def run(name: str) -> list[str]:
         config = TrainConfig()
         config.data.csv, config.data.tile_size, config.data.bag_size = str(slide_csv), 32, 4
@@ -209,7 +219,14 @@ def test_a_second_training_run_tiles_nothing(slide_csv: Path, tmp_path: Path) ->
         return [e.text for e in train(config) if isinstance(e, Message) and e.text.startswith("tile grids")]
 
     assert run("first") == [f"tile grids: 0 from {tmp_path / '.tiles'}, 4 made and kept there"]
+    assert len(drawn) == 4  # the tissue check's thumbnails, kept in the cache too
     assert run("second") == [f"tile grids: 4 from {tmp_path / '.tiles'}, 0 made and kept there"]
+    assert len(drawn) == 4  # the second run draws none
+    first = sorted((tmp_path / "first" / "tissue_check").glob("*.png"))
+    second = sorted((tmp_path / "second" / "tissue_check").glob("*.png"))
+    assert len(first) == 4
+    assert [p.name for p in first] == [p.name for p in second]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(first, second, strict=True))
 
 
 def test_a_process_keeps_a_bounded_number_of_slides_open(slide_csv: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,3 +73,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def link_or_copy(source: Path, target: Path) -> Path:
+    """`target` made the same file as `source` (a hard link, else a copy), atomically."""
+    with atomic_path(target) as tmp:
+        tmp.unlink()
+        try:
+            os.link(source, tmp)
+        except OSError:  # another file system, or one without links
+            shutil.copyfile(source, tmp)
+    return target

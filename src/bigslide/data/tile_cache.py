@@ -112,8 +112,27 @@ class TileCache:
             self._write(path, identity, bits=bits, shape=shape, downsample=np.float64(mask.downsample))
         return mask
 
+    def file(
+        self, kind: str, suffix: str, slide: Path, key: dict[str, Any], make: Callable[[Path], None]
+    ) -> Path | None:
+        """A file made from `slide` (e.g. the tissue check's thumbnail, `suffix` ".png"), kept in the cache
+        under `kind` and `key` with the identity of the slide's files: its path, made by `make(path)` first
+        when absent; None where the cache cannot be written."""
+        path = self._entry(kind, slide, None, {**key, "files": files_identity(slide)}, suffix)
+        if path.is_file():
+            return path
+        try:
+            with atomic_path(path) as tmp:
+                make(tmp)
+        except OSError as err:
+            self._warn(err)
+            return None
+        return path
+
     # -- entries ----------------------------------------------------------------------------------
-    def _entry(self, kind: str, slide: Path, regions: Path | None, key: dict[str, Any]) -> Path:
+    def _entry(
+        self, kind: str, slide: Path, regions: Path | None, key: dict[str, Any], suffix: str = ".npz"
+    ) -> Path:
         described = {
             "kind": kind,
             "slide": str(Path(slide).resolve()),
@@ -124,7 +143,7 @@ class TileCache:
         }
         digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=_plain).encode()).hexdigest()
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", slide_stem(slide))[:48]
-        return self.folder / f"{stem}-{digest[:24]}.{kind}.npz"
+        return self.folder / f"{stem}-{digest[:24]}.{kind}{suffix}"
 
     def _read(self, path: Path, identity: list[Any], load: Callable[[], Any]) -> Any:
         try:
@@ -144,14 +163,17 @@ class TileCache:
             with atomic_path(path) as tmp:
                 np.savez_compressed(tmp, identity=np.array(json.dumps(identity)), **arrays)
         except OSError as err:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"{self.folder}: cannot keep tile grids there ({err.strerror or err}); every run tiles "
-                    "its slides anew (set data.tile_cache to a writable folder, or none)",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+            self._warn(err)
+
+    def _warn(self, err: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.folder}: cannot keep tile grids there ({err.strerror or err}); every run tiles "
+                "its slides anew (set data.tile_cache to a writable folder, or none)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
 
 
 def files_identity(slide: Path) -> list[Any]:
@@ -173,11 +195,20 @@ def files_identity(slide: Path) -> list[Any]:
     return out
 
 
-@cache
-def code_digest() -> str:
-    """A digest of the source of `TILING_MODULES` (their names where a source cannot be read)."""
+def grid_digest(grid: TileGrid) -> str:
+    """A digest of everything a grid holds (its tiles, what was left out, its settings)."""
     digest = hashlib.sha256()
-    for name in TILING_MODULES:
+    for name, array in sorted(grid.arrays().items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:24]
+
+
+@cache
+def code_digest(modules: tuple[str, ...] = TILING_MODULES) -> str:
+    """A digest of the source of `modules` (their names where a source cannot be read)."""
+    digest = hashlib.sha256()
+    for name in modules:
         digest.update(name.encode())
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin and os.path.isfile(spec.origin):
