@@ -31,6 +31,13 @@ from bigslide.errors import DataError
 from bigslide.synthetic.slide_set import make_slide_set
 
 
+@pytest.fixture(autouse=True)
+def forked_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers forked from this process, whatever an earlier test in it set (a napari session starts them
+    from a fork server): they see `poison`'s decoder and are this process's children."""
+    monkeypatch.setattr(processes_module, "_START_METHOD", "fork")
+
+
 @pytest.fixture(scope="module")
 def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_slide_set(tmp_path_factory.mktemp("worker-slides"), n_slides=6, size=(512, 512), seed=7)

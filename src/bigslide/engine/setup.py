@@ -85,9 +85,10 @@ def annotations_taught(method: Method, train: object) -> str | None:
     method.check_instances()
     counts = [annotated.count(row) for row in range(len(annotated.per_row))]
     what = "the attention" if method.spec.instance_loss == "attention" else "a tile classifier"
+    slides = sum(c > 0 for c in counts)
     return (
-        f"annotations: {sum(counts)} annotated tiles in {sum(c > 0 for c in counts)} training slides teach "
-        f"{what} (weight {method.spec.instance_weight:g})"
+        f"annotations: {sum(counts)} annotated tile{'s' * (sum(counts) != 1)} in {slides} training "
+        f"slide{'s' * (slides != 1)} teach {what} (weight {method.spec.instance_weight:g})"
     )
 
 
@@ -131,7 +132,8 @@ def init_from_checkpoint(config: TrainConfig, method: Method, endpoint: Endpoint
         )
     method.model.load_state_dict(state, strict=False)
     epochs = len(saved.get("history", []))
-    return f"started from the weights of {path} ({saved.get('method', '?')}, {epochs} epochs trained)"
+    trained = f"{epochs} epoch{'s' * (epochs != 1)} trained"
+    return f"started from the weights of {path} ({saved.get('method', '?')}, {trained})"
 
 
 def build_dataset(
