@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import platform
 import tempfile
 import time
@@ -173,8 +174,11 @@ def main() -> None:
         shot("follow_large_full.png")
 
     lines = [
-        f"Machine: {platform.processor() or platform.machine()}, {QApplication.platformName()}; "
-        f"command: xvfb-run -a -s '-screen 0 1600x1000x24' .venv/bin/python docs/measure_gaps.py",
+        f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), no GPU, Qt on "
+        f"{QApplication.platformName()} (Xvfb, software OpenGL), load average {os.getloadavg()[0]:.1f} "
+        "at the end; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "Command: xvfb-run -a -s '-screen 0 1600x1000x24' .venv/bin/python docs/measure_gaps.py",
         "",
         "| action | longest event-loop gap |",
         "| --- | --- |",

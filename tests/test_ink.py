@@ -66,6 +66,23 @@ def test_stained_tissue_pale_tissue_and_tissue_under_light_ink_are_tissue(
         assert (classes[inside] == TISSUE).mean() > most, name
 
 
+@pytest.mark.parametrize("pixel_um", [0.5, 2.0, 8.0])
+def test_ihc_tissue_brown_with_dab_is_tissue(pixel_um: float) -> None:
+    """IHC: hematoxylin nuclei and broad, smooth fields of DAB (brown), measured as coarsely as a tile's
+    footprint may be; brown is a stain, never a pen."""
+    rng = np.random.default_rng(1)
+    size = 160
+    nuclei = ndimage.gaussian_filter((rng.random((size, size)) < 0.03).astype(float), 1.0) * 6
+    glands = ndimage.gaussian_filter(rng.random((size, size)), 12) > 0.5
+    dab = ndimage.gaussian_filter(glands.astype(float), 2) * rng.uniform(0.8, 1.6)
+    hematoxylin, diaminobenzidine = np.array([0.65, 0.70, 0.29]), np.array([0.27, 0.57, 0.78])
+    od = (0.4 + nuclei[..., None]) * hematoxylin + dab[..., None] * diaminobenzidine  # counterstain, DAB
+    rgb = np.clip(np.rint(245 * np.exp(-od)), 0, 255).astype(np.uint8)
+    classes = classify_pixels(_on_glass(rgb[48:112, 48:112]), pixel_um=pixel_um)
+    assert (classes[16:80, 16:80] == TISSUE).mean() > 0.95
+    assert (classes[16:80, 16:80] == INK_PIXEL).mean() < 0.02
+
+
 def test_dust_and_black_are_not_tissue() -> None:
     image = np.full((64, 64, 3), 245, np.uint8)
     image[20:30, 20:30] = (70, 68, 62)  # a grey-brown speck

@@ -5,7 +5,7 @@ Pixels are judged in optical density (OD = -ln(intensity / 255)) above the slide
 colour cast or a dim lamp moves glass and tissue together. Hematoxylin and eosin absorb green light most
 (eosin) or red and green alike (hematoxylin), and blue light little. A pixel is not tissue when it is grey
 or black (dust, black ink, bubble rims), or when it is a film of dye with no cells in it: off-stain
-(absorbing at least `TissueSettings.ink_blue_green` as much blue as green: green, red, black, brown) or
+(absorbing at least `TissueSettings.ink_blue_green` as much blue as green: green, red, black) or
 blue-violet (absorbing more red than green, as blue ink and a bluish hematoxylin both do; colour cannot
 tell them apart) and smooth in colour (`colour_texture` below `ink_texture` in most of its
 neighbourhood). Ink is one dye, so it varies in amount only; tissue is nuclei beside cytoplasm and
@@ -45,6 +45,12 @@ SMOOTH_MIN_OD = 0.6
 """Summed OD from which a smooth blue-violet area is ink (a paler one is faint tissue)."""
 DARK_OD = 4.5
 """Summed OD from which any colour may be ink (where strokes of two inks cross, the mix looks purple)."""
+BROWN_BLUE_GREEN = 0.75
+BROWN_RED_GREEN = (0.3, 0.85)
+"""Brown, never ink: blue OD at least 0.75 times the green's and red OD 0.3 to 0.85 times it: DAB (IHC's
+stain, OD 0.27 : 0.57 : 0.78) alone or over hematoxylin (0.65 : 0.70 : 0.29), down to about 1.3 parts DAB
+to 1 of hematoxylin. The pens' inks lie outside: red 0.16 : 1 : 0.88, black 1 : 1 : 0.9, green
+2.5 : 1 : 1.7, blue 1.3 : 1 : 0.36."""
 VOTE_SIGMA = 2.0
 GROW_PX = 2
 POCKET_PX = 16
@@ -193,8 +199,12 @@ def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np
     `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
     total = od.sum(axis=-1)
     coloured = total >= INK_MIN_OD
-    neutral = coloured & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
-    off_colour = coloured & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
+    # brown (DAB, IHC's stain, alone or over hematoxylin) is a stain: no pen's ink is brown
+    low, high = BROWN_RED_GREEN
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    brown = (blue >= BROWN_BLUE_GREEN * green) & (red >= low * green) & (red <= high * green)
+    neutral = coloured & ~brown & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
+    off_colour = coloured & ~brown & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
     bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
     candidate = off_colour | bluish | (total >= DARK_OD)
     # two strokes crossing: no stain is that dark and that far off colour, textured or not
