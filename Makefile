@@ -8,7 +8,7 @@ APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-ra
 	libxcb-xinerama0 libxcb-xfixes0 libxcb-shape0 libxkbcommon-x11-0 libxcb-cursor0 libdbus-1-3 \
 	libgl1 libegl1 libfontconfig1 libglib2.0-0
 
-.PHONY: demo test lint typecheck unit gui system-deps clean
+.PHONY: demo test test-gpu lint typecheck unit gui system-deps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ typecheck: $(STAMP)
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/npe2 validate --imports bigslide
 	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/pytest -p no:cacheprovider
+
+# the exactness tests and two training steps of every method on CUDA (CI has no GPU: there they are skipped)
+test-gpu: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider -m cuda tests/test_cuda.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
