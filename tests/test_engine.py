@@ -222,3 +222,28 @@ def test_a_run_writes_tensorboard_events_read_back_by_tensorboard(slide_csv: Pat
     (image_tag,) = tags["images"]
     assert "attention" in image_tag
     assert len(events.Images(image_tag)) == 2  # one per epoch
+
+
+def test_a_preview_of_a_large_slide_reads_one_tile_in_s_by_s_over_the_same_area(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    config = small_config(slide_csv, tmp_path, "abmil_acc", **TINY["abmil_acc"])
+    config.optim.max_steps = 1
+    _, result = drain(train(config))
+    slide = slide_csv.parent / "slide_000.svs"
+    full = predict_slide(result.checkpoint, slide)
+    tiles = int(np.isfinite(full.grids["attention"].scores).sum())
+    preview = predict_slide(result.checkpoint, slide, max_tiles=tiles // 5)
+    step = preview.thinned
+    assert full.thinned == 1
+    assert step == 3  # ceil(sqrt(5)): at most max_tiles tiles are read
+    coarse, fine = preview.grids["attention"], full.grids["attention"]
+    assert coarse.cell_size_level0 == pytest.approx(step * fine.cell_size_level0)
+    read = int(np.isfinite(coarse.scores).sum())
+    assert 0 < read <= tiles // 5
+    assert tiles / step**2 * 0.5 <= read  # a lattice over the whole tissue, not a corner of it
+    # each read tile's cell covers the full map's cells around it: the preview lies over the same tissue
+    w, h = coarse.scores.shape[1] * coarse.cell_size_level0, coarse.scores.shape[0] * coarse.cell_size_level0
+    assert w >= fine.scores.shape[1] * fine.cell_size_level0 - coarse.cell_size_level0
+    assert h >= fine.scores.shape[0] * fine.cell_size_level0 - coarse.cell_size_level0
+    assert coarse.origin == pytest.approx(fine.origin)
