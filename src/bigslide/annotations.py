@@ -27,6 +27,7 @@ from shapely.geometry import MultiPolygon, Polygon, mapping, shape
 
 from bigslide.errors import DataError
 from bigslide.files import atomic_write_text
+from bigslide.regions import plain_geojson, read_features
 
 Polygonal: TypeAlias = Polygon | MultiPolygon
 
@@ -95,14 +96,8 @@ def annotations_path(table: str | Path, slide: str | Path) -> Path:
 def read_annotations(path: str | Path) -> list[Annotation]:
     """The teaching annotations of a GeoJSON file (FeatureCollection, Feature or list of Features)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such annotations file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from None
     annotations = []
-    for index, feature in enumerate(_features(data, path)):
+    for index, feature in enumerate(read_features(path, "annotations", DataError)):
         where = f"{path}: feature {index}"
         name = _class_name(feature, where)
         if not name or name.endswith("*"):
@@ -123,7 +118,7 @@ def write_annotations(
             {
                 "type": "Feature",
                 "id": str(uuid.uuid4()),
-                "geometry": _plain(mapping(annotation.geometry)),
+                "geometry": plain_geojson(mapping(annotation.geometry)),
                 "properties": {
                     "objectType": "annotation",
                     "classification": {"name": annotation.name, "color": colour},
@@ -165,18 +160,6 @@ def annotated_count(annotations: Sequence[Annotation], coords: np.ndarray, tile_
     return int(np.count_nonzero(shapely.contains_xy(union, centre[:, 0], centre[:, 1])))
 
 
-def _features(data: Any, path: Path) -> list[Any]:
-    if isinstance(data, list):
-        return data
-    if isinstance(data, dict) and data.get("type") == "FeatureCollection":
-        features = data.get("features")
-        if isinstance(features, list):
-            return features
-    if isinstance(data, dict) and data.get("type") == "Feature":
-        return [data]
-    raise DataError(f"{path}: expected a GeoJSON FeatureCollection, Feature or list of Features")
-
-
 def _class_name(feature: Any, where: str) -> str:
     if not isinstance(feature, dict):
         raise DataError(f"{where}: not a GeoJSON Feature")
@@ -206,12 +189,3 @@ def _geometry(feature: dict[str, Any], where: str) -> Polygonal:
     if not isinstance(geometry, Polygon | MultiPolygon) or geometry.area <= 0:
         raise DataError(f"{where}: the {kind} has no area")
     return geometry
-
-
-def _plain(value: Any) -> Any:
-    """shapely's mapping() uses tuples; JSON wants lists."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

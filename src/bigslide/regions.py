@@ -22,7 +22,8 @@ import numpy as np
 import shapely
 from shapely.geometry import MultiPolygon, Polygon, box, mapping
 
-from bigslide.errors import RegionError
+from bigslide.errors import BigslideError, RegionError
+from bigslide.files import atomic_write_text
 
 Polygonal: TypeAlias = Polygon | MultiPolygon
 
@@ -50,13 +51,7 @@ EXCLUDE_CLASS = "Ignore*"
 def load_regions(path: str | Path) -> list[Region]:
     """Read Polygon / MultiPolygon features from a GeoJSON file (FeatureCollection, Feature or list)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise RegionError(f"{path}: no such regions file") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RegionError(f"{path}: not valid JSON ({exc})") from exc
-    features = _features(data, path)
+    features = read_features(path, "regions", RegionError)
     return [_parse_feature(feature, index, path) for index, feature in enumerate(features)]
 
 
@@ -72,10 +67,10 @@ def save_regions(regions: Sequence[Region], path: str | Path) -> Path:
         if region.name:
             properties["classification"] = {"name": region.name}
         features.append(
-            {"type": "Feature", "geometry": _plain(mapping(region.geometry)), "properties": properties}
+            {"type": "Feature", "geometry": plain_geojson(mapping(region.geometry)), "properties": properties}
         )
-    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}), encoding="utf-8")
-    return path
+    # written under a temporary name and renamed: a reader (QuPath, a run) never sees half a file
+    return atomic_write_text(path, json.dumps({"type": "FeatureCollection", "features": features}))
 
 
 def centres_inside(coords: np.ndarray, tile_size_level0: int, regions: Sequence[Region]) -> np.ndarray:
@@ -123,17 +118,26 @@ def check_inside(regions: Sequence[Region], dimensions: tuple[int, int], source:
             )
 
 
-def _features(data: Any, path: Path) -> list[Any]:
+def read_features(path: Path, what: str, error: type[BigslideError]) -> list[Any]:
+    """The Features of a GeoJSON file (a FeatureCollection, a Feature or a list of Features), as QuPath
+    exports them; a file that is none of these is an `error` naming the file, the kind of file `what`
+    ("regions", "annotations") when it is missing."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, list):
         return data
     if isinstance(data, dict) and data.get("type") == "FeatureCollection":
         features = data.get("features")
         if not isinstance(features, list):
-            raise RegionError(f"{path}: FeatureCollection has no 'features' list")
+            raise error(f"{path}: FeatureCollection has no 'features' list")
         return features
     if isinstance(data, dict) and data.get("type") == "Feature":
         return [data]
-    raise RegionError(f"{path}: expected a GeoJSON FeatureCollection, Feature or list of Features")
+    raise error(f"{path}: expected a GeoJSON FeatureCollection, Feature or list of Features")
 
 
 def _parse_feature(feature: Any, index: int, path: Path) -> Region:
@@ -207,10 +211,10 @@ def _name(properties: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _plain(value: Any) -> Any:
-    """shapely's mapping() uses tuples; JSON wants lists."""
+def plain_geojson(value: Any) -> Any:
+    """A geometry's GeoJSON as JSON writes it: shapely's mapping() uses tuples, JSON wants lists."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_geojson(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_geojson(v) for v in value]
     return value
