@@ -19,12 +19,9 @@ import numpy as np
 import shapely
 
 from bigslide.annotations import NOT_LESION, Annotation, annotations_path, write_annotations
-from bigslide.bench.learning_runs import slide_config, train_run
+from bigslide.bench.learning_runs import scored_on_test, slide_config, train_run
 from bigslide.data.bags import BagDataset
 from bigslide.data.table import SlideTable
-from bigslide.engine import predict_slides
-from bigslide.engine.metrics import classification_metrics
-from bigslide.explain.localisation import lesion_cell_auc
 from bigslide.synthetic.slide_set import load_lesions
 
 ARMS = {"none": 0.0, "attention": 1.0, "tiles": 1.0}
@@ -79,7 +76,8 @@ def _normal_square(
 
 def annotation_run(args: argparse.Namespace, csv_path: Path, arm: str, seed: int) -> dict[str, float]:
     """ABMIL-ACC on the annotated subtle set, `arm` saying what the annotations teach ("none": they are
-    ignored): test slide AUC and balanced accuracy, attention cell AUC on the test lesions, and the
+    ignored): test slide AUC and balanced accuracy (at the threshold chosen on validation, as every part
+    scores), attention cell AUC on the test lesions, and the
     epochs to `AUC_GOAL` on the validation slides (`goal_epochs`)."""
     config = slide_config(args, csv_path, "subtle", "abmil_acc", seed, f"annotations-{arm}")
     config.optim.epochs = args.annotated_epochs
@@ -87,19 +85,7 @@ def annotation_run(args: argparse.Namespace, csv_path: Path, arm: str, seed: int
     if arm != "none":
         config.data.instance_loss = arm  # type: ignore[assignment]
     result = train_run(config)
-    assert result.checkpoint is not None
-    table = SlideTable.from_csv(csv_path)
-    test = table.subset("test")
-    preds, raw = predict_slides(result.checkpoint, test, repeats=0)
-    labels = np.array([table.encode(e.label) for e in test.entries])
-    metrics = classification_metrics(labels, raw.probs)
-    lesions = load_lesions(csv_path.parent.parent / "lesions.json")
-    aucs = [
-        lesion_cell_auc(p.grids["attention"], lesions[Path(e.path).name])
-        for p, e in zip(preds, test.entries)
-        if lesions[Path(e.path).name]
-    ]
-    metrics["cell_auc"] = float(np.nanmean(aucs))
+    metrics = scored_on_test(result, csv_path, csv_path.parent.parent / "lesions.json", "attention")
     metrics.update(goal_epochs([float(r["val"]["auc"]) for r in result.history if "val" in r]))
     return metrics
 

@@ -120,18 +120,25 @@ def slide_run(
 ) -> dict[str, float]:
     config = slide_config(args, csv, kind, method, seed, f"{kind}-{method}")
     result = train_run(config)
+    map_name = "attention" if method not in IMAGE_METHODS else "evidence"
+    return scored_on_test(result, csv, csv.parent / "lesions.json", map_name)
+
+
+def scored_on_test(result: RunResult, csv: Path, lesions_file: Path, map_name: str) -> dict[str, float]:
+    """The run's checkpoint on the test split of the table `csv`: slide metrics at the threshold chosen on
+    validation, and `cell_auc`, the mean over the test slides with lesions of how well the map `map_name`
+    finds them (left out when no such slide has that map)."""
     assert result.checkpoint is not None
     table = SlideTable.from_csv(csv)
     test = table.subset("test")
     preds, raw = predict_slides(result.checkpoint, test, repeats=0)
     labels = np.array([table.encode(e.label) for e in test.entries])
-    metrics = classification_metrics(labels, raw.probs, raw.decision)  # the threshold chosen on validation
-    lesions = load_lesions(csv.parent / "lesions.json")
-    map_name = "attention" if method not in IMAGE_METHODS else "evidence"
+    metrics = classification_metrics(labels, raw.probs, raw.decision)
+    lesions = load_lesions(lesions_file)
     aucs = [
         lesion_cell_auc(p.grids[map_name], lesions[Path(e.path).name])
         for p, e in zip(preds, test.entries)
-        if e.label == "tumor" and map_name in p.grids
+        if lesions[Path(e.path).name] and map_name in p.grids
     ]
     if aucs:
         metrics["cell_auc"] = float(np.nanmean(aucs))
