@@ -123,8 +123,18 @@ def _worst_relative_error(
 def test_accumulated_gradient_equals_full_bag_gradient(
     encoder_name: str, aggregator_name: str, dtype: torch.dtype
 ) -> None:
+    check_accumulated_gradient(encoder_name, aggregator_name, dtype)
+
+
+def check_accumulated_gradient(
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype, device: torch.device | None = None
+) -> None:
+    """ABMIL-ACC's loss and gradients against one backward through the whole bag, on `device` (the CPU
+    by default; tests/test_cuda.py runs it on CUDA)."""
     stochastic = ENCODERS[encoder_name][2]
     encoder, head, bag, target = _setup(encoder_name, aggregator_name, dtype, 0.2 if stochastic else 0.0)
+    if device is not None:
+        encoder, head, bag, target = encoder.to(device), head.to(device), bag.to(device), target.to(device)
     # Truth: one graph over the whole bag and one backward through it. Its encoder is called in the
     # replay's chunk sizes: dropout masks depend on how the encoder is called, and float32 kernels round
     # differently per batch size (enough, alone, to move the small GroupNorm net's gradients by 1e-6).
@@ -139,6 +149,7 @@ def test_accumulated_gradient_equals_full_bag_gradient(
     after_acc = torch.rand(3)
     acc_grads = _take_grads(encoder, head)
 
+    assert all(g is None or g.device == bag.device for g in acc_grads.values())
     assert has_stochastic_layers(encoder) == stochastic
     assert not loss.requires_grad
     assert float(loss) == pytest.approx(float(truth.loss), rel=TOLERANCE[dtype])

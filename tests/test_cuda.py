@@ -14,18 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bigslide.engine import Loss, train
-from bigslide.methods.abmil_acc import bag_backward
-from bigslide.methods.base import Batch, available_methods
-from bigslide.methods.mil_baselines import full_bag_backward
+from bigslide.methods.base import available_methods
 from bigslide.nn.big import BigBatchNorm2d, BigConv2d
 from bigslide.synthetic.slide_set import make_slide_set
-from tests.test_abmil_acc import CHUNK, FORWARD_CHUNK, TOLERANCE, _setup, _take_grads, _worst_relative_error
+from tests.test_abmil_acc import check_accumulated_gradient
 from tests.test_engine import TINY, drain, small_config
-from tests.test_patchgd import RecordingStepper, make_method
+from tests.test_patchgd import check_step_is_whole_images_gradient
 
 DEVICE = torch.device(os.environ.get("BIGSLIDE_TEST_DEVICE", "cuda"))
 
@@ -58,39 +55,13 @@ def deterministic_kernels() -> Iterator[None]:
 def test_abmil_acc_gives_the_full_bag_gradient(
     encoder_name: str, aggregator_name: str, dtype: torch.dtype
 ) -> None:
-    stochastic = encoder_name == "dropout_droppath"
-    encoder, head, bag, target = _setup(encoder_name, aggregator_name, dtype, 0.2 if stochastic else 0.0)
-    encoder, head, bag, target = encoder.to(DEVICE), head.to(DEVICE), bag.to(DEVICE), target.to(DEVICE)
-    torch.manual_seed(7)  # seeds the CUDA generators too: dropout masks are drawn there
-    truth = full_bag_backward(encoder, head, bag, target, encode_chunk_size=CHUNK)
-    truth_grads = _take_grads(encoder, head)
-    torch.manual_seed(7)
-    loss = bag_backward(encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK)
-    acc_grads = _take_grads(encoder, head)
-    assert all(g is None or g.device.type == DEVICE.type for g in acc_grads.values())
-    assert float(loss) == pytest.approx(float(truth.loss), rel=TOLERANCE[dtype])
-    assert _worst_relative_error(truth_grads, acc_grads) <= TOLERANCE[dtype]
+    check_accumulated_gradient(encoder_name, aggregator_name, dtype, DEVICE)
 
 
 def test_patchgd_step_is_the_whole_images_gradient() -> None:
-    """Algorithm 1 with inner iterations that cover every patch once (as on the CPU, in
-    tests/test_patchgd.py): the step's gradient is the whole model's, the encoder's share over epsilon."""
-    torch.manual_seed(8)
-    method = make_method(head="pool", k=2, epsilon=3, head_width=8)
-    method.device = DEVICE
-    method.model.double().to(DEVICE)
-    whole = copy.deepcopy(method.model)
-    x = torch.rand(2, 3, 64, 96, dtype=torch.float64, device=DEVICE)
-    y = torch.tensor([1, 2], device=DEVICE)
-    stepper = RecordingStepper(method.model)
-    assert method.train_step(Batch(x, y, []), stepper).optimizer_steps == 1
-    patches = x.unfold(2, 32, 32).unfold(3, 32, 32).permute(0, 2, 3, 1, 4, 5).reshape(-1, 3, 32, 32)
-    Z = whole.encoder(patches).view(2, 2, 3, -1).permute(0, 3, 1, 2)
-    F.cross_entropy(whole.head(Z), y).backward()
-    for name, p in whole.named_parameters():
-        assert p.grad is not None
-        scale = 1 / 3 if name.startswith("encoder.") else 1.0
-        torch.testing.assert_close(stepper.grads[0][name], scale * p.grad, atol=1e-10, rtol=1e-8)
+    """Algorithm 1 with inner iterations that cover every patch once: the step's gradient is the whole
+    model's, the encoder's share over epsilon."""
+    check_step_is_whole_images_gradient("pool", DEVICE)
 
 
 def test_big_layers_match_the_native_layers() -> None:

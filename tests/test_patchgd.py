@@ -197,11 +197,18 @@ def test_one_step_per_batch_is_the_whole_images_gradient(head: str):
     with grad, the head on all of Z) at the memory of k patches per image; the encoder's share comes
     scaled by 1/epsilon (Algorithm 1 divides each inner iteration's loss by epsilon and each patch is in
     one iteration), a constant factor Adam does not see."""
+    check_step_is_whole_images_gradient(head, CPU)
+
+
+def check_step_is_whole_images_gradient(head: str, device: torch.device) -> None:
+    """The test above on `device` (tests/test_cuda.py runs it on CUDA)."""
     torch.manual_seed(8)
     method = make_method(head=head, k=2, epsilon=3, head_width=8)  # 6 patches per image -> zeta 3
-    method.model.double()
+    method.device = device
+    method.model.double().to(device)
     whole = copy.deepcopy(method.model)
-    x, y = torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([1, 2])
+    x = torch.rand(2, 3, 64, 96, dtype=torch.float64, device=device)
+    y = torch.tensor([1, 2], device=device)
     stepper = RecordingStepper(method.model)
     assert method.train_step(Batch(x, y, []), stepper).optimizer_steps == 1
     patches = x.unfold(2, 32, 32).unfold(3, 32, 32).permute(0, 2, 3, 1, 4, 5).reshape(-1, 3, 32, 32)
