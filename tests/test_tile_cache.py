@@ -25,8 +25,9 @@ from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.tile_cache import TileCache, tile_cache_for
-from bigslide.engine import Message, TrainConfig, tissue_report, train
+from bigslide.engine import Message, TrainConfig, train
 from bigslide.engine.cv import prepare_folds
+from bigslide.explain import tissue_check
 from bigslide.files import too_many_open_files
 from bigslide.grid import TileGrid
 from bigslide.regions import Region, save_regions
@@ -204,9 +205,9 @@ def test_a_second_training_run_tiles_nothing(
     slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     drawn: list[Path] = []
-    draw = tissue_report.save_check_png
+    draw = tissue_check.save_check_png
     monkeypatch.setattr(
-        tissue_report,
+        tissue_check,
         "save_check_png",
         lambda slide, grid, path: drawn.append(path) or draw(slide, grid, path),
     )

@@ -25,7 +25,7 @@ from bigslide.cli import slide_rows
 from bigslide.cli.progress import stop_requests
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
-from bigslide.data.tile_cache import tile_cache_for
+from bigslide.data.tile_cache import TileCache, tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
@@ -126,6 +126,7 @@ def predict_to(
     ]
     skipped = len(table) - len(todo)
     tally = _Tally(start, tqdm(total=len(todo), unit="slide", dynamic_ncols=True, disable=quiet or not todo))
+    tile_cache = tile_cache_for(trained.config.data.tile_cache, out)
     outcomes = predict_cohort(
         trained,
         table,
@@ -134,7 +135,7 @@ def predict_to(
         repeats=repeats,
         slide_mpp=fallback_mpp,
         with_grids=heatmaps,
-        tiles=tile_cache_for(trained.config.data.tile_cache, out),
+        tiles=tile_cache,
     )
     # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
     # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.
@@ -151,7 +152,7 @@ def predict_to(
         writer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-write")
         try:
             for outcome in outcomes:
-                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps)))
+                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps, tile_cache)))
                 settle(WRITES_AHEAD)
                 if stop.is_set():
                     stopped = True
@@ -210,10 +211,18 @@ class _Tally:
             self.bar.set_postfix_str(f"{self.tiles / (time.perf_counter() - self.start):.0f} tiles/s")
 
 
-def _write(out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool) -> None:
+def _write(
+    out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool, tile_cache: TileCache | None
+) -> None:
     try:
         slide_rows.write_slide_outputs(
-            out, outcome.result, settings=settings, heatmaps=heatmaps, tiles=outcome.tiles, grid=outcome.grid
+            out,
+            outcome.result,
+            settings=settings,
+            heatmaps=heatmaps,
+            tiles=outcome.tiles,
+            grid=outcome.grid,
+            tile_cache=tile_cache,
         )
     except OSError as err:  # a full disk, a folder not ours: the run cannot go on
         raise DataError(

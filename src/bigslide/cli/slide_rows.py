@@ -21,6 +21,7 @@ import numpy as np
 from bigslide.cli.report import write_heatmaps, write_predictions
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import TileCache
 from bigslide.engine.decision import Decision
 from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.tissue_check import CSV_NAME, FOLDER, check_row, write_check_csv, write_check_png
@@ -51,13 +52,13 @@ def write_slide_outputs(
     heatmaps: bool,
     tiles: int = 0,
     grid: TileGrid | None = None,
+    tile_cache: TileCache | None = None,
 ) -> Path:
-    """The slide's heatmaps (a prediction's, when `heatmaps`) and tissue check (with its `grid`), then
-    its row."""
+    """The slide's heatmaps (a prediction's, when `heatmaps`) and tissue check (with its `grid`; its
+    thumbnail kept in `tile_cache` when there is one), then its row."""
     row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
     if grid is not None:
-        with open_slide(result.slide) as slide:
-            write_check_png(slide, grid, out / FOLDER)
+        write_check_png(lambda: open_slide(result.slide), result.slide, grid, out / FOLDER, tiles=tile_cache)
         row["tissue_check"] = check_row(result.slide, grid)
     if isinstance(result, SlideFailure):
         row |= {"error": result.error, "outputs": None, "heatmaps": None}

@@ -4,6 +4,7 @@ run folder (`bigslide.explain.tissue_check`), and a warning when no tile or near
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +13,16 @@ from bigslide.data.config import DataConfig
 from bigslide.data.feature_bags import FeatureBagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.slides import SlideCache
-from bigslide.data.tile_cache import code_digest, grid_digest
 from bigslide.engine.events import Event, Message
 from bigslide.explain.tissue_check import (
     CSV_NAME,
     FOLDER,
-    check_png_path,
     check_row,
-    save_check_png,
     warning,
     write_check_csv,
+    write_check_png,
 )
-from bigslide.files import atomic_path, link_or_copy
 from bigslide.grid import TileGrid
-
-THUMBNAIL_MODULES = ("bigslide.explain.tissue_check",)
 
 
 def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[tuple[Path, TileGrid]]:
@@ -55,7 +51,7 @@ def write_tissue_check(
             if dataset is None:
                 continue
             for path, grid in slide_grids(dataset, data, slides):
-                _thumbnail(slides, Path(path), grid, out / FOLDER)
+                write_check_png(partial(slides.opened, path), path, grid, out / FOLDER, slides.tiles)
                 rows.append(check_row(path, grid))
                 text = warning(path, grid)
                 if text is not None:
@@ -68,21 +64,3 @@ def write_tissue_check(
         return None
     yield Message(f"tissue check: {csv} and a thumbnail per slide in {out / FOLDER}")
     return csv
-
-
-def _thumbnail(slides: SlideCache, path: Path, grid: TileGrid, folder: Path) -> Path:
-    """The slide's tissue-check thumbnail in `folder`: linked from the tile cache when one is kept there (a
-    cohort's second run draws none), else drawn now."""
-
-    def draw(target: Path) -> None:
-        with slides.opened(path) as slide:
-            save_check_png(slide, grid, target)
-
-    target = check_png_path(folder, path)
-    key = {"grid": grid_digest(grid), "code": code_digest(THUMBNAIL_MODULES)}
-    kept = slides.tiles.file("check", ".png", path, key, draw) if slides.tiles is not None else None
-    if kept is not None:
-        return link_or_copy(kept, target)
-    with atomic_path(target) as tmp:
-        draw(tmp)
-    return target

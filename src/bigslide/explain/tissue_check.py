@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from bigslide.files import atomic_path, atomic_write_text
+from bigslide.data.tile_cache import TileCache, code_digest, grid_digest
+from bigslide.files import atomic_path, atomic_write_text, link_or_copy
 from bigslide.grid import BLUR, INK, TileGrid
 from bigslide.slide import Slide, slide_stem
 
@@ -41,6 +43,8 @@ BLUR_COLOUR = (255, 210, 0)
 THUMBNAIL_SIZE = 512
 """Longer side of a slide's thumbnail, px: enough to see the tissue, the ink and the kept tiles; a cohort's
 first run draws one per slide (at 768 px they took 75 ms each, at 512 px 37 ms)."""
+THUMBNAIL_MODULES = (__name__,)
+"""The code that draws a thumbnail: a change to it draws the cached ones anew."""
 MOSTLY_KEPT = 0.95
 """A slide with at least this share of its tiles kept is named in a warning (glass taken for tissue?)."""
 
@@ -118,22 +122,34 @@ def _legend(image: np.ndarray, grid: TileGrid) -> np.ndarray:
     return np.concatenate([image, np.asarray(strip)], axis=0)
 
 
-def check_png_path(folder: Path, slide: str | Path) -> Path:
-    """Where the slide's thumbnail goes in `folder`."""
-    return Path(folder) / f"{slide_stem(slide)}.png"
-
-
 def save_check_png(slide: Slide, grid: TileGrid, path: Path) -> None:
     """The thumbnail as a PNG at `path` (light compression: zlib's default level took twice as long for the
     same size)."""
     Image.fromarray(check_image(slide, grid)).save(path, format="PNG", compress_level=1)
 
 
-def write_check_png(slide: Slide, grid: TileGrid, folder: Path) -> Path:
-    """`<folder>/<slide stem>.png`, written under a temporary name and renamed."""
-    path = check_png_path(folder, slide.path)
+def write_check_png(
+    opened: Callable[[], AbstractContextManager[Slide]],
+    slide: str | Path,
+    grid: TileGrid,
+    folder: Path,
+    tiles: TileCache | None = None,
+) -> Path:
+    """`<folder>/<slide stem>.png`, the thumbnail of `slide` (opened by `opened()` when it is drawn),
+    written under a temporary name and renamed. With a tile cache `tiles` it is drawn once into the cache
+    and linked from there (a second run, or a second prediction, over the same slides draws none)."""
+
+    def draw(target: Path) -> None:
+        with opened() as open_slide:
+            save_check_png(open_slide, grid, target)
+
+    path = Path(folder) / f"{slide_stem(slide)}.png"
+    key = {"grid": grid_digest(grid), "code": code_digest(THUMBNAIL_MODULES)}
+    kept = tiles.file("check", ".png", Path(slide), key, draw) if tiles is not None else None
+    if kept is not None:
+        return link_or_copy(kept, path)
     with atomic_path(path) as tmp:
-        save_check_png(slide, grid, tmp)
+        draw(tmp)
     return path
 
 
