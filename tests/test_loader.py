@@ -19,6 +19,7 @@ import torch
 
 from bigslide.data import decode_worker
 from bigslide.data import processes as processes_module
+from bigslide.data import slides as slides_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import BatchLoader
@@ -172,13 +173,13 @@ def test_workers_are_forked_before_item_threads_take_locks(
     threads take locks while loading (opening a slide takes a cached_property's on Python 3.11), so the
     workers must exist before the first item thread runs; forked by the first read, this run hung."""
     gate = threading.Lock()  # a lock item threads take in the parent and decode workers in the child
-    open_slide = decode_worker.open_with_mpp
+    open_slide = slides_module.open_with_mpp
 
     def gated_open(*args: Any) -> Any:
         with gate:
             return open_slide(*args)
 
-    monkeypatch.setattr(decode_worker, "open_with_mpp", gated_open)
+    monkeypatch.setattr(slides_module, "open_with_mpp", gated_open)
 
     class Gated(BagDataset):
         def load(self, i: int, pool: Any) -> Any:

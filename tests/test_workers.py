@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from bigslide.data import processes as processes_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideTable
-from bigslide.engine import Loss, Message, TrainConfig, run_to_end, train
+from bigslide.engine import Message, TrainConfig, run_to_end, train
 from bigslide.engine.cohort import predict_cohort
 from bigslide.engine.inference import SlidePrediction, load_trained
 from bigslide.errors import DataError
@@ -120,11 +120,17 @@ def test_a_slide_that_kills_two_workers_is_its_error_and_others_are_read(
         bags.slides.close()
 
 
-def test_training_goes_on_the_same_when_a_worker_is_killed_mid_run(slide_csv: Path, tmp_path: Path) -> None:
+def test_training_goes_on_the_same_when_a_worker_is_killed_mid_run(
+    slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     undisturbed = run_to_end(train(config_for(slide_csv, tmp_path / "calm", 0)))
+    table = SlideTable.from_csv(slide_csv).with_splits(seed=0)
+    poison_once(
+        monkeypatch, next(e.path for e in table.entries if e.split == "train"), tmp_path / "killed-once"
+    )
     run = train(config_for(slide_csv, tmp_path / "killed", 2))
     with pytest.warns(RuntimeWarning, match="a decode worker process died .*replaced, reading again"):
-        _events, result = drive(run, kill_at_step=2)
+        _events, result = drive(run)
     assert result.steps == undisturbed.steps
     # the same batches in the same order: the same losses as a run whose workers were left alone
     calm, killed = ((r.out_dir / "losses.csv").read_text() for r in (undisturbed, result))
@@ -162,26 +168,34 @@ def test_a_slide_that_kills_workers_stops_training_naming_it_or_is_left_out(
     assert not multiprocessing.active_children()
 
 
-def drive(run: Generator[Any, None, Any], *, kill_at_step: int = 0) -> tuple[list[Any], Any]:
-    """A run's events and result; a decode worker is killed after step `kill_at_step` (0: none is)."""
+def drive(run: Generator[Any, None, Any]) -> tuple[list[Any], Any]:
+    """A run's events and result."""
     events: list[Any] = []
     while True:
         try:
             events.append(next(run))
         except StopIteration as stop:
             return events, stop.value
-        if isinstance(events[-1], Loss) and sum(isinstance(e, Loss) for e in events) == kill_at_step:
-            kill_a_worker()
 
 
-def predict_killing_a_worker(outcomes: Iterator[Any]) -> list[Any]:
-    """The cohort's outcomes; a decode worker is killed once the first slide is predicted."""
-    got = []
-    for outcome in outcomes:
-        if not got:
-            kill_a_worker()
-        got.append(outcome)
-    return got
+def poison_once(monkeypatch: pytest.MonkeyPatch, slide: Path, flag: Path) -> None:
+    """A decoder that kills its worker the first time any worker reads tiles of `slide` (the `flag` file
+    says it did), in the middle of the read: after its buffer has come, as the kernel's out-of-memory killer
+    would strike a worker decoding."""
+    read = decode_worker.read_squares
+
+    def crashing(opened: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(opened.path) == slide:
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return read(opened, *args, **kwargs)
+
+    monkeypatch.setattr(decode_worker, "read_squares", crashing)
+    monkeypatch.setattr(processes_module, "_replacement_method", lambda: "fork")
 
 
 def test_prediction_goes_on_when_a_worker_is_killed_and_names_a_slide_that_kills_two(
@@ -193,8 +207,9 @@ def test_prediction_goes_on_when_a_worker_is_killed_and_names_a_slide_that_kills
     assert ckpt is not None
     table = SlideTable.from_csv(slide_csv)
     outcomes = predict_cohort(load_trained(ckpt, device="cpu"), table, workers=2, with_grids=False)
+    poison_once(monkeypatch, table.entries[1].path, tmp_path / "killed-once")
     with pytest.warns(RuntimeWarning, match="replaced, reading again"):
-        got = predict_killing_a_worker(outcomes)
+        got = list(outcomes)
     assert [o.index for o in got] == list(range(len(table)))
     assert all(isinstance(o.result, SlidePrediction) for o in got)
 

@@ -32,6 +32,7 @@ BENCHES = (
     "predict",
     "features",
     "cohort",
+    "epochs",
 )
 SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
 TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"

@@ -24,13 +24,16 @@ from tqdm import tqdm
 from bigslide.cli import slide_rows
 from bigslide.cli.progress import stop_requests
 from bigslide.data.endpoint import Endpoint
+from bigslide.data.loader import default_workers
+from bigslide.data.processes import DecodeProcesses
+from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
-from bigslide.data.tile_cache import TileCache, tile_cache_for
+from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
 from bigslide.errors import ConfigError, DataError
-from bigslide.explain.tissue_check import warning
+from bigslide.explain.tissue_check import FOLDER, warning
 
 
 @dataclass
@@ -127,15 +130,21 @@ def predict_to(
     skipped = len(table) - len(todo)
     tally = _Tally(start, tqdm(total=len(todo), unit="slide", dynamic_ncols=True, disable=quiet or not todo))
     tile_cache = tile_cache_for(trained.config.data.tile_cache, out)
+    # one set of decode workers tiles, reads and draws every slide's maps
+    n_workers = default_workers() if workers is None else workers
+    processes = DecodeProcesses(n_workers, buffers=n_workers + 1) if n_workers and todo else None
+    slides = SlideCache(slide_mpp=fallback_mpp, workers=processes) if processes is not None else None
     outcomes = predict_cohort(
         trained,
         table,
         todo=todo,
         workers=workers,
+        processes=processes,
         repeats=repeats,
         slide_mpp=fallback_mpp,
         with_grids=heatmaps,
         tiles=tile_cache,
+        checks=out / FOLDER,
     )
     # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
     # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.
@@ -152,7 +161,7 @@ def predict_to(
         writer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-write")
         try:
             for outcome in outcomes:
-                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps, tile_cache)))
+                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps, slides)))
                 settle(WRITES_AHEAD)
                 if stop.is_set():
                     stopped = True
@@ -161,8 +170,10 @@ def predict_to(
         except KeyboardInterrupt:
             stopped = True
         finally:
-            outcomes.close()  # stop reading ahead; join the decode processes
+            outcomes.close()  # stop reading ahead
             writer.shutdown(wait=True)  # the slides already predicted are written, whole
+            if processes is not None:
+                processes.close()
             for outcome, written in writes:
                 if written.exception() is None:
                     tally.add(outcome)
@@ -212,7 +223,7 @@ class _Tally:
 
 
 def _write(
-    out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool, tile_cache: TileCache | None
+    out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool, slides: SlideCache | None
 ) -> None:
     try:
         slide_rows.write_slide_outputs(
@@ -222,7 +233,7 @@ def _write(
             heatmaps=heatmaps,
             tiles=outcome.tiles,
             grid=outcome.grid,
-            tile_cache=tile_cache,
+            slides=slides,
         )
     except OSError as err:  # a full disk, a folder not ours: the run cannot go on
         raise DataError(

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bigslide.data.endpoint import Endpoint
+from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
@@ -19,13 +20,21 @@ from bigslide.files import atomic_path, atomic_write_text
 from bigslide.slide import open_slide, slide_stem
 
 
-def write_heatmaps(pred: SlidePrediction, out: Path) -> list[Path]:
+def write_heatmaps(pred: SlidePrediction, out: Path, slides: SlideCache | None = None) -> list[Path]:
     """Per map: the grid (npz), its overlay on the thumbnail (PNG) and QuPath tiles (GeoJSON); each file
-    written under a temporary name and renamed, so none is ever found half written."""
+    written under a temporary name and renamed, so none is ever found half written. With `slides`, done
+    where they decode (a decode worker: the thumbnail is read, the PNG encoded there)."""
+    if slides is not None:
+        what = f"{pred.slide}: a decode worker process died while drawing its heatmaps"
+        return slides.run(_write_heatmaps, pred, out, what=what)
+    return _write_heatmaps(None, pred, out)
+
+
+def _write_heatmaps(slides: SlideCache | None, pred: SlidePrediction, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = slide_stem(pred.slide)
     paths: list[Path] = []
-    with open_slide(pred.slide) as slide:
+    with slides.opened(pred.slide) if slides is not None else open_slide(pred.slide) as slide:
         for name, grid in pred.grids.items():
             for suffix, write in (
                 ("npz", lambda p, g=grid: g.save_npz(p)),

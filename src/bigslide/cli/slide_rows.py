@@ -20,14 +20,13 @@ import numpy as np
 
 from bigslide.cli.report import write_heatmaps, write_predictions
 from bigslide.data.endpoint import Endpoint
+from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
-from bigslide.data.tile_cache import TileCache
 from bigslide.engine.decision import Decision
 from bigslide.engine.inference import SlideFailure, SlidePrediction
-from bigslide.explain.tissue_check import CSV_NAME, FOLDER, check_row, write_check_csv, write_check_png
+from bigslide.explain.tissue_check import CSV_NAME, check_row, write_check_csv
 from bigslide.files import atomic_write_text
 from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
 
 ROWS = "slides"
 HEATMAPS = "heatmaps"
@@ -52,18 +51,17 @@ def write_slide_outputs(
     heatmaps: bool,
     tiles: int = 0,
     grid: TileGrid | None = None,
-    tile_cache: TileCache | None = None,
+    slides: SlideCache | None = None,
 ) -> Path:
-    """The slide's heatmaps (a prediction's, when `heatmaps`) and tissue check (with its `grid`; its
-    thumbnail kept in `tile_cache` when there is one), then its row."""
+    """The slide's heatmaps (a prediction's, when `heatmaps`; drawn where `slides` decode) and its tissue
+    check's line (with its `grid`; the thumbnail was drawn where the slide was read), then its row."""
     row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
     if grid is not None:
-        write_check_png(lambda: open_slide(result.slide), result.slide, grid, out / FOLDER, tiles=tile_cache)
         row["tissue_check"] = check_row(result.slide, grid)
     if isinstance(result, SlideFailure):
         row |= {"error": result.error, "outputs": None, "heatmaps": None}
     else:
-        files = write_heatmaps(result, out / HEATMAPS) if heatmaps else None
+        files = write_heatmaps(result, out / HEATMAPS, slides) if heatmaps else None
         row |= {
             "error": "",
             # JSON numbers round-trip a float exactly; the dtype brings back the very array predicted

@@ -94,9 +94,11 @@ class BagDataset(Dataset[Sample]):
         self.grids: list[TileGrid] = []
         self.left_out: list[str] = []  # why each slide left out (skip_bad) was
         kept = []
-        for entry in table.entries:
+        # every slide tiled at once, in the decode workers when the slides have them
+        made = self.slides.grids(table.entries, tile_size, target_mpp, min_tissue, tissue)
+        for entry, grid in zip(table.entries, made, strict=True):
             try:
-                self.grids.append(self._grid(entry))
+                self.grids.append(self._checked(entry, grid))
                 kept.append(entry)
             except (SlideError, DataError, RegionError) as err:
                 if not skip_bad:
@@ -110,8 +112,10 @@ class BagDataset(Dataset[Sample]):
         self.items = list(self.table.cases().values())  # table rows of each case, in table order
         self.annotated = AnnotatedTiles.of(self.table, self.grids, instance_classes)
 
-    def _grid(self, entry: SlideEntry) -> TileGrid:
-        grid = self.slides.grid(entry, self.tile_size, self.target_mpp, self.min_tissue, self.tissue)
+    def _checked(self, entry: SlideEntry, grid: TileGrid | Exception) -> TileGrid:
+        """The slide's grid, or its error raised (a grid without a tile is one)."""
+        if isinstance(grid, Exception):
+            raise grid
         if len(grid) == 0:
             raise DataError(
                 f"{entry.path}: no tile of {self.tile_size} px at {self.target_mpp} µm/px has tissue "

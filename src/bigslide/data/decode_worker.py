@@ -1,8 +1,11 @@
-"""What a decode worker process runs: read squares of slides into the shared buffers the parent sends.
+"""What a decode worker process runs: read squares of slides into the shared buffers the parent sends,
+and whatever else decodes a slide's pixels (its tile grid, tissue mask, tissue-check thumbnail).
 
-A worker takes tasks from its pipe until None comes (or the pipe or the parent goes): each names a shared
-buffer (sent once, then held by number), a slide and the squares to read into it, and is answered with
-None or the error raised. The worker ignores Ctrl-C, drops the signal handlers it inherits, runs at a lower
+A worker takes tasks from its pipe until None comes (or the pipe or the parent goes). A read names a
+shared buffer (sent once, then held by number), a slide and the squares to read into it, and is answered
+with None or the error raised; a call names a function, which gets the worker's own `SlideCache` (its
+open slides, `process_slides`) and the task's arguments, and is answered with its result (`Returned`) or
+the error raised. The worker ignores Ctrl-C, drops the signal handlers it inherits, runs at a lower
 priority than the training process, and exits on its own when the parent dies, even by SIGKILL.
 """
 
@@ -17,27 +20,31 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from bigslide.data.decode import read_squares
-from bigslide.data.slides import open_slides_limit, open_with_mpp
+from bigslide.data.slides import process_slides
 from bigslide.errors import DataError
 from bigslide.resolution import ReadPlan
-from bigslide.slide import Slide
 
-# In a worker process: the slides it has opened, by (path, fallback mpp), least recently read first, and the
-# shared buffers it was given, by number (holding one keeps it mapped: torch finds it again when the buffer
-# next comes). A cohort reads hundreds of slides once each: beyond `open_slides_limit()` the oldest is
-# closed, so a worker's open files stay bounded.
-_OPEN: dict[tuple[Path, float | None], Slide] = {}
+# In a worker process: the shared buffers it was given, by number (holding one keeps it mapped: torch finds
+# it again when the buffer next comes). Its slides are `process_slides`: the least recently read is closed
+# beyond `open_slides_limit()`, so a cohort read once slide by slide keeps a worker's open files bounded.
 _BUFFERS: dict[int, torch.Tensor] = {}
 WORKER_NICENESS = 10  # the training process comes first; decoding fills the time it leaves
 
 
 class Unreceived(Exception):  # noqa: N818 - an answer, not an error of the worker's own
     """A worker's answer when the task did not arrive whole (its buffer's descriptor did not come)."""
+
+
+class Returned(NamedTuple):
+    """A call's answer: what the function returned (an exception it returns is a value, not an error)."""
+
+    value: Any
 
 
 def serve(conn: Connection, parent: int) -> None:
@@ -48,7 +55,7 @@ def serve(conn: Connection, parent: int) -> None:
             message = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        answer: BaseException | None = None
+        answer: BaseException | Returned | None = None
         try:
             task = ForkingPickler.loads(message)
         except Exception as err:  # a new buffer comes as a file descriptor, through a socket of its own
@@ -57,12 +64,12 @@ def serve(conn: Connection, parent: int) -> None:
             if task is None:
                 return
             try:
-                _read(*task)
+                answer = _do(task)
             except Exception as err:  # the parent raises it in the reading thread
                 answer = err
         try:
             conn.send(answer)
-        except Exception:  # an error that does not pickle: its text does
+        except Exception:  # an error or a result that does not pickle: its text does
             conn.send(DataError(f"{type(answer).__name__}: {answer}"))
 
 
@@ -102,6 +109,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _do(task: tuple[Any, ...]) -> Returned | None:
+    kind, *arguments = task
+    if kind == "call":
+        fn, args = arguments
+        return Returned(fn(*args))
+    _read(*arguments)
+    return None
+
+
 def _read(
     number: int,
     buffer: torch.Tensor | None,
@@ -113,13 +129,9 @@ def _read(
     if buffer is not None:  # a new buffer, or a grown one replacing its old one; else the one held
         _BUFFERS[number] = buffer
     buffer = _BUFFERS[number]
-    key = (path, slide_mpp)
-    slide = _OPEN.pop(key, None) or open_with_mpp(path, slide_mpp)
-    _OPEN[key] = slide  # the most recently read goes last
-    while len(_OPEN) > open_slides_limit():
-        _OPEN.pop(next(iter(_OPEN))).close()
     shape = (len(coords), plan.size, plan.size, 3)
-    read_squares(slide, plan, coords, into=_squares(buffer, shape))
+    with process_slides(slide_mpp).opened(path) as slide:
+        read_squares(slide, plan, coords, into=_squares(buffer, shape))
 
 
 def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:

@@ -56,6 +56,8 @@ class BatchLoader(Generic[Item]):
 
     At most `depth` = max(prefetch, workers + 1) batches are read and not yet taken (each worker needs
     an item to decode while the last one is handed over): that bounds the memory the loader holds.
+    `processes`: decode workers the loader shares (a run's, used by every epoch, validation and map; the
+    loader does not close them); without, it starts `workers` of its own with its first read.
     """
 
     def __init__(
@@ -65,13 +67,18 @@ class BatchLoader(Generic[Item]):
         workers: int | None = None,
         prefetch: int = 2,
         skip_bad: bool = False,
+        processes: DecodeProcesses | None = None,
     ) -> None:
         self.dataset = dataset
         self.skip_bad = skip_bad
         self.bad: dict[int, str] = {}  # items left out (skip_bad), with why
-        self.workers = default_workers() if workers is None else int(workers)
+        if processes is not None:
+            self.workers = processes.workers
+        else:
+            self.workers = default_workers() if workers is None else int(workers)
         self.depth = max(1, int(prefetch), self.workers + 1)
         self._threads: ThreadPoolExecutor | None = None
+        self._shared = processes
         self._processes: DecodeProcesses | None = None
         self._todo: deque[Batch] = deque()  # planned, not yet submitted
         # submitted, in plan order: each item of the batch not known to be bad, and its read
@@ -105,7 +112,8 @@ class BatchLoader(Generic[Item]):
     def _kept(self, i: int, read: Future[Item] | None) -> list[Item]:
         """Item i ([it]), or [] when it cannot be read and bad items are skipped."""
         try:
-            return [read.result() if read is not None else load_item(self.dataset, i, self._processes)]
+            pool = self._processes or self._shared
+            return [read.result() if read is not None else load_item(self.dataset, i, pool)]
         except (SlideError, DataError) as err:
             if not self.skip_bad:
                 raise
@@ -119,7 +127,8 @@ class BatchLoader(Generic[Item]):
             self._threads.shutdown(wait=True, cancel_futures=True)
             self._threads = None
         if self._processes is not None:
-            self._processes.close()
+            if self._processes is not self._shared:
+                self._processes.close()
             self._processes = None
 
     def __enter__(self) -> BatchLoader[Item]:
@@ -135,7 +144,7 @@ class BatchLoader(Generic[Item]):
                 self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
                 # datasets that decode slide tiles (stored features need no decoding processes)
                 if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
-                    self._processes = DecodeProcesses(self.workers, buffers=self.depth)
+                    self._processes = self._shared or DecodeProcesses(self.workers, buffers=self.depth)
             key = self._todo.popleft()
             todo = [i for i in key if i not in self.bad]
             futures = {i: self._threads.submit(load_item, self.dataset, i, self._processes) for i in todo}

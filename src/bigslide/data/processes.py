@@ -17,6 +17,11 @@ again, once; an item that kills a second worker is an error naming its slide. Re
 fork server (a process forked from this one while other threads hold locks would wait on them for ever).
 What a worker runs is `bigslide.data.decode_worker`: it ignores Ctrl-C (the parent catches it and shuts
 the workers down) and exits on its own when the parent dies, even by SIGKILL.
+
+Reading squares is one kind of task; `call` is the other: any function of a slide's pixels (a tile grid
+with its tissue, ink and focus measures, a tissue mask, a tissue-check thumbnail) runs in a worker, so the
+process that steps the model never decodes a pixel, and several slides are tiled at once. A run keeps one
+`DecodeProcesses` from its first grid to its last map: forking workers again costs seconds on many cores.
 """
 
 from __future__ import annotations
@@ -32,20 +37,20 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from bigslide.data.decode import channels_first, read_squares
-from bigslide.data.decode_worker import Unreceived, serve
+from bigslide.data.decode_worker import Returned, Unreceived, serve
 from bigslide.data.slides import SlideCache
 from bigslide.errors import DataError
 from bigslide.files import open_files_limit, out_of_files, too_many_open_files
@@ -59,6 +64,7 @@ ATTEMPTS = 2
 """Workers an item may take down before it is an error naming its slide: the first may have been killed
 for another reason (the out-of-memory killer picks the largest process, not the guilty one)."""
 _CLOSE_WAIT_S = 5.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -132,9 +138,9 @@ class DecodeProcesses:
         with self._reads:  # waits while `buffers` reads are under way
             number, buffer, generation = self._lend(math.prod(shape))
             try:
-                task = (number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
+                task = ("read", number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
                 what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
-                self._run(task, generation, what)
+                self._run(task, what, (number, generation))
                 lent = buffer.numpy()  # a new array object: every view handed out keeps it alive
                 with self._lock:
                     self._buffers[number] = (buffer, weakref.ref(lent), generation)
@@ -143,25 +149,32 @@ class DecodeProcesses:
                 with self._lock:
                     self._reading.discard(number)
 
-    def _run(self, task: tuple[Any, ...], generation: int, what: str) -> None:
-        """Run `task` (its buffer `generation`) on an idle worker; a worker that dies on it is replaced
-        and the task tried again."""
+    def call(self, fn: Callable[..., T], *args: Any, what: str) -> T:
+        """`fn(*args)` run in a worker process and its result (pickled back); `what` says what was under
+        way when workers die on it (e.g. "<slide>: a decode worker process died while tiling it")."""
+        answer = self._run(("call", fn, args), what)
+        assert isinstance(answer, Returned)
+        return answer.value  # type: ignore[no-any-return]
+
+    def _run(self, task: tuple[Any, ...], what: str, buffer: tuple[int, int] | None = None) -> Any:
+        """Run `task` on an idle worker and return its answer; a worker that dies on it is replaced and
+        the task tried again. `buffer`: the (number, generation) of a read's shared buffer, sent once to
+        each worker and held there after."""
         deaths: list[str] = []
-        number = task[0]
         while len(deaths) < ATTEMPTS:
             worker = self._idle.get()
             if worker is None:
                 worker = self._replacement()
-            held = worker.holds.get(number) == generation
+            held = buffer is not None and worker.holds.get(buffer[0]) == buffer[1]
             try:
-                answered, outcome = worker.run((number, None, *task[2:]) if held else task)
+                answered, outcome = worker.run((*task[:2], None, *task[3:]) if held else task)
             except BaseException:  # interrupted (Ctrl-C): the worker may still be writing into the buffer
                 self._drop(worker)
                 self._idle.put(None)
                 raise
             if answered:
-                if outcome is None:
-                    worker.holds[number] = generation
+                if buffer is not None and outcome is None:
+                    worker.holds[buffer[0]] = buffer[1]
                 self._idle.put(worker)
                 if isinstance(outcome, Unreceived):
                     if _out_of_files():  # this process could not hand the buffer over
@@ -171,7 +184,7 @@ class DecodeProcesses:
                     )
                 if isinstance(outcome, BaseException):
                     raise outcome
-                return
+                return outcome
             deaths.append(outcome)
             self._drop(worker)
             self._idle.put(self._replacement())
@@ -243,7 +256,10 @@ Pool = Executor | DecodeProcesses | None
 def read_slide_squares(
     slides: SlideCache, path: Path, plan: ReadPlan, coords: np.ndarray, pool: Pool = None
 ) -> np.ndarray:
-    """`read_squares` of the slide at `path`: in worker processes, on threads, or on this thread."""
+    """`read_squares` of the slide at `path`: in worker processes (`pool`, else the slides' own), on
+    threads, or on this thread."""
+    if pool is None and isinstance(slides.workers, DecodeProcesses):
+        pool = slides.workers
     if isinstance(pool, DecodeProcesses):
         return pool.read(path, slides.slide_mpp, plan, coords)
     with slides.opened(path) as slide:

@@ -4,23 +4,29 @@ A cohort is thousands of slides, and an open slide holds file descriptors and it
 tables: the least recently used slide is closed beyond the limit (a slide being read stays open), so a
 table of any length stays within the common limit of 1,024 open files. Grids and tissue masks come from
 the tile cache (`bigslide.data.tile_cache`) when one is given, without opening the slide at all.
+
+With decode workers (`workers`, the run's `DecodeProcesses`), whatever decodes a slide's pixels — its grid
+with the tissue, ink and focus measures, its tissue mask, its tissue-check thumbnail — runs in a worker
+process (`SlideCache.run`), on the worker's own open slides (`process_slides`), several slides at once
+(`SlideCache.map`): this process only orchestrates.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from bigslide.data.table import SlideEntry
 from bigslide.data.tile_cache import TileCache
 from bigslide.errors import RegionError
 from bigslide.files import open_files_limit
 from bigslide.grid import TileGrid
-from bigslide.regions import load_regions
+from bigslide.regions import Region, load_regions
 from bigslide.resolution import check_mpp, slide_mpp
 from bigslide.slide import Slide, open_slide
 from bigslide.tissue import TissueMask, TissueSettings, tissue_mask
@@ -35,6 +41,17 @@ def open_slides_limit() -> int:
     (at least 2), so that two descriptors per slide leave most of the limit to everything else."""
     limit = open_files_limit()
     return MAX_OPEN_SLIDES if limit is None else max(2, min(MAX_OPEN_SLIDES, limit // 16))
+
+
+T = TypeVar("T")
+
+
+class Workers(Protocol):
+    """Processes that run a function of a slide's pixels (`bigslide.data.processes.DecodeProcesses`)."""
+
+    workers: int
+
+    def call(self, fn: Callable[..., T], *args: Any, what: str) -> T: ...
 
 
 def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
@@ -55,7 +72,8 @@ class SlideCache:
     """`slide_mpp` (data.slide_mpp, `--slide-mpp`) is the level-0 pixel size given to slides whose files
     state none; without it such a slide is an error naming it (it cannot be read at a physical
     resolution). `tiles`: where grids and tissue masks are kept between runs (None: made by every run).
-    Safe to use from the loader's threads."""
+    `workers`: the processes that decode pixels (None: this process). Safe to use from the loader's
+    threads."""
 
     def __init__(
         self,
@@ -63,10 +81,12 @@ class SlideCache:
         slide_mpp: float | None = None,
         tiles: TileCache | None = None,
         max_open: int | None = None,
+        workers: Workers | None = None,
     ) -> None:
         check_mpp(slide_mpp, "data.slide_mpp")
         self.slide_mpp = slide_mpp
         self.tiles = tiles
+        self.workers = workers
         self.max_open = open_slides_limit() if max_open is None else max_open
         self._open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [slide, users], oldest first
         self._mpp: dict[Path, tuple[float, float] | None] = {}
@@ -103,6 +123,34 @@ class SlideCache:
     def open_count(self) -> int:
         return len(self._open)
 
+    def run(self, fn: Callable[..., T], *args: Any, what: str) -> T:
+        """`fn(slides, *args)`: in a decode worker on its own slides (read as these are) when there are
+        workers, else here with `slides` this cache. `what` names the work in the error when workers die
+        on it."""
+        if self.workers is None:
+            return fn(self, *args)
+        folder = self.tiles.folder if self.tiles is not None else None
+        return self.workers.call(_with_process_slides, fn, self.slide_mpp, folder, args, what=what)
+
+    def map(
+        self, fn: Callable[..., T], items: Sequence[tuple[Any, ...]], what: Callable[[tuple[Any, ...]], str]
+    ) -> list[T | Exception]:
+        """`run(fn, *item)` for every item, on every worker at once (in order here without workers): each
+        result, or the error it raised."""
+
+        def one(item: tuple[Any, ...]) -> T | Exception:
+            try:
+                return self.run(fn, *item, what=what(item))
+            except Exception as err:  # the caller decides: skip the slide, report it, or raise
+                return err
+
+        if self.workers is None or len(items) < 2:
+            return [one(item) for item in items]
+        with ThreadPoolExecutor(
+            min(len(items), self.workers.workers), thread_name_prefix="bigslide-tile"
+        ) as ex:
+            return list(ex.map(one, items))
+
     def grid(
         self,
         entry: SlideEntry,
@@ -111,6 +159,21 @@ class SlideCache:
         min_tissue: float,
         tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> TileGrid:
+        grid = self.grids([entry], tile_size, target_mpp, min_tissue, tissue)[0]
+        if isinstance(grid, Exception):
+            raise grid
+        return grid
+
+    def grids(
+        self,
+        entries: Sequence[SlideEntry],
+        tile_size: int,
+        target_mpp: float,
+        min_tissue: float,
+        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+    ) -> list[TileGrid | Exception]:
+        """Each slide's tile grid (or the error that stopped it), made once per cache, on every worker at
+        once when there are workers."""
         # Every argument of the grid builder goes through `settings`: the tile cache's key is made of it.
         settings = {
             "tile_size": tile_size,
@@ -118,18 +181,32 @@ class SlideCache:
             "min_tissue": min_tissue,
             "tissue": tissue,
         }
-        key = (entry.path, entry.regions, *settings.items())
-        grid = self._grids.get(key)
-        if grid is None:
-            if self.tiles is None:
-                grid = self._build_grid(entry, settings)
-            else:
-                path = Path(entry.path)
-                build = lambda: self._build_grid(entry, settings)  # noqa: E731
-                grid = self.tiles.grid(path, entry.regions, settings, self.slide_mpp, build)
-                self._mpp.setdefault(path, grid.slide_mpp)
+        keys = [(entry.path, entry.regions, *settings.items()) for entry in entries]
+        todo = {key: entry for entry, key in zip(entries, keys) if key not in self._grids}
+        made = self.map(_tiled, [(entry, settings) for entry in todo.values()], _tiling_what)
+        errors: dict[tuple, Exception] = {}
+        for (key, entry), result in zip(todo.items(), made):
+            if isinstance(result, Exception):
+                errors[key] = result
+                continue
+            grid, hit = result
+            if self.tiles is not None and self.workers is not None:  # the workers' caches are their own
+                self.tiles.hits += hit
+                self.tiles.misses += not hit
+            self._mpp.setdefault(Path(entry.path), grid.slide_mpp)
             self._grids[key] = grid
-        return grid
+        return [errors.get(key) or self._grids[key] for key in keys]
+
+    def tiled(self, entry: SlideEntry, settings: dict[str, Any]) -> tuple[TileGrid, bool]:
+        """The slide's grid with `TileGrid.from_slide` arguments `settings`, from the tile cache or made
+        here now; and whether it came from the cache."""
+        if self.tiles is None:
+            return self._build_grid(entry, settings), False
+        path = Path(entry.path)
+        hits = self.tiles.hits
+        build = lambda: self._build_grid(entry, settings)  # noqa: E731
+        grid = self.tiles.grid(path, entry.regions, settings, self.slide_mpp, build)
+        return grid, self.tiles.hits > hits
 
     def _build_grid(self, entry: SlideEntry, settings: dict[str, Any]) -> TileGrid:
         regions = load_regions(entry.regions) if entry.regions else None
@@ -144,7 +221,14 @@ class SlideCache:
         path: Path,
         tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> TissueMask:
-        """`tissue_mask` of the slide, from the tile cache when there is one."""
+        """`tissue_mask` of the slide, from the tile cache when there is one (made in a worker when there
+        are workers)."""
+        return self.run(
+            _masked, Path(path), tissue, what=f"{path}: a decode worker process died while finding its tissue"
+        )
+
+    def masked(self, path: Path, tissue: TissueSettings) -> TissueMask:
+        """`tissue_mask` of the slide, from the tile cache or made here now."""
 
         def build() -> TissueMask:
             with self.opened(path) as slide:
@@ -163,3 +247,52 @@ class SlideCache:
         excess = len(self._open) - self.max_open
         for path in [p for p, (_slide, users) in self._open.items() if not users][: max(0, excess)]:
             self._open.pop(path)[0].close()
+
+
+_PROCESS_SLIDES: dict[tuple[float | None, Path | None], SlideCache] = {}
+
+
+def process_slides(slide_mpp: float | None, tiles: Path | None = None) -> SlideCache:
+    """This process's own slides read with the fallback µm/px `slide_mpp`, grids kept in the tile cache
+    folder `tiles` (None: none): made on first use and kept for the process's life (a decode worker's)."""
+    key = (slide_mpp, tiles)
+    slides = _PROCESS_SLIDES.get(key)
+    if slides is None:
+        slides = _PROCESS_SLIDES[key] = SlideCache(
+            slide_mpp=slide_mpp, tiles=TileCache(tiles) if tiles else None
+        )
+    return slides
+
+
+def _with_process_slides(
+    fn: Callable[..., T], slide_mpp: float | None, tiles: Path | None, args: tuple[Any, ...]
+) -> T:
+    return fn(process_slides(slide_mpp, tiles), *args)
+
+
+def tile_slide(
+    slides: SlideCache,
+    path: Path,
+    tile_size: int,
+    target_mpp: float,
+    min_tissue: float,
+    regions: Sequence[Region] | None,
+) -> TileGrid:
+    """The slide's grid sampled from `regions` as they are now (e.g. being drawn; none kept in the tile
+    cache), for `SlideCache.run`: in a decode worker when the slides have them."""
+    with slides.opened(path) as slide:
+        return TileGrid.from_slide(
+            slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
+        )
+
+
+def _tiled(slides: SlideCache, entry: SlideEntry, settings: dict[str, Any]) -> tuple[TileGrid, bool]:
+    return slides.tiled(entry, settings)
+
+
+def _masked(slides: SlideCache, path: Path, tissue: TissueSettings) -> TissueMask:
+    return slides.masked(path, tissue)
+
+
+def _tiling_what(item: tuple[Any, ...]) -> str:
+    return f"{item[0].path}: a decode worker process died while tiling it"

@@ -48,7 +48,6 @@ def first_heatmap(method: Any, dataset: Any) -> tuple[str, np.ndarray] | None:
     from bigslide.data.bags import BagDataset
     from bigslide.data.images import SlideImageDataset
     from bigslide.engine.inference import predict_dataset
-    from bigslide.explain.export import overlay_image
 
     if not isinstance(dataset, BagDataset | SlideImageDataset) or len(dataset) == 0:
         return None
@@ -58,6 +57,13 @@ def first_heatmap(method: Any, dataset: Any) -> tuple[str, np.ndarray] | None:
         return None
     key, grid = next(iter(grids.items()))
     path = Path(slide)
-    with dataset.slides.opened(path) as open_slide:
-        image = overlay_image(grid, open_slide, max_size=HEATMAP_SIZE)
+    what = f"{path}: a decode worker process died while drawing its heatmap"
+    image = dataset.slides.run(_overlay, path, grid, what=what)  # the thumbnail decodes: in a worker
     return f"{Path(path).stem} {key}", image
+
+
+def _overlay(slides: Any, path: Path, grid: Any) -> np.ndarray:
+    from bigslide.explain.export import overlay_image
+
+    with slides.opened(path) as open_slide:
+        return overlay_image(grid, open_slide, max_size=HEATMAP_SIZE)

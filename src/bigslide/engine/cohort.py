@@ -2,7 +2,7 @@
 slide that cannot be read or predicted reported with its error while the others go on.
 
 Each slide, or each case of several slides (one bag over them all), is read as a dataset of its own (its
-tile grids or image box made on a loader thread, its tiles decoded in the loader's worker processes), so
+tile grids and its tiles made and decoded in the loader's worker processes, a loader thread waiting), so
 several are in flight while the model predicts one, and a prediction depends on that slide (case) and the
 checkpoint only, never on the other rows: a resumed or reordered cohort predicts every slide the same.
 Bags of every tile (repeats 0) and image methods predict exactly what `predict_slides` does; sampled bags
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
 from bigslide.data.loader import BatchLoader
-from bigslide.data.processes import Pool
+from bigslide.data.processes import DecodeProcesses, Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideEntry, SlideTable
@@ -35,7 +36,7 @@ from bigslide.engine.inference import (
     prediction_table,
     read_samples,
 )
-from bigslide.engine.tissue_report import slide_grids
+from bigslide.engine.tissue_report import draw_checks, slide_grids
 from bigslide.errors import BigslideError
 from bigslide.grid import TileGrid
 from bigslide.methods.base import Method
@@ -79,9 +80,10 @@ class CohortSlides:
         repeats: int,
         slide_mpp: float | None,
         tiles: TileCache | None = None,
+        checks: Path | None = None,
     ) -> None:
         self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
-        self.repeats, self.slide_mpp, self.tiles = repeats, slide_mpp, tiles
+        self.repeats, self.slide_mpp, self.tiles, self.checks = repeats, slide_mpp, tiles, checks
         self.items = list(table.cases().values())  # table rows of each case
 
     def __len__(self) -> int:
@@ -91,7 +93,9 @@ class CohortSlides:
         return self.load(i, None)
 
     def load(self, i: int, pool: Pool) -> SlideRead:
-        slides = SlideCache(slide_mpp=self.slide_mpp, tiles=self.tiles)  # closed once the slide is predicted
+        # closed once the slide is predicted; tiled in the decode workers too, when reading there
+        workers = pool if isinstance(pool, DecodeProcesses) else None
+        slides = SlideCache(slide_mpp=self.slide_mpp, tiles=self.tiles, workers=workers)
         try:
             dataset = setup.build_dataset(
                 self.config,
@@ -101,8 +105,13 @@ class CohortSlides:
                 slides=slides,
                 endpoint=self.endpoint,
             )
-            grids = {str(path): grid for path, grid in slide_grids(dataset, self.config.data, slides)}
-            return SlideRead(dataset, read_samples(dataset, 0, self.repeats, pool), "", grids)
+            checked = list(slide_grids(dataset, self.config.data, slides))
+            samples = read_samples(dataset, 0, self.repeats, pool)
+            if self.checks is not None:
+                for png in draw_checks(slides, checked, self.checks):
+                    if isinstance(png, Exception):
+                        raise png
+            return SlideRead(dataset, samples, "", {str(path): grid for path, grid in checked})
         except Exception as err:  # this slide is reported; the cohort goes on
             slides.close()
             return SlideRead(None, [], describe(err))
@@ -118,6 +127,8 @@ def predict_cohort(
     slide_mpp: float | None = None,
     with_grids: bool = True,
     tiles: TileCache | None = None,
+    checks: Path | None = None,
+    processes: DecodeProcesses | None = None,
 ) -> Generator[SlideOutcome, None, None]:
     """Predict the rows `todo` of `table` (all by default), in order, one outcome per slide.
 
@@ -126,13 +137,23 @@ def predict_cohort(
     `default_workers()`; 0: in this process), at most max(data.prefetch, workers + 1) slides (cases) at
     once: their tiles are held in memory until predicted. `slide_mpp` is the level-0 µm/px of slides whose
     files state none (None: the checkpoint's data.slide_mpp). `tiles`: where tile grids are kept between
-    runs (None: made anew). Closing the generator stops the reading and joins every thread and process.
+    runs (None: made anew). `checks`: the folder each slide's tissue-check thumbnail is drawn into, as it
+    is read. `processes`: decode workers to read in (left running; else started here with `workers`).
+    Closing the generator stops the reading and joins every thread and process it started.
     """
     method, classes, epochs = trained.method, trained.classes, trained.epochs
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     decision = trained.decision if endpoint.task == "classification" else None
     reads = read_cohort(
-        trained, table, todo=todo, workers=workers, repeats=repeats, slide_mpp=slide_mpp, tiles=tiles
+        trained,
+        table,
+        todo=todo,
+        workers=workers,
+        repeats=repeats,
+        slide_mpp=slide_mpp,
+        tiles=tiles,
+        checks=checks,
+        processes=processes,
     )
     try:
         for rows, read in reads:
@@ -159,6 +180,8 @@ def read_cohort(
     repeats: int = 0,
     slide_mpp: float | None = None,
     tiles: TileCache | None = None,
+    checks: Path | None = None,
+    processes: DecodeProcesses | None = None,
 ) -> Generator[tuple[list[int], SlideRead], None, None]:
     """(the case's rows, what was read) for the cases of the rows `todo` of `table`, in order, read ahead
     as `predict_cohort` describes. A read holds a dataset of the case's own (close its `slides` when done)."""
@@ -167,11 +190,18 @@ def read_cohort(
     table = prediction_table(table, classes, endpoint)
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
     reader = CohortSlides(
-        config, method.kind, table, endpoint, repeats=repeats, slide_mpp=fallback_mpp, tiles=tiles
+        config,
+        method.kind,
+        table,
+        endpoint,
+        repeats=repeats,
+        slide_mpp=fallback_mpp,
+        tiles=tiles,
+        checks=checks,
     )
     wanted = set(range(len(table)) if todo is None else todo)
     order = [[k] for k, rows in enumerate(reader.items) if wanted & set(rows)]
-    with BatchLoader(reader, workers=workers, prefetch=config.data.prefetch) as loader:
+    with BatchLoader(reader, workers=workers, prefetch=config.data.prefetch, processes=processes) as loader:
         loader.plan(order)
         for batch in order:
             # handed over, not kept: the slide's tiles (a shared buffer) are freed once the caller drops them

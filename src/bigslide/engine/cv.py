@@ -31,12 +31,14 @@ import numpy as np
 import yaml
 from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
+from bigslide.data.processes import DecodeProcesses
 from bigslide.data.sources import load_table
 from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import FOLDER_NAME
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.events import Event, Message
 from bigslide.engine.loop import RunResult, checkpoint_path, train
+from bigslide.engine.setup import decode_processes
 from bigslide.errors import ConfigError, DataError
 from bigslide.files import atomic_write_text
 
@@ -260,9 +262,12 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def train_fold(fold: CvFold, *, resume: bool = True) -> Generator[Event, None, RunResult]:
-    """Train one fold (events as `train` yields them). With `resume`, a finished fold is not trained
-    again (its recorded result is returned) and an interrupted one continues from its checkpoint."""
+def train_fold(
+    fold: CvFold, *, resume: bool = True, processes: DecodeProcesses | None = None
+) -> Generator[Event, None, RunResult]:
+    """Train one fold (events as `train` yields them; its slides read in `processes` when given). With
+    `resume`, a finished fold is not trained again (its recorded result is returned) and an interrupted
+    one continues from its checkpoint."""
     sizes = " / ".join(f"{len(fold.table.subset(s))} {s}" for s in ("train", "val", "test"))
     record = fold.done() if resume else None
     if record is not None:
@@ -280,7 +285,7 @@ def train_fold(fold: CvFold, *, resume: bool = True) -> Generator[Event, None, R
         )
     fold.done_path.unlink(missing_ok=True)
     yield Message(f"fold {fold.index}/{fold.count}: {sizes} slides -> {fold.out_dir}")
-    result = yield from train(fold.config, resume=resume)
+    result = yield from train(fold.config, resume=resume, processes=processes)
     # written only now, atomically: a fold with this file is never trained again
     done = {"fold": fold.index, "steps": result.steps, "history": result.history, "test": result.test}
     atomic_write_text(fold.done_path, json.dumps(done, indent=2))
@@ -333,8 +338,13 @@ def cross_validate(config: TrainConfig, k: int, *, resume: bool = True) -> Gener
     trained afresh. The folds are derived again on every run and must match those already on disk."""
     folds = prepare_folds(config, k, resume=resume)
     results = []
-    for fold in folds:
-        results.append((yield from train_fold(fold, resume=resume)))
+    processes = decode_processes(config.data)  # every fold's slides read by the same workers
+    try:
+        for fold in folds:
+            results.append((yield from train_fold(fold, resume=resume, processes=processes)))
+    finally:
+        if processes is not None:
+            processes.close()
     summary = write_summary(Path(config.run.out_dir) / "summary.csv", results)
     yield Message(f"cross-validation summary: {summary}")
     return summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -106,14 +107,17 @@ def extract_slide(
     """Encode every tile of slide i's grid, `chunk` tiles per encoder call, and write its feature file.
 
     Tiles are read as training reads them (`read_slide_squares`, uint8, scaled on the device) and encoded by
-    the eval-mode encoder without grad; the next chunk is decoded on `workers` threads while this one is
-    encoded."""
+    the eval-mode encoder without grad; the next chunk is decoded while this one is encoded, in the slides'
+    decode workers when they have them, else on `workers` threads."""
     entry, grid = bags.table.entries[i], bags.grid(i)
     encoder.eval()
     starts = range(0, len(grid), chunk)
     rows: list[np.ndarray] = []
-    n_workers = default_workers() if workers is None else workers
-    with ThreadPoolExecutor(max(1, n_workers)) as pool, ThreadPoolExecutor(1) as ahead:
+    n_workers = 0 if bags.slides.workers is not None else default_workers() if workers is None else workers
+    with (
+        ThreadPoolExecutor(n_workers) if n_workers else nullcontext() as pool,
+        ThreadPoolExecutor(1) as ahead,
+    ):
 
         def read(start: int) -> np.ndarray:
             coords = grid.coords[start : start + chunk]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -17,8 +17,8 @@ from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
-from bigslide.data.loader import default_workers, load_item
-from bigslide.data.processes import Pool
+from bigslide.data.loader import BatchLoader, default_workers, load_item
+from bigslide.data.processes import DecodeProcesses, Pool
 from bigslide.data.sample import as_float
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
@@ -114,24 +114,45 @@ def predict_dataset(
     """Predict every item (or the `items` given); bags average `repeats` sampled bags (Big-Layers §4.2.4),
     0 = all tiles at once.
 
-    Tiles are decoded on `workers` threads (None: `default_workers()`).
+    Slides whose `SlideCache` has decode workers are read there, the next items while one is predicted;
+    else tiles are decoded on `workers` threads here (None: `default_workers()`).
     """
+    order = list(range(len(dataset)) if items is None else items)
+    slides = getattr(dataset, "slides", None)
+    processes = slides.workers if slides is not None else None
+    if isinstance(processes, DecodeProcesses):
+        with BatchLoader(_ItemReads(dataset, repeats), processes=processes, prefetch=1) as loader:
+            loader.plan([[i] for i in order])
+            reads = ((i, loader.take([i])[0]) for i in order)
+            return _predicted(method, dataset, reads, with_grids)
     n_workers = default_workers() if workers is None else workers
     with ThreadPoolExecutor(n_workers) if n_workers else nullcontext() as pool:
-        return _predict_dataset(method, dataset, repeats, with_grids, pool, items)
+        return _predicted(
+            method, dataset, ((i, read_samples(dataset, i, repeats, pool)) for i in order), with_grids
+        )
 
 
-def _predict_dataset(
+class _ItemReads:
+    """Item i = what item i of `dataset` is predicted from (`read_samples`), for a loader to read ahead."""
+
+    def __init__(self, dataset: SlideDataset, repeats: int) -> None:
+        self.dataset, self.repeats = dataset, repeats
+
+    def __getitem__(self, i: int) -> list[Sample]:
+        return read_samples(self.dataset, i, self.repeats, None)
+
+    def load(self, i: int, pool: Pool) -> list[Sample]:
+        return read_samples(self.dataset, i, self.repeats, pool)
+
+
+def _predicted(
     method: Method,
     dataset: SlideDataset,
-    repeats: int,
+    reads: Iterable[tuple[int, list[Sample]]],
     with_grids: bool,
-    pool: Executor | None,
-    items: Sequence[int] | None = None,
 ) -> DatasetPredictions:
     labels, probs, grids = [], [], []
-    for i in range(len(dataset)) if items is None else items:
-        samples = read_samples(dataset, i, repeats, pool)
+    for _i, samples in reads:
         item_probs, item_grids = predict_samples(method, dataset, samples, with_grids=with_grids)
         labels.append(samples[0].y)
         probs.append(item_probs)
@@ -280,6 +301,7 @@ def predict_slides(
     slide_mpp: float | None = None,
     tiles: TileCache | None = None,
     max_tiles: int | None = None,
+    processes: DecodeProcesses | None = None,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
     The slides of a case are one bag: each gets the case's prediction and its own heatmaps.
@@ -289,6 +311,8 @@ def predict_slides(
     `tiles`, else from the training run's tile cache (data.tile_cache) when its run folder is here.
     `max_tiles` makes a preview of a bag method: a slide with more tiles is read one tile in s x s (a
     regular lattice) and its map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
+    Slides are tiled and read in `processes` (e.g. a napari session's, kept between predictions), else in
+    decode workers started for the call (the checkpoint's data.workers).
     """
     trained = load_trained(checkpoint, device=device)
     method, config, classes, epochs = trained.method, trained.config, trained.classes, trained.epochs
@@ -299,7 +323,8 @@ def predict_slides(
     if tiles is None and Path(config.run.out_dir).is_dir():
         tiles = tile_cache_for(config.data.tile_cache, config.run.out_dir)
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
-    slides = SlideCache(slide_mpp=fallback_mpp, tiles=tiles)
+    own = setup.decode_processes(config.data) if processes is None else None
+    slides = SlideCache(slide_mpp=fallback_mpp, tiles=tiles, workers=processes or own)
     try:
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
@@ -313,6 +338,8 @@ def predict_slides(
         )
     finally:
         slides.close()
+        if own is not None:
+            own.close()
     preds.decision = decision
     out = []
     for i, rows in enumerate(table.cases().values()):  # the datasets' items, in order
@@ -350,13 +377,20 @@ def predict_slide(
     repeats: int = 0,
     slide_mpp: float | None = None,
     max_tiles: int | None = None,
+    processes: DecodeProcesses | None = None,
 ) -> SlidePrediction:
     """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence");
     `max_tiles` makes a quicker preview of a large slide (see `predict_slides`)."""
     entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
     table = SlideTable([entry], ["?"])
     preds, _ = predict_slides(
-        checkpoint, table, device=device, repeats=repeats, slide_mpp=slide_mpp, max_tiles=max_tiles
+        checkpoint,
+        table,
+        device=device,
+        repeats=repeats,
+        slide_mpp=slide_mpp,
+        max_tiles=max_tiles,
+        processes=processes,
     )
     return preds[0]
 

@@ -20,6 +20,7 @@ import torch
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
+from bigslide.data.processes import DecodeProcesses
 from bigslide.data.sample import Batch, Sample, as_float, batch_instance_labels
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
@@ -86,29 +87,45 @@ def checkpoint_path(config: TrainConfig) -> Path:
 
 
 def train(
-    config: TrainConfig, *, resume: bool = False, data: setup.RunData | None = None
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    data: setup.RunData | None = None,
+    processes: DecodeProcesses | None = None,
 ) -> Generator[Event, None, RunResult]:
-    """Train `config.method` on the configured data (or on `data`); yields events at least once per batch."""
-    run = yield from _start(config, data)
+    """Train `config.method` on the configured data (or on `data`); yields events at least once per batch.
+
+    The run's slides are tiled, read, validated and mapped by one set of decode worker processes, started
+    here (data.workers) and kept to the end, or `processes` shared with the caller (left running)."""
+    own = processes is None and data is None
+    if own:
+        processes = setup.decode_processes(config.data)
     try:
-        resumed = resume and run.ckpt.is_file()
-        if resumed:
-            yield run.restore()
-        run.open_logs(resumed)
+        run = yield from _start(config, data, processes)
         try:
-            while run.state["epoch"] < config.optim.epochs and run.state["step"] < run.total:
-                yield from run.epoch()
-        except GeneratorExit:  # stopped: keep what was trained since the last checkpoint
-            if run.state["step"] != run.saved_at:
-                run.save()
-            raise
+            resumed = resume and run.ckpt.is_file()
+            if resumed:
+                yield run.restore()
+            run.open_logs(resumed)
+            try:
+                while run.state["epoch"] < config.optim.epochs and run.state["step"] < run.total:
+                    yield from run.epoch()
+            except GeneratorExit:  # stopped: keep what was trained since the last checkpoint
+                if run.state["step"] != run.saved_at:
+                    run.save()
+                raise
+        finally:
+            run.close()
+        test = yield from run.score_test()
     finally:
-        run.close()
-    test = yield from run.score_test()
+        if own and processes is not None:
+            processes.close()
     return run.finish(test)
 
 
-def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, None, _Run]:
+def _start(
+    config: TrainConfig, data: setup.RunData | None, processes: DecodeProcesses | None
+) -> Generator[Event, None, _Run]:
     """Everything a run needs before its first batch: ranks, data, method, optimizer and schedule."""
     out = Path(config.run.out_dir)
     ranks = from_environment(config.run.device, timeout_s=config.run.dist_timeout)
@@ -124,7 +141,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
             "others' gradients for ever); fix or drop the slide, or train on one rank"
         )
     tiles = tile_cache_for(config.data.tile_cache, out)
-    slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles)
+    slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles, workers=processes)
     data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
     for dataset in (data.train, data.val, data.test):
         for why in getattr(dataset, "left_out", []):
@@ -188,6 +205,7 @@ def _start(config: TrainConfig, data: setup.RunData | None) -> Generator[Event, 
             workers=config.data.workers,
             prefetch=config.data.prefetch,
             skip_bad=config.data.skip_bad_slides,
+            processes=processes,
         ),
         loss_log=LossLog(out / "losses.csv"),
         decision=Decision.from_state(None, len(data.classes)),
@@ -222,6 +240,7 @@ class _Run:
     # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
     risk_reference: dict[str, Any] | None = None
+    planned: int = -1  # the epoch whose batches the loader reads ahead
 
     @property
     def out(self) -> Path:
@@ -286,12 +305,10 @@ class _Run:
         """Train the rest of the current epoch, then score it, validate and save."""
         config, state, method = self.config, self.state, self.method
         epoch = state["epoch"]
-        self.data.train.set_epoch(epoch)
-        order = self.ranks.shard(
-            np.random.default_rng([config.run.seed, epoch]).permutation(len(self.data.train))
-        )
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        self.loader.plan(batches[state["batch"] : state["batch"] + self.total - state["step"]])
+        batches = self.batches(epoch)
+        if self.planned != epoch:  # else its first batches were read while the last epoch validated
+            self.data.train.set_epoch(epoch)
+            self.loader.plan(batches[state["batch"] : state["batch"] + self.total - state["step"]])
         seen_y: list[Any] = []
         seen_p: list[np.ndarray] = []
         while state["batch"] < len(batches) and state["step"] < self.total:
@@ -312,6 +329,11 @@ class _Run:
             every = config.run.checkpoint_every
             if every and state["step"] % every == 0 and not epoch_ends:
                 yield self.save()
+        if state["batch"] >= len(batches) and epoch + 1 < config.optim.epochs and state["step"] < self.total:
+            # the next epoch's bags are read while this one validates: its first step does not wait
+            self.data.train.set_epoch(epoch + 1)
+            self.loader.plan(self.batches(epoch + 1)[: self.total - state["step"]])
+            self.planned = epoch + 1
         record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
         yield Metrics(epoch, "train", record["train"])
@@ -334,6 +356,12 @@ class _Run:
             state["epoch"] += 1
             state["batch"] = 0
         yield self.save()
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches of training items (this rank's share), in the order they are trained."""
+        n = len(self.data.train)
+        order = self.ranks.shard(np.random.default_rng([self.config.run.seed, epoch]).permutation(n))
+        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     def take(self, batch: np.ndarray) -> list[Sample]:
         """The batch's samples; a slide that cannot be read stops the run, named, after saving what was

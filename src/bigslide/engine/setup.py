@@ -10,8 +10,11 @@ import torch
 
 from bigslide.data import sources
 from bigslide.data.bags import BagDataset
+from bigslide.data.config import DataConfig
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
+from bigslide.data.loader import default_workers
+from bigslide.data.processes import DecodeProcesses
 from bigslide.data.slides import SlideCache
 from bigslide.data.sources import RunData, TrainData, demo_dir
 from bigslide.data.stain_norm import StainFit, stain_reference
@@ -29,6 +32,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("run.device: cuda was asked for but no CUDA device is available; use auto or cpu")
     return torch.device(name)
+
+
+def decode_processes(data: DataConfig) -> DecodeProcesses | None:
+    """The decode workers a run or a prediction keeps from its first tile grid to its last map:
+    `data.workers` processes (None: `default_workers()`); none with 0 workers or data made in memory."""
+    workers = default_workers() if data.workers is None else data.workers
+    if workers == 0 or data.source == "ultramnist":
+        return None
+    return DecodeProcesses(workers, buffers=max(data.prefetch, workers + 1))
 
 
 def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:

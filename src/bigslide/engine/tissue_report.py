@@ -36,8 +36,12 @@ def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[
     elif isinstance(dataset, BagDataset):
         yield from zip((e.path for e in dataset.table.entries), dataset.grids, strict=True)
     elif isinstance(dataset, SlideImageDataset):
-        for entry in dataset.table.entries:
-            yield entry.path, slides.grid(entry, data.tile_size, data.read_mpp, data.min_tissue, data.tissue)
+        entries = dataset.table.entries
+        grids = slides.grids(entries, data.tile_size, data.read_mpp, data.min_tissue, data.tissue)
+        for entry, grid in zip(entries, grids, strict=True):
+            if isinstance(grid, Exception):
+                raise grid
+            yield entry.path, grid
 
 
 def write_tissue_check(
@@ -47,15 +51,17 @@ def write_tissue_check(
     A report that cannot be written (a full disk) is a warning: training goes on."""
     rows = []
     try:
-        for dataset in datasets:
-            if dataset is None:
-                continue
-            for path, grid in slide_grids(dataset, data, slides):
-                write_check_png(partial(slides.opened, path), path, grid, out / FOLDER, slides.tiles)
-                rows.append(check_row(path, grid))
-                text = warning(path, grid)
-                if text is not None:
-                    yield Message(f"warning: {text}")
+        checked = [
+            item for dataset in datasets if dataset is not None for item in slide_grids(dataset, data, slides)
+        ]
+        drawn = draw_checks(slides, checked, out / FOLDER)
+        for (path, grid), png in zip(checked, drawn, strict=True):
+            if isinstance(png, Exception):
+                raise png
+            rows.append(check_row(path, grid))
+            text = warning(path, grid)
+            if text is not None:
+                yield Message(f"warning: {text}")
         if not rows:
             return None
         csv = write_check_csv(rows, out / CSV_NAME)
@@ -64,3 +70,19 @@ def write_tissue_check(
         return None
     yield Message(f"tissue check: {csv} and a thumbnail per slide in {out / FOLDER}")
     return csv
+
+
+def draw_checks(
+    slides: SlideCache, checked: list[tuple[Path, TileGrid]], folder: Path
+) -> list[Path | Exception]:
+    """Each slide's tissue-check thumbnail in `folder` (kept in the slides' tile cache when there is one),
+    or the error that stopped it: drawn in the decode workers, several slides at once."""
+    return slides.map(_draw_check, [(path, grid, folder) for path, grid in checked], _drawing)
+
+
+def _draw_check(slides: SlideCache, path: Path, grid: TileGrid, folder: Path) -> Path:
+    return write_check_png(partial(slides.opened, path), path, grid, folder, slides.tiles)
+
+
+def _drawing(item: tuple[Any, ...]) -> str:
+    return f"{item[0]}: a decode worker process died while drawing its tissue check"
