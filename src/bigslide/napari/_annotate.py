@@ -33,6 +33,7 @@ from bigslide.napari._roles import layers_with_role
 if TYPE_CHECKING:
     import napari
 
+    from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
 
 ROLE = "annotations"
@@ -247,13 +248,13 @@ class AnnotateBox(QGroupBox):
         s = self.session
         worker = create_worker(
             _count_annotated,
+            s.slides(),
             path,
             row.annotations,
             slide_regions(self.viewer, s, path),
             s.tile_size,
             s.target_mpp,
             s.min_tissue,
-            s.slide_mpp,
             _start_thread=False,
             _ignore_errors=True,
         )
@@ -274,20 +275,17 @@ class AnnotateBox(QGroupBox):
 
 
 def _count_annotated(
+    slides: SlideCache,
     path: Path,
     annotations: Path,
     regions: Any,
     tile_size: int,
     target_mpp: float,
     min_tissue: float,
-    slide_mpp: float | None,
 ) -> int:
     from bigslide.annotations import annotated_count
-    from bigslide.data.slides import open_with_mpp
-    from bigslide.grid import TileGrid
+    from bigslide.data.slides import tile_slide
 
-    with open_with_mpp(path, slide_mpp) as slide:
-        grid = TileGrid.from_slide(
-            slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
-        )
+    what = f"{path}: a worker died tiling it"
+    grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=what)
     return annotated_count(read_annotations(annotations), grid.coords, grid.tile_size_level0)

@@ -32,6 +32,7 @@ from bigslide.napari._run import in_panel_words
 from bigslide.napari._tile_check import add_rejected_tiles
 
 if TYPE_CHECKING:
+    from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
 
 
@@ -212,7 +213,7 @@ class RegionsWidget(Panel):
             show_error(str(err))
             return None
         s = self.session
-        worker = _tile_grid(path, s.tile_size, s.target_mpp, s.min_tissue, regions, s.slide_mpp)
+        worker = _tile_grid(s.slides(), path, s.tile_size, s.target_mpp, s.min_tissue, regions)
         worker.returned.connect(self._show_tiles(slide))
         worker.errored.connect(self._preview_failed)
         self.preview_worker = worker
@@ -247,12 +248,10 @@ class RegionsWidget(Panel):
 
 @thread_worker(ignore_errors=True)
 def _tile_grid(
-    path: str, tile_size: int, target_mpp: float, min_tissue: float, regions: Any, slide_mpp: float | None
+    slides: SlideCache, path: str, tile_size: int, target_mpp: float, min_tissue: float, regions: Any
 ) -> Any:
-    from bigslide.data.slides import open_with_mpp
-    from bigslide.grid import TileGrid
+    from bigslide.data.slides import tile_slide
 
-    with open_with_mpp(path, slide_mpp) as slide:
-        return TileGrid.from_slide(
-            slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
-        )
+    return slides.run(
+        tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=f"{path}: a worker died tiling it"
+    )

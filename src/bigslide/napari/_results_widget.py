@@ -187,6 +187,7 @@ class ResultsWidget(Panel):
             device=self.device.currentText(),
             slide_mpp=self.session.slide_mpp,
             max_tiles=PREVIEW_TILES if preview else None,
+            processes=self.session.decode_processes(),
             _start_thread=False,
             _ignore_errors=True,
         )

@@ -147,6 +147,7 @@ class RetrainBox(QGroupBox):
             regions=row.regions if row is not None else None,
             device=panel.device.currentText(),
             slide_mpp=panel.session.slide_mpp,
+            processes=panel.session.run_processes(config),
         )
         from bigslide.napari._run import drive
 
@@ -242,4 +243,4 @@ def _retrain(checkpoint: Path, slide: str, config: TrainConfig, **predict: Any) 
 
     _limit_torch_threads()
     yield BEFORE, predict_slide(checkpoint, slide, **predict)
-    return (yield from train(config))
+    return (yield from train(config, processes=predict.get("processes")))

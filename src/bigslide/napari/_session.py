@@ -18,7 +18,10 @@ from bigslide.errors import DataError
 if TYPE_CHECKING:
     import napari
 
+    from bigslide.data.processes import DecodeProcesses
+    from bigslide.data.slides import SlideCache
     from bigslide.data.table import SlideTable
+    from bigslide.engine.config import TrainConfig
 
 SPLIT_CHOICES = ("", "train", "val", "test")  # "" = decided at training time (stratified)
 
@@ -61,6 +64,30 @@ class Session:
         self.table_name = ""  # the file they were read from
         self.table_path: Path | None = None  # and where it is (teaching annotations are saved beside it)
         self._problems: dict[str, str] = {}  # refused inputs of the panels, by field
+        self._processes: DecodeProcesses | None = None
+
+    def decode_processes(self) -> DecodeProcesses:
+        """The decode worker processes this viewer's runs, maps, tile previews and counts share: started
+        (from the fork server) on first use and kept while the viewer lives, so no run or map waits for
+        workers to start, and the viewer's process never decodes a tile."""
+        if self._processes is None:
+            from bigslide.data.loader import default_workers
+            from bigslide.data.processes import DecodeProcesses
+
+            n = default_workers()
+            self._processes = DecodeProcesses(n, buffers=n + 1)
+            weakref.finalize(self, self._processes.close)
+        return self._processes
+
+    def run_processes(self, config: TrainConfig) -> DecodeProcesses | None:
+        """The decode workers a run of `config` shares with the viewer (none when it reads in-process)."""
+        return None if config.data.workers == 0 else self.decode_processes()
+
+    def slides(self) -> SlideCache:
+        """Slides read as the panels say (the fallback µm/px), tiled in the decode workers."""
+        from bigslide.data.slides import SlideCache
+
+        return SlideCache(slide_mpp=self.slide_mpp, workers=self.decode_processes())
 
     def set_problem(self, field: str, refusal: str | None) -> None:
         """Record (or clear, with None) the refusal of a number typed into a panel field: no run starts

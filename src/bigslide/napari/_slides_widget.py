@@ -31,6 +31,7 @@ from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled
 
 if TYPE_CHECKING:
+    from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session, SlideRow
 
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
@@ -406,7 +407,7 @@ class SlidesWidget(Panel):
         self.count_button.setEnabled(False)
         self.status.setText("Counting tiles…")
         s = self.session
-        worker = _count_tiles(jobs, s.tile_size, s.target_mpp, s.min_tissue, s.slide_mpp)
+        worker = _count_tiles(s.slides(), jobs, s.tile_size, s.target_mpp, s.min_tissue)
         self.count_error = None
         worker.yielded.connect(
             lambda result: self.session.update(result[0], tiles=result[1], annotated=result[2])
@@ -435,21 +436,18 @@ class SlidesWidget(Panel):
 
 @thread_worker(ignore_errors=True)
 def _count_tiles(
+    slides: SlideCache,
     jobs: list[tuple[Path, Any, Path | None]],
     tile_size: int,
     target_mpp: float,
     min_tissue: float,
-    slide_mpp: float | None,
 ) -> Generator[tuple[Path, int, int | None], None, None]:
     from bigslide.annotations import annotated_count, read_annotations
-    from bigslide.data.slides import open_with_mpp
-    from bigslide.grid import TileGrid
+    from bigslide.data.slides import tile_slide
 
     for path, regions, taught_by in jobs:
-        with open_with_mpp(path, slide_mpp) as slide:
-            grid = TileGrid.from_slide(
-                slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
-            )
+        what = f"{path}: a worker died tiling it"
+        grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=what)
         taught = None
         if taught_by is not None:
             taught = annotated_count(read_annotations(taught_by), grid.coords, grid.tile_size_level0)

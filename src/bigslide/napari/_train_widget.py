@@ -374,7 +374,7 @@ class TrainWidget(Panel):
             return None
         _limit_torch_threads()
         settle_imports()
-        self.run_gen = train(config)
+        self.run_gen = train(config, processes=self.session.run_processes(config))
         self.stopped = False
         self.last_checkpoint = None
         worker = create_worker(drive, self.run_gen, _start_thread=False, _ignore_errors=True)
