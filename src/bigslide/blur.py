@@ -44,18 +44,19 @@ def sharpness(grey: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 def _band_sharpness(grey: np.ndarray, r0: int, r1: int, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
     """`sharpness` of boxes that share their rows [r0, r1), from column sums."""
     x0, x1 = int(c0.min()), int(c1.max())
-    c0, c1 = c0 - x0, c1 - x0
-    n = (r1 - r0) * (c1 - c0)
-
-    def means(column_sums: np.ndarray) -> np.ndarray:
-        sums = np.concatenate([[0.0], np.cumsum(column_sums, dtype=np.float64)])
-        return (sums[c1] - sums[c0]) / n
-
     lap = _laplacian(grey, r0, r1, x0, x1)
     band = grey[r0:r1, x0:x1]
     band = band - np.float32(band.mean())  # about the band's mean: squares lose nothing to cancellation
-    lap_var = means(np.einsum("ij,ij->j", lap, lap)) - means(lap.sum(axis=0)) ** 2
-    grey_var = means(np.einsum("ij,ij->j", band, band)) - means(band.sum(axis=0)) ** 2
+    sums = np.zeros((4, x1 - x0 + 1), np.float64)  # running sums along the band of each column's ...
+    columns = sums[:, 1:]
+    columns[0] = np.einsum("ij,ij->j", lap, lap)  # ... Laplacian², Laplacian, grey², grey
+    columns[1] = lap.sum(axis=0)
+    columns[2] = np.einsum("ij,ij->j", band, band)
+    columns[3] = band.sum(axis=0)
+    np.cumsum(columns, axis=1, out=columns)
+    means = (sums[:, c1 - x0] - sums[:, c0 - x0]) / ((r1 - r0) * (c1 - c0))
+    lap_var = means[0] - means[1] ** 2
+    grey_var = means[2] - means[3] ** 2
     return lap_var / (np.maximum(grey_var, 0) + 1.0)
 
 
