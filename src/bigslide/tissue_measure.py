@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bigslide.errors import SlideError
-from bigslide.slide import WHOLE_READ_PIXELS, Slide
+from bigslide.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
 from bigslide.tissue import INK, MASK_SIZE, TISSUE, TissueSettings, classify_pixels, glass_od
 
 MIN_FOOTPRINT_PX = 4
@@ -164,10 +164,29 @@ def apply_in_runs(
     margin: int = 0,
 ) -> np.ndarray:
     """`per_run(image, boxes in the image)` -> one value per tile, reading only the tiles: each run of
-    neighbouring tiles in a row of tiles is read as one rectangle (with `margin` pixels around it). A run
-    that cannot be read gets NaN (the tile read for training names the broken file tile)."""
+    neighbouring tiles in a row of tiles is one rectangle (with `margin` pixels around it where the level
+    has them). Runs go top to bottom and each file tile of `level` is decoded once (`FileTiles`). A tile
+    over a file tile that cannot be decoded gets NaN (the tile read for training names the broken file
+    tile)."""
     out = np.zeros(len(boxes), np.float64)
     lw, lh = slide.level_dimensions[level]
+    tiles = FileTiles(slide, level)
+    for batch in _runs(boxes):
+        y0, y1 = max(0, int(boxes[batch, 0].min()) - margin), min(lh, int(boxes[batch, 1].max()) + margin)
+        x0, x1 = max(0, int(boxes[batch, 2].min()) - margin), min(lw, int(boxes[batch, 3].max()) + margin)
+        tiles.forget_above(y0)
+        image, failed = tiles.region(y0, y1, x0, x1)
+        local = boxes[batch] - np.array([y0, y0, x0, x0])
+        out[batch] = per_run(image, local)
+        for fy0, fy1, fx0, fx1 in failed:
+            r0, r1, c0, c1 = (local - margin * np.array([1, -1, 1, -1])).T
+            out[batch[(r0 < fy1) & (fy0 < r1) & (c0 < fx1) & (fx0 < c1)]] = np.nan
+    return out
+
+
+def _runs(boxes: np.ndarray) -> Iterator[np.ndarray]:
+    """Indices of boxes in runs: the same top row, each box starting at most one box's width after the
+    previous one ends; runs ordered top to bottom, left to right."""
     order = np.lexsort((boxes[:, 2], boxes[:, 0]))
     start = 0
     while start < len(order):
@@ -179,13 +198,49 @@ def apply_in_runs(
             and boxes[order[stop], 2] <= boxes[order[stop - 1], 3] + (first[3] - first[2])
         ):
             stop += 1
-        batch = order[start:stop]
-        y0, y1 = max(0, int(boxes[batch, 0].min()) - margin), min(lh, int(boxes[batch, 1].max()) + margin)
-        x0, x1 = max(0, int(boxes[batch, 2].min()) - margin), min(lw, int(boxes[batch, 3].max()) + margin)
-        try:
-            image = slide._read_level(level, y0, y1, x0, x1)
-            out[batch] = per_run(image, boxes[batch] - np.array([y0, y0, x0, x0]))
-        except SlideError:
-            out[batch] = np.nan
+        yield order[start:stop]
         start = stop
-    return out
+
+
+class FileTiles:
+    """One level's file tiles, each decoded once, pasted into the rectangles asked for. Rectangles are
+    asked for top to bottom: `forget_above` lets go of the file tiles no later rectangle reaches."""
+
+    def __init__(self, slide: Slide, level: int) -> None:
+        self.slide, self.level = slide, level
+        self.tile_h, self.tile_w = slide.tile_shape(level)
+        self.decoded: dict[tuple[int, int], np.ndarray | None] = {}
+
+    def region(
+        self, y0: int, y1: int, x0: int, x1: int
+    ) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+        """Pixels [y0, y1) x [x0, x1) of the level as (h, w, 3) uint8, and the (row0, row1, col0, col1)
+        in them of file tiles that could not be decoded (drawn as glass)."""
+        out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
+        failed = []
+        th, tw = self.tile_h, self.tile_w
+        for row in range(y0 // th, -(-y1 // th)):
+            for col in range(x0 // tw, -(-x1 // tw)):
+                ty, tx = row * th, col * tw
+                ay0, ay1, ax0, ax1 = max(ty, y0), min(ty + th, y1), max(tx, x0), min(tx + tw, x1)
+                tile = self._tile(row, col)
+                if tile is None:
+                    failed.append((ay0 - y0, ay1 - y0, ax0 - x0, ax1 - x0))
+                    continue
+                part = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
+                out[ay0 - y0 : ay0 - y0 + part.shape[0], ax0 - x0 : ax0 - x0 + part.shape[1]] = part
+        return out, failed
+
+    def forget_above(self, y: int) -> None:
+        """Let go of the file tiles that lie wholly above row `y` of the level."""
+        for key in [k for k in self.decoded if (k[0] + 1) * self.tile_h <= y]:
+            del self.decoded[key]
+
+    def _tile(self, row: int, col: int) -> np.ndarray | None:
+        key = (row, col)
+        if key not in self.decoded:
+            try:
+                self.decoded[key] = self.slide.read_file_tile(self.level, row, col)
+            except SlideError:
+                self.decoded[key] = None
+        return self.decoded[key]
