@@ -26,10 +26,10 @@ MARGIN_S = 0.2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slides", type=int, default=10, help="slides (default 10: 6 train, 2 val, 2 test)")
-    parser.add_argument("--size", type=int, default=2048, help="side of each slide in px (default 2048)")
-    parser.add_argument("--tile-size", type=int, default=64, help="tile side (default 64)")
-    parser.add_argument("--bag-size", type=int, default=128, help="tiles per bag (default 128)")
-    parser.add_argument("--epochs", type=int, default=5, help="epochs (default 5: 4 boundaries)")
+    parser.add_argument("--size", type=int, default=4096, help="side of each slide in px (default 4096)")
+    parser.add_argument("--tile-size", type=int, default=224, help="tile side (default 224)")
+    parser.add_argument("--bag-size", type=int, default=256, help="tiles per bag (default 256)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs (default 4: 3 boundaries)")
     parser.add_argument("--workers", type=int, default=2, help="decode workers (default 2)")
     parser.add_argument("--backbone", default="test_resnet", help="encoder (timm name)")
     parser.add_argument(

@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         f"torch {torch.__version__}",
         flush=True,
     )
-    # the same slide listed once per bag: bag i samples with (seed, epoch, i), so the bags differ
-    table = SlideTable([SlideEntry(path, "a", "train") for _ in range(args.bags)], ["a", "b"])
+    # the same slide listed once per bag, each row a case of its own: bag i samples with (seed, epoch, i),
+    # so the bags differ
+    rows = [SlideEntry(path, "a", "train", case=f"bag {i}") for i in range(args.bags)]
+    table = SlideTable(rows, ["a", "b"])
     bags = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=args.bag_size, seed=1)
     coords = [bags.grids[i].coords[bags.tile_indices(i)] for i in range(args.bags)]
     n_tiles = sum(len(c) for c in coords)
