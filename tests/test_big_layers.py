@@ -292,3 +292,24 @@ def test_bench_fit_recovers_a_known_power_law() -> None:
     median_area = 640.0**2
     doubling = (a * (2 * median_area) ** b + c) / (a * median_area**b + c)
     assert fit["doubling"] == pytest.approx(doubling, rel=0.03)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["batch-stats", "running-stats"])
+def test_big_layers_on_a_device_give_their_output_where_the_native_layers_do(training: bool) -> None:
+    """A CUDA device faked on the CPU (FakeTensorMode: shapes, dtypes and devices, no data; ops mixing
+    devices raise as on CUDA): a big conv and BatchNorm whose parameters and input are on the device
+    return their output there, as the native layers do, so it mixes with the native layers' tensors;
+    inside a big stack (host inputs) outputs stay on the host. (The fake device has no backward: the
+    gradients' devices are checked on a real GPU in tests/test_cuda.py.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cuda = torch.device("cuda", 0)
+    with FakeTensorMode(allow_non_fake_inputs=True), cuda:
+        conv, norm = nn.Conv2d(4, 6, 3, 2, 1), nn.BatchNorm2d(6).train(training)
+        big_conv, big_norm = BigConv2d.from_native(conv, 24_000), BigBatchNorm2d.from_native(norm, 24_000)
+        x = torch.rand(3, 4, 37, 29)
+        want, got = norm(conv(x)), big_norm(big_conv(x))
+        assert got.device == want.device == cuda
+        assert (got * torch.rand_like(want)).shape == want.shape
+        host = big_norm(big_conv(torch.rand(3, 4, 37, 29, device="cpu")))
+        assert host.device.type == "cpu"

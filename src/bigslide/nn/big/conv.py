@@ -25,6 +25,8 @@ from bigslide.nn.big.partition import (
     plan_partitions,
     record_on_device,
     to_compute,
+    to_host,
+    to_source,
 )
 
 
@@ -209,7 +211,8 @@ class BigConv2d(nn.Conv2d):
 
     `budget_bytes` bounds what one partition holds on the compute device (input rows with halo, output
     rows, weights and their gradients, in bytes of the compute dtype). The compute device is the device
-    of `weight`; inputs on another device are brought to the host first.
+    of `weight`. An input on a device is brought to the host first and the output goes back to that
+    device, as the native layer's would; a host input gives a host output.
     """
 
     budget_bytes: int
@@ -240,8 +243,8 @@ class BigConv2d(nn.Conv2d):
         self.budget_bytes = budget_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            x = x.cpu()
+        source = x.device
+        x = to_host(x)
         padding = self.padding
         if isinstance(padding, str) or self.padding_mode != "zeros":
             # 'same' (possibly asymmetric) and non-zero modes: pad once on the host, then convolve unpadded.
@@ -256,7 +259,7 @@ class BigConv2d(nn.Conv2d):
             budget_bytes=int(self.budget_bytes),
             name=f"BigConv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size})",
         )
-        return _BigConv2dFunction.apply(x, self.weight, self.bias, geom)
+        return to_source(_BigConv2dFunction.apply(x, self.weight, self.bias, geom), source)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, budget_bytes={self.budget_bytes}"

@@ -17,7 +17,15 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from bigslide.nn.big.partition import Partition, host_empty, plan_partitions, record_on_device, to_compute
+from bigslide.nn.big.partition import (
+    Partition,
+    host_empty,
+    plan_partitions,
+    record_on_device,
+    to_compute,
+    to_host,
+    to_source,
+)
 
 _DIMS = (0, 2)  # of the (N, C, H·W) view: every dimension but the channel
 
@@ -75,8 +83,9 @@ def batch_moments(
     Rounded like native BatchNorm's when |μ| ≫ σ (the centred backward inherits the mean's error): a
     partition mean far from zero rounds at the scale of |μ|, too coarse for the merge. Such channels
     are measured about a shift s, the first partition's mean (x − s is an exact float subtraction near
-    s), at the cost of a temporary and one more pass per partition, and only then. The merge runs in
-    float64 and rounds once.
+    s), at the cost of a temporary and one more pass per partition, and on the host only then (on a
+    device always, with s = 0 where no shift is needed, so the host never waits for the decision). The
+    merge runs in float64 and rounds once.
     """
     acc = _acc_dtype(x.dtype)
     count = 0
@@ -92,16 +101,16 @@ def batch_moments(
 
     for index, part in enumerate(parts):
         xp = to_compute(x, device, acc, part)
-        if shifting:
-            mean_p, var_p = shifted_moments(xp)
-        else:
+        if index == 0 or not shifting:
             mean_p, var_p = _moments(xp)
             record_on_device([xp, mean, m2])
-            if index == 0:
-                shift = torch.where(mean_p.abs() > 4 * var_p.sqrt(), mean_p, 0.0)
-                shifting = bool(shift.any())
-                if shifting:
-                    mean_p, var_p = shifted_moments(xp)
+        if index == 0:
+            shift = torch.where(mean_p.abs() > 4 * var_p.sqrt(), mean_p, 0.0)
+            # On a device, reading the decision would make the host wait for the stream once per layer:
+            # there every partition is measured about the shift, 0 where none is needed (x − 0 is x).
+            shifting = device.type != "cpu" or bool(shift.any())
+        if shifting:
+            mean_p, var_p = shifted_moments(xp)
         n_p = xp.numel() // xp.shape[1]
         total = count + n_p
         delta = mean_p - mean
@@ -233,7 +242,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
     """Drop-in `nn.BatchNorm2d` (same parameters, buffers and state dict) for host-held activations.
 
     Statistics, scale and shift live on the compute device (that of the parameters / buffers); the
-    activations stay on the host and are processed in partitions of at most `budget_bytes`.
+    activations stay on the host and are processed in partitions of at most `budget_bytes`. An input on
+    a device gives its output on that device, as the native layer's would; a host input a host output.
     """
 
     budget_bytes: int
@@ -262,8 +272,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        if x.device.type != "cpu":
-            x = x.cpu()
+        source = x.device
+        x = to_host(x)
         momentum = self.momentum
         update = self.training and self.track_running_stats and self.num_batches_tracked is not None
         if update:
@@ -282,7 +292,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
         )
         running_mean = self.running_mean if not self.training or self.track_running_stats else None
         running_var = self.running_var if not self.training or self.track_running_stats else None
-        return _BigBatchNormFunction.apply(x, self.weight, self.bias, running_mean, running_var, setup)
+        y = _BigBatchNormFunction.apply(x, self.weight, self.bias, running_mean, running_var, setup)
+        return to_source(y, source)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, budget_bytes={self.budget_bytes}"

@@ -141,6 +141,18 @@ def to_compute(
     return piece.to(device=device, dtype=dtype, non_blocking=piece.is_pinned())
 
 
+def to_host(x: torch.Tensor) -> torch.Tensor:
+    """A big layer's input in host memory, where it keeps its activations."""
+    return x if x.device.type == "cpu" else x.cpu()
+
+
+def to_source(y: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A big layer's host output on `device`, where its input came from: the layer is a drop-in for the
+    native one (a device input gives a device output), while inside a big stack, whose inputs are host
+    tensors, every output stays on the host."""
+    return y if device.type == "cpu" else y.to(device, non_blocking=y.is_pinned())
+
+
 def host_empty(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zero: bool = False
 ) -> torch.Tensor:
