@@ -315,9 +315,12 @@ class ChunkMoves:
 
         monkeypatch.setattr(torch.Tensor, "to", watched_to)
 
-    def move(self, chunk: torch.Tensor, device: torch.device, colour: object = None) -> torch.Tensor:
+    def move(
+        self, chunk: torch.Tensor, device: torch.device, colour: object = None, *, channels_last: bool = False
+    ) -> torch.Tensor:
         assert colour is None  # no stain maps in these runs
-        copy = chunk.to(device).clone()
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        copy = chunk.to(device).clone(memory_format=layout)
         self.moved.append(copy)
         return copy
 

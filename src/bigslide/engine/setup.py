@@ -163,9 +163,12 @@ def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimize
     if not params:
         raise ConfigError(f"method {config.method.name}: nothing to train (no parameter requires grad)")
     o = config.optim
+    # Fused on CUDA: fewer launches, and an fp16 step whose gradients overflowed is skipped on the
+    # device (the gradient scaler reads the overflow flag on the host for other optimizers).
+    fused = True if method.device.type == "cuda" else None
     if o.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay, fused=fused)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
 
 
 def build_schedule(

@@ -176,7 +176,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
             loss = with_instances(loss, instance_term(self.spec, batch, model.tiles), model.aggregator, z)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+        return StepResult(loss=loss.detach(), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
         # The statistics the training steps used: the bag's own ("batch"; the running ones are left as
@@ -223,7 +223,7 @@ class BigLayerImage(Method[BigLayerImageParams]):
             loss = self.loss(logits.float(), target)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+        return StepResult(loss=loss.detach(), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
