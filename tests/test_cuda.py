@@ -46,6 +46,7 @@ def deterministic_kernels() -> Iterator[None]:
     torch.backends.cudnn.deterministic = before
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize(
     ("encoder_name", "aggregator_name", "dtype"),
     [
@@ -55,15 +56,16 @@ def deterministic_kernels() -> Iterator[None]:
     ],
 )
 def test_abmil_acc_gives_the_full_bag_gradient(
-    encoder_name: str, aggregator_name: str, dtype: torch.dtype
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype, channels_last: bool
 ) -> None:
-    check_accumulated_gradient(encoder_name, aggregator_name, dtype, DEVICE)
+    check_accumulated_gradient(encoder_name, aggregator_name, dtype, DEVICE, channels_last=channels_last)
 
 
-def test_patchgd_step_is_the_whole_images_gradient() -> None:
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_patchgd_step_is_the_whole_images_gradient(channels_last: bool) -> None:
     """Algorithm 1 with inner iterations that cover every patch once: the step's gradient is the whole
     model's, the encoder's share over epsilon."""
-    check_step_is_whole_images_gradient("pool", DEVICE)
+    check_step_is_whole_images_gradient("pool", DEVICE, channels_last=channels_last)
 
 
 def test_big_layers_match_the_native_layers() -> None:

@@ -58,7 +58,9 @@ def build_method(
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,
         instance_loss=config.data.instance_loss if config.data.instance_weight > 0 else None,
         instance_weight=config.data.instance_weight,
+        channels_last=config.run.channels_last,
     )
+    torch.backends.cudnn.benchmark = cudnn_benchmark(config, cls.kind, device)
     method = cls(params, spec, device)
     data = config.data
     method.stain_reference = (
@@ -74,6 +76,17 @@ def build_method(
         else stain
     )
     return method
+
+
+def cudnn_benchmark(config: TrainConfig, kind: str, device: torch.device) -> bool:
+    """`run.cudnn_benchmark`: "auto" times cuDNN's algorithms on CUDA when input shapes repeat, so each
+    shape's timing pays off (images of data.image_size, bags of a fixed data.bag_size), and not with
+    run.deterministic."""
+    choice = config.run.cudnn_benchmark
+    if choice != "auto":
+        return choice == "on"
+    repeats = kind == "image" or config.data.bag_size > 0
+    return device.type == "cuda" and repeats and not config.run.deterministic
 
 
 def annotations_taught(method: Method, train: object) -> str | None:

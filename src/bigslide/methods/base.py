@@ -112,6 +112,8 @@ class ModelSpec:
     # what teaching annotations teach ("attention" | "tiles"; None: nothing) and the weight of their loss
     instance_loss: str | None = None
     instance_weight: float = 0.0
+    # the tile encoder's memory layout ("auto": channels-last for a CNN on CUDA; `encoder_layout`)
+    channels_last: str = "auto"
 
     @property
     def outputs(self) -> int:
