@@ -65,22 +65,32 @@ ENCODERS: dict[str, tuple[Callable[[], nn.Module], int, bool]] = {
     "groupnorm_no_bn": (SmallConvNet, 16, False),
     "dropout_droppath": (lambda: SmallConvNet(drop=0.3), 16, True),
 }
-# Float64 ResNet-18 is slow on CPU: it runs with one aggregator; the small encoders run with all.
+# Float64 ResNet-18 is slow on CPU: it runs with one aggregator; the small encoders run with all. Every
+# case runs with the encoder in the standard and in channels-last memory (`run.channels_last`).
+LAYOUTS = {"nchw": False, "channels_last": True}
 CASES = [
-    pytest.param(encoder, aggregator, dtype, id=f"{encoder}-{aggregator}-{str(dtype)[6:]}")
+    pytest.param(encoder, aggregator, dtype, last, id=f"{encoder}-{aggregator}-{str(dtype)[6:]}-{layout}")
     for encoder in ENCODERS
     for aggregator in AGGREGATORS
     for dtype in (torch.float32, torch.float64)
+    for layout, last in LAYOUTS.items()
     if not (encoder == "resnet18_bn_eval" and dtype == torch.float64 and aggregator != "abmil")
 ]
 
 
 def _setup(
-    encoder_name: str, aggregator_name: str, dtype: torch.dtype, head_dropout: float = 0.0
+    encoder_name: str,
+    aggregator_name: str,
+    dtype: torch.dtype,
+    head_dropout: float = 0.0,
+    channels_last: bool = False,
 ) -> tuple[nn.Module, Aggregator, torch.Tensor, torch.Tensor]:
     factory, tile, _ = ENCODERS[encoder_name]
     torch.manual_seed(0)
     encoder = factory().to(dtype).train()
+    if channels_last:
+        encoder = encoder.to(memory_format=torch.channels_last)
+        assert replay.is_channels_last(encoder)
     head = make_aggregator(aggregator_name, encoder.dim, 3, hidden=16, dropout=head_dropout).to(dtype).train()
     bag = torch.rand(BAG, 3, tile, tile, dtype=dtype)
     return encoder, head, bag, torch.tensor([2])
@@ -119,20 +129,28 @@ def _worst_relative_error(
     return worst
 
 
-@pytest.mark.parametrize(("encoder_name", "aggregator_name", "dtype"), CASES)
+@pytest.mark.parametrize(("encoder_name", "aggregator_name", "dtype", "channels_last"), CASES)
 def test_accumulated_gradient_equals_full_bag_gradient(
-    encoder_name: str, aggregator_name: str, dtype: torch.dtype
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype, channels_last: bool
 ) -> None:
-    check_accumulated_gradient(encoder_name, aggregator_name, dtype)
+    check_accumulated_gradient(encoder_name, aggregator_name, dtype, channels_last=channels_last)
 
 
 def check_accumulated_gradient(
-    encoder_name: str, aggregator_name: str, dtype: torch.dtype, device: torch.device | None = None
+    encoder_name: str,
+    aggregator_name: str,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+    *,
+    channels_last: bool = False,
 ) -> None:
     """ABMIL-ACC's loss and gradients against one backward through the whole bag, on `device` (the CPU
-    by default; tests/test_cuda.py runs it on CUDA)."""
+    by default; tests/test_cuda.py runs it on CUDA), with the encoder in standard or channels-last
+    memory (the truth gets the bag as read, NCHW; ABMIL-ACC converts each chunk on the device)."""
     stochastic = ENCODERS[encoder_name][2]
-    encoder, head, bag, target = _setup(encoder_name, aggregator_name, dtype, 0.2 if stochastic else 0.0)
+    encoder, head, bag, target = _setup(
+        encoder_name, aggregator_name, dtype, 0.2 if stochastic else 0.0, channels_last
+    )
     if device is not None:
         encoder, head, bag, target = encoder.to(device), head.to(device), bag.to(device), target.to(device)
     # Truth: one graph over the whole bag and one backward through it. Its encoder is called in the
@@ -315,9 +333,12 @@ class ChunkMoves:
 
         monkeypatch.setattr(torch.Tensor, "to", watched_to)
 
-    def move(self, chunk: torch.Tensor, device: torch.device, colour: object = None) -> torch.Tensor:
+    def move(
+        self, chunk: torch.Tensor, device: torch.device, colour: object = None, *, channels_last: bool = False
+    ) -> torch.Tensor:
         assert colour is None  # no stain maps in these runs
-        copy = chunk.to(device).clone()
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        copy = chunk.to(device).clone(memory_format=layout)
         self.moved.append(copy)
         return copy
 
@@ -391,8 +412,8 @@ def test_a_host_bag_is_pinned_once_for_a_cuda_encoder(monkeypatch: pytest.Monkey
     assert len(pins) == 1
 
 
-def _methods(aggregator: str) -> tuple[ABMILACC, FullBag]:
-    spec = ModelSpec(backbone="test_resnet", num_classes=2)
+def _methods(aggregator: str, channels_last: str = "auto") -> tuple[ABMILACC, FullBag]:
+    spec = ModelSpec(backbone="test_resnet", num_classes=2, channels_last=channels_last)
     torch.manual_seed(0)
     acc = ABMILACC(ABMILACCParams(aggregator=aggregator, hidden=16, chunk_size=4), spec, torch.device("cpu"))
     full = FullBag(FullBag.Params(aggregator=aggregator, hidden=16), spec, torch.device("cpu"))
@@ -407,9 +428,12 @@ def _batch(n: int, label: int, seed: int) -> Batch:
     return Batch(x=bag, y=torch.tensor([label]), samples=[sample])
 
 
+@pytest.mark.parametrize("channels_last", ["off", "on"])
 @pytest.mark.parametrize("aggregator", ["abmil_gated", "dtfd"])
-def test_abmil_acc_method_step_equals_full_bag_step(aggregator: str) -> None:
-    acc, full = _methods(aggregator)
+def test_abmil_acc_method_step_equals_full_bag_step(aggregator: str, channels_last: str) -> None:
+    acc, full = _methods(aggregator, channels_last)
+    for method in (acc, full):
+        assert replay.is_channels_last(method.mil_model.encoder) == (channels_last == "on")
     batch = _batch(10, 1, seed=3)
     for method in (acc, full):
         method.model.train()
@@ -467,3 +491,46 @@ def test_a_head_without_attention_predicts_and_gives_no_heatmap() -> None:
     assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-6)
     assert prediction.instance_scores is None  # no made-up uniform attention
     assert sample_grids(sample, prediction, (0.5, 0.5)) == {}
+
+
+@pytest.mark.parametrize(
+    ("choice", "backbone", "device", "expected"),
+    [
+        ("auto", "resnet18", "cuda", True),
+        ("auto", "resnet18", "cpu", False),
+        ("auto", "vit_tiny_patch16_224", "cuda", False),  # one convolution: the patch embedding
+        ("on", "resnet18", "cpu", True),
+        ("off", "resnet18", "cuda", False),
+    ],
+)
+def test_channels_last_auto_is_for_cnn_encoders_on_cuda(
+    choice: str, backbone: str, device: str, expected: bool
+) -> None:
+    from bigslide.methods.encoder_layout import wants_channels_last
+
+    encoder = create_encoder(backbone)
+    assert wants_channels_last(choice, encoder, torch.device(device)) is expected
+
+
+def test_a_channels_last_method_feeds_its_encoder_channels_last_floats_of_the_same_pixels() -> None:
+    """The bag stays uint8 NCHW on the host; each chunk is scaled and converted on the device."""
+    spec = ModelSpec(backbone="test_resnet", num_classes=2, channels_last="on")
+    acc = ABMILACC(ABMILACCParams(hidden=16, chunk_size=4), spec, torch.device("cpu"))
+    seen: list[torch.Tensor] = []
+    acc.mil_model.encoder.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    bag = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8)
+    acc.model.train()
+    acc.train_step(
+        Batch(bag, torch.tensor([1]), [], sizes=[6]),
+        OptimStepper(torch.optim.SGD(acc.trainable_parameters(), lr=0.1)),
+    )
+    assert seen
+    for x in seen:
+        assert x.dtype == torch.float32
+        assert x.is_contiguous(memory_format=torch.channels_last)
+    scaled = bag.float() / 255
+    # pass 1: the whole bag in one forward chunk (4 x 4 tiles); the replay: chunks of 4
+    assert [len(x) for x in seen] == [6, 4, 2]
+    assert torch.equal(seen[0], scaled)
+    assert torch.equal(torch.cat(seen[1:]), scaled)
+    assert bag.is_contiguous()

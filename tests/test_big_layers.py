@@ -20,6 +20,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+# The native-match tests run with activations (and conv weights) in the standard and in channels-last
+# memory (the layout of a channels-last encoder's host activations).
+LAYOUTS = pytest.mark.parametrize(
+    "layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"]
+)
 
 
 def conv_budget(conv: nn.Conv2d, width: int, rows: int, item: int) -> int:
@@ -50,22 +55,24 @@ CONV_CASES = [
 ]
 
 
+@LAYOUTS
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_big_conv_matches_native(case: tuple, dtype: torch.dtype) -> None:
+def test_big_conv_matches_native(case: tuple, dtype: torch.dtype, layout: torch.memory_format) -> None:
     c_in, c_out, k, s, p, d, g, bias, h, w, rows = case
     torch.manual_seed(0)
-    native = nn.Conv2d(c_in, c_out, k, s, p, d, g, bias).to(dtype)
+    native = nn.Conv2d(c_in, c_out, k, s, p, d, g, bias).to(dtype).to(memory_format=layout)
     item = torch.empty((), dtype=dtype).element_size()
     budget = conv_budget(native, w, rows, item) if rows else conv_budget(native, w, 40, item) * 2
     big = BigConv2d.from_native(copy.deepcopy(native), budget)
-    x = torch.randn(3, c_in, h, w, dtype=dtype)
+    x = torch.randn(3, c_in, h, w, dtype=dtype).contiguous(memory_format=layout)
     x_native, x_big = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_native = native(x_native)
     with track_device_memory() as meter:
         y_big = big(x_big)
         grad_y = torch.randn_like(y_native)
         y_big.backward(grad_y)
+    assert y_big.is_contiguous(memory_format=layout)  # the host activations keep the input's layout
     y_native.backward(grad_y)
     tol = TOL[dtype]
     assert y_big.shape == y_native.shape
@@ -107,9 +114,10 @@ NORM_CASES = [
 ]
 
 
+@LAYOUTS
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", NORM_CASES)
-def test_big_batchnorm_matches_native(case: tuple, dtype: torch.dtype) -> None:
+def test_big_batchnorm_matches_native(case: tuple, dtype: torch.dtype, layout: torch.memory_format) -> None:
     n, c, h, w, rows, affine, momentum = case
     torch.manual_seed(2)
     native = nn.BatchNorm2d(c, affine=affine, momentum=momentum).to(dtype)
@@ -124,6 +132,7 @@ def test_big_batchnorm_matches_native(case: tuple, dtype: torch.dtype) -> None:
         native.train(training)
         big.train(training)
         x = torch.randn(n, c, h, w, dtype=dtype) * (2 + step) + 3  # offset mean: a naive variance would drift
+        x = x.contiguous(memory_format=layout)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         with track_device_memory() as meter:
             yb = big(xb)
@@ -239,8 +248,8 @@ def test_big_conv_input_gradient_does_not_depend_on_buffer_contents(
     # trailing rows) must be zeroed and halo overlaps summed, whatever the buffer held before.
     import bigslide.nn.big.conv as conv_module
 
-    def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zero: bool = False):
-        return torch.full(shape, 0.0 if zero else float("nan"), dtype=dtype)
+    def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, like: object = None):
+        return torch.full(shape, float("nan"), dtype=dtype)
 
     monkeypatch.setattr(conv_module, "host_empty", nan_buffer)
     c_in, c_out, k, s, p, d, g, bias, h, w, rows = case
@@ -292,3 +301,70 @@ def test_bench_fit_recovers_a_known_power_law() -> None:
     median_area = 640.0**2
     doubling = (a * (2 * median_area) ** b + c) / (a * median_area**b + c)
     assert fit["doubling"] == pytest.approx(doubling, rel=0.03)
+
+
+@pytest.fixture
+def copies_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device faked on the CPU has no streams: the big layers copy to and from it in order."""
+    import bigslide.nn.big.conv as conv_module
+    import bigslide.nn.big.norm as norm_module
+    from bigslide.nn.big.partition import Transfers
+
+    class InOrder(Transfers):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(torch.device("cpu"))
+            self.device = device
+
+    monkeypatch.setattr(conv_module, "Transfers", InOrder)
+    monkeypatch.setattr(norm_module, "Transfers", InOrder)
+
+
+@pytest.mark.usefixtures("copies_in_order")
+@pytest.mark.parametrize("training", [True, False], ids=["batch-stats", "running-stats"])
+def test_big_layers_on_a_device_give_their_output_where_the_native_layers_do(training: bool) -> None:
+    """A CUDA device faked on the CPU (FakeTensorMode: shapes, dtypes and devices, no data; ops mixing
+    devices raise as on CUDA): a big conv and BatchNorm whose parameters and input are on the device
+    return their output there, as the native layers do, so it mixes with the native layers' tensors;
+    inside a big stack (host inputs) outputs stay on the host. (The fake device has no backward:
+    tests/test_cuda.py checks the gradients on a real GPU.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cuda = torch.device("cuda", 0)
+    with FakeTensorMode(allow_non_fake_inputs=True), cuda:
+        conv, norm = nn.Conv2d(4, 6, 3, 2, 1), nn.BatchNorm2d(6).train(training)
+        big_conv, big_norm = BigConv2d.from_native(conv, 24_000), BigBatchNorm2d.from_native(norm, 24_000)
+        x = torch.rand(3, 4, 37, 29)
+        want, got = norm(conv(x)), big_norm(big_conv(x))
+        assert got.device == want.device == cuda
+        assert (got * torch.rand_like(want)).shape == want.shape
+        host = big_norm(big_conv(torch.rand(3, 4, 37, 29, device="cpu")))
+        assert host.device.type == "cpu"
+
+
+@pytest.mark.usefixtures("copies_in_order")
+@pytest.mark.parametrize(
+    "layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"]
+)
+def test_a_big_encoder_on_a_device_takes_a_host_image_and_gives_device_features(
+    layout: torch.memory_format,
+) -> None:
+    """The whole stack on a (faked) CUDA device: host input, host activations in the input's layout
+    through the big stages, features on the device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bigslide.nn.backbones import create_encoder
+    from bigslide.nn.big import make_big
+
+    cuda = torch.device("cuda", 0)
+    encoder = make_big(create_encoder("resnet18"), 2, 2**22).to(memory_format=layout)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        encoder = encoder.to(cuda)
+        seen: list[torch.Tensor] = []
+        encoder.backbone.layer2.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+        with track_device_memory() as meter:  # 256²: the layers' partitions are runs of rows
+            features = encoder(torch.rand(1, 3, 256, 256, device="cpu").contiguous(memory_format=layout))
+        assert meter.partitions > 2 * 11
+        assert features.device == cuda
+        assert features.shape == (1, encoder.dim)
+        assert seen[0].device.type == "cpu"
+        assert seen[0].is_contiguous(memory_format=layout)

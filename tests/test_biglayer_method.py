@@ -11,6 +11,7 @@ import torch
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
 from bigslide.methods.biglayer import BigLayerImage, BigLayerImageParams, BigLayerMIL, BigLayerMILParams
+from bigslide.methods.replay import is_channels_last
 from bigslide.nn.backbones import create_encoder
 from bigslide.nn.big import BigConv2d, track_device_memory
 
@@ -29,11 +30,19 @@ def snapshot(method: BigLayerMIL | BigLayerImage) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in method.model.named_parameters()}
 
 
-def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it() -> None:
+# The exactness tests run with the encoder (and its host activations) in the standard and in channels-last
+# memory (`run.channels_last`).
+LAYOUTS = pytest.mark.parametrize("channels_last", ["off", "on"], ids=["nchw", "channels_last"])
+
+
+@LAYOUTS
+def test_biglayer_mil_loss_is_the_native_whole_bag_loss_and_training_moves_it(channels_last: str) -> None:
     torch.manual_seed(0)
     params = BigLayerMILParams(stages=1, budget_mb=2.0, aggregator="abmil", bn_mode="batch")
-    method = BigLayerMIL(params, ModelSpec(backbone="resnet18", num_classes=3), CPU)
+    spec = ModelSpec(backbone="resnet18", num_classes=3, channels_last=channels_last)
+    method = BigLayerMIL(params, spec, CPU)
     assert isinstance(method.model.encoder.backbone.layer1[0].conv1, BigConv2d)
+    assert is_channels_last(method.model) == (channels_last == "on")
     # The same weights as a plain encoder: BatchNorm over the whole bag makes the losses equal.
     native = create_encoder("resnet18")
     native.load_state_dict(method.model.encoder.state_dict())
@@ -168,13 +177,15 @@ def test_biglayer_image_trains_on_whole_images() -> None:
     assert prediction.probs.sum() == pytest.approx(1.0, abs=1e-5)
 
 
-def test_biglayer_image_eval_batchnorm_trains_the_function_it_predicts_with() -> None:
+@LAYOUTS
+def test_biglayer_image_eval_batchnorm_trains_the_function_it_predicts_with(channels_last: str) -> None:
     """bn_mode="eval" (full_image's): a training step on one image computes the loss of the function
     `predict` evaluates and leaves the running statistics alone; "batch" normalises that image by its
     own statistics, another function."""
     torch.manual_seed(3)
     params = BigLayerImageParams(stages=1, budget_mb=4.0, bn_mode="eval")
-    method = BigLayerImage(params, ModelSpec(backbone="test_resnet", num_classes=2), CPU)
+    spec = ModelSpec(backbone="test_resnet", num_classes=2, channels_last=channels_last)
+    method = BigLayerImage(params, spec, CPU)
     for name, value in method.model.state_dict().items():
         if "running_mean" in name:  # away from their initial zeros, as after training
             value.uniform_(-0.2, 0.2)

@@ -82,3 +82,38 @@ def test_values_out_of_their_range_are_refused_naming_the_field(
     # the same bounds the napari forms put on their spin boxes (field metadata "min" / "max")
     with pytest.raises(ConfigError, match=re.escape(message)):
         make()
+
+
+@pytest.mark.parametrize(
+    ("choice", "method", "bag_size", "device", "deterministic", "expected"),
+    [
+        ("auto", "abmil_acc", 32, "cuda", False, True),  # bags of a fixed size: shapes repeat
+        ("auto", "abmil_acc", 0, "cuda", False, False),  # every slide's whole bag: a new shape per bag
+        ("auto", "patchgd", 0, "cuda", False, True),  # images of data.image_size
+        ("auto", "abmil_acc", 32, "cpu", False, False),
+        ("auto", "abmil_acc", 32, "cuda", True, False),
+        ("on", "abmil_acc", 0, "cuda", False, True),
+        ("off", "patchgd", 32, "cuda", False, False),
+    ],
+)
+def test_cudnn_benchmark_is_on_where_input_shapes_repeat_on_cuda(
+    choice: str, method: str, bag_size: int, device: str, deterministic: bool, expected: bool
+) -> None:
+    import torch
+
+    from bigslide.engine.setup import cudnn_benchmark
+    from bigslide.methods.base import get_method
+
+    config = TrainConfig.from_dict(
+        {
+            "method": {"name": method},
+            "data": {"bag_size": bag_size},
+            "run": {"cudnn_benchmark": choice, "deterministic": deterministic},
+        }
+    )
+    assert cudnn_benchmark(config, get_method(method).kind, torch.device(device)) is expected
+
+
+def test_cudnn_benchmark_on_with_deterministic_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"run.cudnn_benchmark: on .* run.deterministic"):
+        TrainConfig.from_dict({"run": {"cudnn_benchmark": "on", "deterministic": True}})

@@ -8,6 +8,7 @@ themselves on a machine without a GPU.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from bigslide.synthetic.slide_set import make_slide_set
 from tests.test_abmil_acc import check_accumulated_gradient
 from tests.test_engine import TINY, drain, small_config
 from tests.test_patchgd import check_step_is_whole_images_gradient
+from tests.test_step_sync import STEPS, prepare
 
 DEVICE = torch.device(os.environ.get("BIGSLIDE_TEST_DEVICE", "cuda"))
 
@@ -44,6 +46,7 @@ def deterministic_kernels() -> Iterator[None]:
     torch.backends.cudnn.deterministic = before
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize(
     ("encoder_name", "aggregator_name", "dtype"),
     [
@@ -53,15 +56,16 @@ def deterministic_kernels() -> Iterator[None]:
     ],
 )
 def test_abmil_acc_gives_the_full_bag_gradient(
-    encoder_name: str, aggregator_name: str, dtype: torch.dtype
+    encoder_name: str, aggregator_name: str, dtype: torch.dtype, channels_last: bool
 ) -> None:
-    check_accumulated_gradient(encoder_name, aggregator_name, dtype, DEVICE)
+    check_accumulated_gradient(encoder_name, aggregator_name, dtype, DEVICE, channels_last=channels_last)
 
 
-def test_patchgd_step_is_the_whole_images_gradient() -> None:
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_patchgd_step_is_the_whole_images_gradient(channels_last: bool) -> None:
     """Algorithm 1 with inner iterations that cover every patch once: the step's gradient is the whole
     model's, the encoder's share over epsilon."""
-    check_step_is_whole_images_gradient("pool", DEVICE)
+    check_step_is_whole_images_gradient("pool", DEVICE, channels_last=channels_last)
 
 
 def test_big_layers_match_the_native_layers() -> None:
@@ -84,6 +88,25 @@ def test_big_layers_match_the_native_layers() -> None:
     for (name, a), b in zip(conv.named_parameters(), big_conv.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-10, rtol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
     torch.testing.assert_close(big_norm.running_mean, norm.running_mean, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("amp", [None, "bf16", "fp16"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_a_step_waits_for_the_device_only_when_its_loss_is_read(name: str, amp: str | None) -> None:
+    """ABMIL-ACC, the full-bag step and PatchGD run with no host synchronisation: any (a value read, a
+    data-dependent shape, a blocking copy) raises under the sync debug mode. Their losses are read
+    after it, as the engine does. The first step (cuDNN and allocator set-up) runs before."""
+    if DEVICE.type != "cuda":
+        pytest.skip("the sync debug mode is CUDA's (tests/test_step_sync.py checks the steps on the CPU)")
+    step = prepare(name, DEVICE, amp)
+    step()
+    torch.cuda.synchronize(DEVICE)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = [step() for _ in range(3)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(math.isfinite(r.loss) for r in results)
 
 
 @pytest.fixture(scope="module")

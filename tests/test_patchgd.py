@@ -14,6 +14,7 @@ from torch import nn
 from bigslide.errors import ConfigError
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Batch, ModelSpec, Sample
+from bigslide.methods.encoder_layout import channels_last_encoder
 from bigslide.methods.patchgd import PatchGD, PatchGDParams, fill_z, sample_positions, zblock_maps
 from bigslide.methods.replay import InexactGradientWarning
 from bigslide.nn.backbones import create_encoder
@@ -68,7 +69,9 @@ class RecordingStepper:
         self.model.zero_grad(set_to_none=True)
 
 
-def make_method(dim: int = 6, classes: int = 3, tiny: bool = True, **params: object) -> PatchGD:
+def make_method(
+    dim: int = 6, classes: int = 3, tiny: bool = True, device: torch.device = CPU, **params: object
+) -> PatchGD:
     values: dict[str, object] = {
         "patch_size": 32,
         "latent_dim": dim,
@@ -76,11 +79,18 @@ def make_method(dim: int = 6, classes: int = 3, tiny: bool = True, **params: obj
         "channels_last": False,
     }
     values.update(params)
-    method = PatchGD(PatchGDParams(**values), ModelSpec("test_resnet", num_classes=classes), CPU)  # type: ignore[arg-type]
+    method = PatchGD(PatchGDParams(**values), ModelSpec("test_resnet", num_classes=classes), device)  # type: ignore[arg-type]
     if tiny:
-        method.model.encoder = TinyEncoder(dim)
+        encoder = TinyEncoder(dim).to(device)
+        if method.params.channels_last:  # as `build_model` lays out its encoder
+            encoder = channels_last_encoder(encoder, host=device.type == "cpu")
+        method.model.encoder = encoder
     method.model.train()
     return method
+
+
+# The exactness tests run with the encoder in the standard and in channels-last memory.
+LAYOUTS = pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 
 
 def encode_each_patch(encoder: nn.Module, image: torch.Tensor, patch: int, stride: int, rows: int, cols: int):
@@ -93,18 +103,21 @@ def encode_each_patch(encoder: nn.Module, image: torch.Tensor, patch: int, strid
     return out
 
 
+@LAYOUTS
 @pytest.mark.parametrize(
     ("height", "width", "stride", "rows", "cols"),
     [(64, 96, None, 2, 3), (64, 96, 16, 3, 5), (70, 100, None, 3, 4)],
     ids=["2x3", "overlap", "padded"],
 )
 def test_fill_z_equals_encoding_each_patch_alone(
-    height: int, width: int, stride: int | None, rows: int, cols: int
+    height: int, width: int, stride: int | None, rows: int, cols: int, channels_last: bool
 ):
     torch.manual_seed(0)
     encoder = create_encoder("test_resnet", out_dim=5).double().eval()
+    if channels_last:
+        encoder = channels_last_encoder(encoder, host=True)
     images = torch.rand(2, 3, height, width, dtype=torch.float64)
-    Z = fill_z(encoder, images, 32, stride, batch_size=7)
+    Z = fill_z(encoder, images, 32, stride, batch_size=7, channels_last=channels_last)
     assert Z.shape == (2, 5, rows, cols)
     padded = F.pad(
         images,
@@ -168,11 +181,20 @@ def hand_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, positions
     return grads
 
 
+@LAYOUTS
 @pytest.mark.parametrize("grad_chunk", [0, 1, 3], ids=["one-pass", "chunk1", "chunk3"])
 @pytest.mark.parametrize("head", ["cnn", "transformer", "pool"])
-def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chunk: int):
+def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chunk: int, channels_last: bool):
     torch.manual_seed(2)
-    method = make_method(head=head, k=2, inner_iterations=3, epsilon=2, head_width=8, grad_chunk=grad_chunk)
+    method = make_method(
+        head=head,
+        k=2,
+        inner_iterations=3,
+        epsilon=2,
+        head_width=8,
+        grad_chunk=grad_chunk,
+        channels_last=channels_last,
+    )
     method.model.double()
     reference = copy.deepcopy(method.model)
     x, y = torch.rand(2, 3, 64, 96, dtype=torch.float64), torch.tensor([0, 2])
@@ -190,22 +212,25 @@ def test_gradient_flows_only_through_each_iterations_patches(head: str, grad_chu
     assert stepper.grads[0]["encoder.conv.weight"].abs().sum() > 0
 
 
+@LAYOUTS
 @pytest.mark.parametrize("head", ["pool", "cnn"])
-def test_one_step_per_batch_is_the_whole_images_gradient(head: str):
+def test_one_step_per_batch_is_the_whole_images_gradient(head: str, channels_last: bool):
     """epsilon = zeta inner iterations that cover every patch once, an encoder without BatchNorm and a
     head without dropout: the step's gradient is that of the whole model in one pass (every patch encoded
     with grad, the head on all of Z) at the memory of k patches per image; the encoder's share comes
     scaled by 1/epsilon (Algorithm 1 divides each inner iteration's loss by epsilon and each patch is in
     one iteration), a constant factor Adam does not see."""
-    check_step_is_whole_images_gradient(head, CPU)
+    check_step_is_whole_images_gradient(head, CPU, channels_last=channels_last)
 
 
-def check_step_is_whole_images_gradient(head: str, device: torch.device) -> None:
+def check_step_is_whole_images_gradient(
+    head: str, device: torch.device, *, channels_last: bool = False
+) -> None:
     """The test above on `device` (tests/test_cuda.py runs it on CUDA)."""
     torch.manual_seed(8)
-    method = make_method(head=head, k=2, epsilon=3, head_width=8)  # 6 patches per image -> zeta 3
-    method.device = device
-    method.model.double().to(device)
+    # 6 patches per image -> zeta 3
+    method = make_method(head=head, k=2, epsilon=3, head_width=8, device=device, channels_last=channels_last)
+    method.model.double()
     whole = copy.deepcopy(method.model)
     x = torch.rand(2, 3, 64, 96, dtype=torch.float64, device=device)
     y = torch.tensor([1, 2], device=device)
@@ -220,11 +245,18 @@ def check_step_is_whole_images_gradient(head: str, device: torch.device) -> None
         torch.testing.assert_close(stepper.grads[0][name], scale * p.grad, atol=1e-10, rtol=1e-8)
 
 
-def test_grad_chunk_is_exact_with_frozen_batchnorm_and_warns_with_training_batchnorm():
+@LAYOUTS
+def test_grad_chunk_is_exact_with_frozen_batchnorm_and_warns_with_training_batchnorm(channels_last: bool):
     def step(grad_chunk: int, encoder_bn: str) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         torch.manual_seed(4)
         method = make_method(
-            tiny=False, k=3, epsilon=2, head_width=8, grad_chunk=grad_chunk, encoder_bn=encoder_bn
+            tiny=False,
+            k=3,
+            epsilon=2,
+            head_width=8,
+            grad_chunk=grad_chunk,
+            encoder_bn=encoder_bn,
+            channels_last=channels_last,
         )
         method.model.double()
         stepper = RecordingStepper(method.model)
@@ -444,8 +476,6 @@ def test_a_few_steps_learn_a_tiny_task(head: str):
 
 
 def test_host_encoder_keeps_large_late_convolutions_in_the_standard_layout() -> None:
-    from bigslide.methods.encoder_layout import channels_last_encoder
-
     torch.manual_seed(0)
     plain = create_encoder("resnet18", out_dim=16).eval()
     mixed = channels_last_encoder(copy.deepcopy(plain), host=True)

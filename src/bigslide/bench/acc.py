@@ -230,6 +230,9 @@ def worker(config: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(config["device"])
     if config.get("threads"):
         torch.set_num_threads(config["threads"])
+    # tiles and bags of one size: cuDNN times its algorithms once per shape, as training does
+    # (run.cudnn_benchmark auto); the encoders are channels-last on CUDA (run.channels_last auto)
+    torch.backends.cudnn.benchmark = device.type == "cuda"
     if config["mode"] == "time":
         methods = {name: _build(name, config, device) for name in ("full_bag", "abmil_acc")}
         batch = bag_batch(config["bag"], config["tile"], device)

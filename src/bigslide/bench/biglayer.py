@@ -152,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     budget = int(args.budget_mb * 2**20)
     torch.manual_seed(0)
-    base = timm.create_model(args.model, num_classes=0).train()
+    # as training runs them (run.channels_last auto): channels-last on CUDA, inputs pinned there
+    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    base = timm.create_model(args.model, num_classes=0).train().to(memory_format=layout)
     models: dict[str, tuple[nn.Module, bool]] = {"native": (copy.deepcopy(base).to(device), True)}
     for stages in stage_counts:
         big = make_big(copy.deepcopy(base), stages, budget).to(device)
@@ -167,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     print(machine_line())
     print(title)
     for side in sides:
-        x = torch.rand(args.batch, 3, side, side)
+        x = torch.rand(args.batch, 3, side, side).contiguous(memory_format=layout)
+        x = x.pin_memory() if device.type == "cuda" else x
         alive = dict(models)
         for repeat in range(args.warmup + args.repeats):
             # Rotate the order each repeat so no configuration always runs right after the same one.

@@ -44,8 +44,8 @@ def _trains(model: nn.Module, side: int, native: bool, device: torch.device) -> 
     """One forward + backward + Adam step at `side`²; False on CUDA out-of-memory."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
     try:
-        x = torch.rand(1, 3, side, side)
-        out = model(x.to(device) if native else x)
+        x = torch.rand(1, 3, side, side).contiguous(memory_format=torch.channels_last).pin_memory()
+        out = model(x.to(device, non_blocking=True) if native else x)
         out.float().square().mean().backward()
         optimizer.step()
         torch.cuda.synchronize(device)
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     torch.manual_seed(0)
-    base = timm.create_model(args.model, num_classes=0).train()
+    # as training runs them on CUDA (run.channels_last auto): channels-last, inputs pinned
+    base = timm.create_model(args.model, num_classes=0).train().to(memory_format=torch.channels_last)
     configs: dict[str, tuple[nn.Module, bool]] = {"native": (copy.deepcopy(base).to(device), True)}
     for stages in stage_counts:
         big = make_big(copy.deepcopy(base), stages, int(args.budget_mb * 2**20)).to(device)

@@ -257,6 +257,7 @@ def _measure(config: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(config["threads"])
     device = torch.device(config["device"])
     cuda = device.type == "cuda"
+    torch.backends.cudnn.benchmark = cuda  # fixed image sizes: as training (run.cudnn_benchmark auto)
     size, batch = config["size"], config["batch"]
 
     def inputs() -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,6 +108,20 @@ class RunConfig:
     deterministic: bool = field(
         default=False, metadata={"help": "deterministic algorithms where torch has them (slower)"}
     )
+    channels_last: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={
+            "help": "channels-last memory for the tile encoder of the bag methods (auto = on for CNN "
+            "encoders on CUDA); PatchGD and whole-image methods have method.params.channels_last"
+        },
+    )
+    cudnn_benchmark: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={
+            "help": "let cuDNN time its algorithms for each input shape (auto = on CUDA when the shapes "
+            "repeat: image methods, or bags of a fixed data.bag_size; off with run.deterministic)"
+        },
+    )
     tensorboard: bool = field(
         default=True,
         metadata={"help": "write TensorBoard event files in the run folder (tensorboard --logdir runs/)"},
@@ -122,6 +136,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "run")
+        if self.deterministic and self.cudnn_benchmark == "on":
+            raise ConfigError(
+                "run.cudnn_benchmark: on picks cuDNN algorithms by timing them, which run.deterministic "
+                "rules out; set it to auto or off"
+            )
 
 
 @dataclass

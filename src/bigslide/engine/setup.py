@@ -70,7 +70,9 @@ def build_method(
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,
         instance_loss=config.data.instance_loss if config.data.instance_weight > 0 else None,
         instance_weight=config.data.instance_weight,
+        channels_last=config.run.channels_last,
     )
+    torch.backends.cudnn.benchmark = cudnn_benchmark(config, cls.kind, device)
     method = cls(params, spec, device)
     data = config.data
     method.stain_reference = (
@@ -86,6 +88,17 @@ def build_method(
         else stain
     )
     return method
+
+
+def cudnn_benchmark(config: TrainConfig, kind: str, device: torch.device) -> bool:
+    """`run.cudnn_benchmark`: "auto" times cuDNN's algorithms on CUDA when input shapes repeat, so each
+    shape's timing pays off (images of data.image_size, bags of a fixed data.bag_size), and not with
+    run.deterministic."""
+    choice = config.run.cudnn_benchmark
+    if choice != "auto":
+        return choice == "on"
+    repeats = kind == "image" or config.data.bag_size > 0
+    return device.type == "cuda" and repeats and not config.run.deterministic
 
 
 def annotations_taught(method: Method, train: object) -> str | None:
@@ -175,9 +188,12 @@ def build_optimizer(config: TrainConfig, method: Method) -> torch.optim.Optimize
     if not params:
         raise ConfigError(f"method {config.method.name}: nothing to train (no parameter requires grad)")
     o = config.optim
+    # Fused on CUDA: fewer launches, and an fp16 step whose gradients overflowed is skipped on the
+    # device (the gradient scaler reads the overflow flag on the host for other optimizers).
+    fused = True if method.device.type == "cuda" else None
     if o.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay, fused=fused)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
 
 
 def build_schedule(

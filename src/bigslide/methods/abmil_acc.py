@@ -37,6 +37,7 @@ from bigslide.methods.replay import (
     BackwardFn,
     batchnorm_layers,
     replay_backward,
+    send,
 )
 from bigslide.nn.mil import LossFn
 from bigslide.nn.mil.base import batch_loss
@@ -170,7 +171,7 @@ class ABMILACC(MILMethod[ABMILACCParams]):
             model.encoder,
             model.aggregator,
             batch.x,  # host memory (pinned on CUDA): moved chunk by chunk, never whole
-            batch.y.to(self.device),
+            send(batch.y, self.device),
             self.loss,
             chunk_size=p.chunk_size,
             sizes=batch.sizes,
@@ -183,4 +184,4 @@ class ABMILACC(MILMethod[ABMILACCParams]):
             instance=self.instances(batch),
         )
         stepper.step()
-        return StepResult(loss=float(step.loss), logits=step.logits.float())
+        return StepResult(loss=step.loss, logits=step.logits.float())

@@ -34,11 +34,28 @@ if TYPE_CHECKING:
 Kind = Literal["bag", "image"]
 
 
-@dataclass
 class StepResult:
-    loss: float
-    logits: torch.Tensor  # (B, C), detached, for metrics
-    optimizer_steps: int = 1
+    """What one training step gives the engine: its loss, the (B, C) detached logits (for metrics) and
+    the optimizer steps it took.
+
+    `loss` may be given as a scalar tensor on the device: reading it makes the host wait for the step's
+    kernels, so a step hands it over unread and it is read once, when `loss` is first asked for (the
+    step's only wait for the device).
+    """
+
+    def __init__(self, loss: float | torch.Tensor, logits: torch.Tensor, optimizer_steps: int = 1) -> None:
+        self._loss = loss
+        self.logits = logits
+        self.optimizer_steps = optimizer_steps
+
+    @property
+    def loss(self) -> float:
+        if isinstance(self._loss, torch.Tensor):
+            self._loss = float(self._loss)
+        return self._loss
+
+    def __repr__(self) -> str:
+        return f"StepResult(loss={self._loss!r}, optimizer_steps={self.optimizer_steps})"
 
 
 @dataclass
@@ -95,6 +112,8 @@ class ModelSpec:
     # what teaching annotations teach ("attention" | "tiles"; None: nothing) and the weight of their loss
     instance_loss: str | None = None
     instance_weight: float = 0.0
+    # the tile encoder's memory layout ("auto": channels-last for a CNN on CUDA; `encoder_layout`)
+    channels_last: str = "auto"
 
     @property
     def outputs(self) -> int:

@@ -37,6 +37,7 @@ from bigslide.methods.base import (
     Batch,
     Method,
     MethodParams,
+    ModelSpec,
     Prediction,
     Sample,
     Stepper,
@@ -49,9 +50,10 @@ from bigslide.methods.batchnorm import (
     freeze_batchnorm_affine,
     frozen_batchnorm,
 )
+from bigslide.methods.encoder_layout import wants_channels_last
 from bigslide.methods.instances import check_support, instance_term, tile_classifier, with_instances
 from bigslide.methods.mil import BN_WORDS, MILParams, aggregator_kwargs, bn_policy
-from bigslide.methods.replay import batchnorm_mode
+from bigslide.methods.replay import batchnorm_mode, is_channels_last
 from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
@@ -68,11 +70,12 @@ _MIL_BN_HELP = (
 )
 
 
-def _big_encoder(
-    spec_backbone: str, pretrained: bool, weights: str | None, stages: int, budget_mb: float
-) -> Encoder:
-    encoder = create_encoder(spec_backbone, pretrained=pretrained, weights=weights)
+def _big_encoder(spec: ModelSpec, stages: int, budget_mb: float, device: torch.device) -> Encoder:
+    encoder = create_encoder(spec.backbone, pretrained=spec.pretrained, weights=spec.weights)
     make_big(encoder, stages, int(budget_mb * 2**20))
+    if wants_channels_last(spec.channels_last, encoder, device):
+        # the host activations follow the input's layout: channels-last rows are one block per partition
+        encoder = encoder.to(memory_format=torch.channels_last)
     return encoder
 
 
@@ -127,10 +130,16 @@ class BigLayerImageParams(MethodParams):
     bn_mode: ImageBnMode = field(default="batch", metadata={"label": "BatchNorm", "help": IMAGE_BN_MODE_HELP})
 
 
-def _to_host(x: torch.Tensor, colour: RowColour | None) -> torch.Tensor:
+def _to_host(x: torch.Tensor, colour: RowColour | None, model: nn.Module) -> torch.Tensor:
     # The big layers read their input from host memory; a device copy would defeat them. The stain maps
-    # are applied there too, where the big layers' partitions read them from.
-    return as_float(x if x.device.type == "cpu" else x.cpu(), colour)
+    # are applied there too, where the big layers' partitions read them from. A channels-last model
+    # gets its input in that layout, made by the same pass that scales uint8 pixels.
+    x = x if x.device.type == "cpu" else x.cpu()
+    if not is_channels_last(model):
+        return as_float(x, colour)
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32, memory_format=torch.channels_last).div_(255)
+    return as_float(x, colour).contiguous(memory_format=torch.channels_last)
 
 
 @register
@@ -156,7 +165,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
 
     def build_model(self) -> nn.Module:
         p, spec = self.params, self.spec
-        encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
+        encoder = _big_encoder(spec, p.stages, p.budget_mb, self.device)
         aggregator = make_aggregator(p.aggregator, encoder.dim, spec.outputs, **aggregator_kwargs(p))
         if p.bn_mode == "frozen":
             freeze_batchnorm_affine(encoder)
@@ -170,13 +179,13 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         model = self.model
         # The whole bag is one batch, so "batch" statistics are exact: no chunking to warn about.
         with stepper.autocast(), bn_policy(model.encoder, self.params.bn_mode, chunked=False):
-            z = model.encoder(_to_host(batch.x, self.colour(batch.samples)))
+            z = model.encoder(_to_host(batch.x, self.colour(batch.samples), self.model))
             logits, _ = model.aggregator(z)
             loss = bag_loss(model.aggregator, logits.float(), target, self.loss)
             loss = with_instances(loss, instance_term(self.spec, batch, model.tiles), model.aggregator, z)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+        return StepResult(loss=loss.detach(), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
         # The statistics the training steps used: the bag's own ("batch"; the running ones are left as
@@ -184,7 +193,7 @@ class BigLayerMIL(Method[BigLayerMILParams]):
         whole_bag = self.params.bn_mode == "batch"
         model = self.model
         with torch.no_grad(), batchnorm_mode(model.encoder, whole_bag, keep_statistics=True):
-            z = model.encoder(_to_host(sample.x, self.colour([sample])))
+            z = model.encoder(_to_host(sample.x, self.colour([sample]), model))
             logits, attention = model.aggregator(z)
             maps = {}
             if model.tiles is not None:  # what the tile classifier calls each tile
@@ -213,21 +222,21 @@ class BigLayerImage(Method[BigLayerImageParams]):
 
     def build_model(self) -> nn.Module:
         p, spec = self.params, self.spec
-        encoder = _big_encoder(spec.backbone, spec.pretrained, spec.weights, p.stages, p.budget_mb)
+        encoder = _big_encoder(spec, p.stages, p.budget_mb, self.device)
         return BigImageModel(encoder, spec.outputs)
 
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         target = batch.y.to(self.device)
         with stepper.autocast(), frozen_batchnorm(self.model, self.params.bn_mode == "eval"):
-            logits = self.model(_to_host(batch.x, self.colour(batch.samples)))
+            logits = self.model(_to_host(batch.x, self.colour(batch.samples), self.model))
             loss = self.loss(logits.float(), target)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+        return StepResult(loss=loss.detach(), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():
-            logits = self.model(_to_host(sample.x[None], self.colour([sample])))
+            logits = self.model(_to_host(sample.x[None], self.colour([sample]), self.model))
         probs = self.outputs(logits)[0]
         return Prediction(probs=np.asarray(probs.cpu().numpy()))
 

@@ -11,6 +11,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from bigslide.errors import ConfigError
+
 # On the CPU, a channels-last convolution's weight gradient comes out of oneDNN in the other layout and
 # is copied once more: one extra weight-sized buffer during backward, 9.4 MB for a 512x512 3x3 conv.
 # Convolutions this large sit late in the network, where activations are too small for channels-last
@@ -19,6 +21,18 @@ from torch import nn
 # mixed, same speed).
 HOST_CHANNELS_LAST_MAX_WEIGHT = 2**20  # bytes
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def wants_channels_last(choice: str, encoder: nn.Module, device: torch.device) -> bool:
+    """Whether an encoder on `device` runs in channels-last memory (`run.channels_last`): "on", "off", or
+    "auto" = a CNN on CUDA, where cuDNN's fastest kernels are channels-last and would otherwise convert
+    every convolution's input and output. A CNN has more than one convolution (a ViT's patch embedding
+    is its only one)."""
+    if choice not in ("auto", "on", "off"):
+        raise ConfigError(f"run.channels_last: {choice!r} is not one of 'auto', 'on', 'off'")
+    if choice != "auto":
+        return choice == "on"
+    return device.type == "cuda" and sum(isinstance(m, nn.Conv2d) for m in encoder.modules()) > 1
 
 
 def channels_last_encoder(encoder: ModuleT, *, host: bool) -> ModuleT:

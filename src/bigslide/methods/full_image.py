@@ -97,7 +97,7 @@ class FullImage(Method[FullImageParams]):
             loss = self.loss(logits, y)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float(), optimizer_steps=1)
+        return StepResult(loss=loss.detach(), logits=logits.detach().float(), optimizer_steps=1)
 
     def predict(self, sample: Sample) -> Prediction:
         with torch.no_grad():

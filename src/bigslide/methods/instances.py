@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from bigslide.annotations import UNLABELLED
 from bigslide.errors import ConfigError
+from bigslide.methods.replay import send
 
 if TYPE_CHECKING:
     from bigslide.data.sample import Batch
@@ -81,8 +82,10 @@ class InstanceTerm:
 
     def __call__(self, aggregator: nn.Module, z: torch.Tensor) -> torch.Tensor:
         """`weight` times the mean loss over the annotated tiles of `z` (N, D)."""
-        picked = self.labels.to(z.device) != UNLABELLED
-        z, labels = z[picked], self.labels.to(z.device)[picked]
+        # The annotated rows are found where the labels are (the host): a mask on the device would make
+        # the host wait for its count.
+        rows = (self.labels != UNLABELLED).nonzero().squeeze(1)
+        z, labels = z.index_select(0, send(rows, z.device)), send(self.labels[rows], z.device)
         if self.mode == "tiles":
             assert self.tile_head is not None
             loss = F.cross_entropy(self.tile_head(z), labels)

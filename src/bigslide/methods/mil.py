@@ -16,6 +16,7 @@ from torch import nn
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Batch, Method, MethodParams, Prediction, Sample
 from bigslide.methods.batchnorm import freeze_batchnorm_affine
+from bigslide.methods.encoder_layout import wants_channels_last
 from bigslide.methods.instances import InstanceTerm, check_support, instance_term, tile_classifier
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
 from bigslide.nn.backbones import Encoder, NoEncoder, create_encoder
@@ -223,6 +224,9 @@ class MILMethod(Method[P]):
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)
+        if wants_channels_last(self.spec.channels_last, encoder, self.device):
+            # the tiles follow the weights' layout (`replay.move_chunk`), converted on the device
+            encoder = encoder.to(memory_format=torch.channels_last)
         return MILModel(encoder, aggregator, tile_classifier(self.spec, encoder.dim))
 
     def check_instances(self) -> None:

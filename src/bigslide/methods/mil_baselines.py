@@ -17,11 +17,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from bigslide.data.sample import to_device
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
 from bigslide.methods.instances import InstanceTerm, with_instances
 from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
-from bigslide.methods.replay import AutocastFactory, BackwardFn, encode_chunks
+from bigslide.methods.replay import (
+    AutocastFactory,
+    BackwardFn,
+    encode_chunks,
+    is_channels_last,
+    move_chunk,
+    send,
+)
 from bigslide.nn.mil import Aggregator, LossFn
 from bigslide.nn.mil.base import batch_loss
 
@@ -79,11 +85,12 @@ class FullBag(MILMethod[EndToEndParams]):
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params
         model = self.mil_model
+        layout = is_channels_last(model.encoder)
         step = full_bag_backward(
             model.encoder,
             model.aggregator,
-            to_device(batch.x, self.device, self.colour(batch.samples)),
-            batch.y.to(self.device),
+            move_chunk(batch.x, self.device, self.colour(batch.samples), channels_last=layout),
+            send(batch.y, self.device),
             self.loss,
             autocast=stepper.autocast,
             backward=stepper.backward,
@@ -92,7 +99,7 @@ class FullBag(MILMethod[EndToEndParams]):
             instance=self.instances(batch),
         )
         stepper.step()
-        return StepResult(loss=float(step.loss), logits=step.logits.float())
+        return StepResult(loss=step.loss, logits=step.logits.float())
 
 
 @dataclass
@@ -208,4 +215,4 @@ class FrozenABMIL(MILMethod[FrozenParams]):
             loss = with_instances(loss, self.instances(batch), aggregator, z)
         stepper.backward(loss)
         stepper.step()
-        return StepResult(loss=float(loss.detach()), logits=logits.detach().float())
+        return StepResult(loss=loss.detach(), logits=logits.detach().float())

@@ -54,7 +54,7 @@ from bigslide.methods.base import (
 from bigslide.methods.batchnorm import frozen_batchnorm
 from bigslide.methods.encoder_layout import channels_last_encoder, rebuilt_in_backward
 from bigslide.methods.patchgd_params import PatchGDParams
-from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward
+from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward, send
 from bigslide.methods.zblock import (
     PatchGrid,
     encode_grid,
@@ -181,7 +181,7 @@ class PatchGD(Method[PatchGDParams]):
     def train_step(self, batch: Batch, stepper: Stepper) -> StepResult:
         p = self.params
         x = to_device(batch.x, self.device, self.colour(batch.samples))
-        y = batch.y.to(self.device, non_blocking=True).long()
+        y = send(batch.y, self.device).long()
         grid, patches = self._grid(x)
         encoder, head = self.model.encoder, self.model.head
         images, n = x.shape[0], grid.count
@@ -191,9 +191,9 @@ class PatchGD(Method[PatchGDParams]):
             Z = encode_grid(
                 encoder, patches, batch_size=p.training_fill_batch(images, k), channels_last=p.channels_last
             )
-        positions = sample_positions(n, k, iterations, images).to(self.device)
+        positions = send(sample_positions(n, k, iterations, images), self.device)
         self.last_positions = positions
-        image_index = torch.arange(images, device=self.device).repeat_interleave(k)
+        image_index = torch.arange(images * k, device=self.device) // k  # 0 … 0, 1 … 1, k of each
         full_groups = iterations // p.epsilon * p.epsilon
 
         losses: list[torch.Tensor] = []
@@ -251,7 +251,7 @@ class PatchGD(Method[PatchGDParams]):
                     stepper.step()
                     steps += 1
         return StepResult(
-            loss=float(torch.stack(losses).mean()), logits=logits.detach().float(), optimizer_steps=steps
+            loss=torch.stack(losses).mean(), logits=logits.detach().float(), optimizer_steps=steps
         )
 
     def predict(self, sample: Sample) -> Prediction:

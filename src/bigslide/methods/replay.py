@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bigslide.data.colour import RowColour
-from bigslide.data.sample import to_device
+from bigslide.data.sample import as_float, to_device
 from bigslide.errors import ConfigError
 
 AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -101,10 +101,33 @@ def compute_device(module: nn.Module, fallback: torch.device) -> torch.device:
     return fallback
 
 
-def move_chunk(chunk: torch.Tensor, device: torch.device, colour: RowColour | None = None) -> torch.Tensor:
+def move_chunk(
+    chunk: torch.Tensor, device: torch.device, colour: RowColour | None = None, *, channels_last: bool = False
+) -> torch.Tensor:
     """One chunk of inputs onto the compute device (asynchronous from pinned host memory), through its
-    rows' colour maps when given."""
-    return to_device(chunk, device, colour)
+    rows' colour maps when given. `channels_last`: in channels-last memory, converted on the device in
+    the same copy that makes uint8 pixels floats (the host's copy stays as read)."""
+    if not channels_last or chunk.dim() != 4:
+        return to_device(chunk, device, colour)
+    x = chunk.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:  # `as_float`'s scaling, in the new layout
+        x = x.to(torch.float32, memory_format=torch.channels_last).div_(255)
+    return as_float(x, colour).contiguous(memory_format=torch.channels_last)
+
+
+def is_channels_last(module: nn.Module) -> bool:
+    """Whether `module` computes in channels-last memory: its first convolution's weight is in it."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            w = m.weight
+            return w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+    return False
+
+
+def send(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor (targets, indices) on `device` without the host waiting for the copy: from
+    pageable memory a copy to CUDA blocks, so it is pinned first."""
+    return pinned(t, device).to(device, non_blocking=True)
 
 
 def _rows(colour: RowColour | None, start: int, stop: int) -> RowColour | None:
@@ -134,16 +157,17 @@ def encode_chunks(
     """Encoder outputs of every input, chunk by chunk, without grad: (N, D) in float32 or float64.
 
     `inputs` may stay on the host: only one chunk at a time is moved to `device` (default: the
-    encoder's), where the outputs are. `colour`: the inputs' colour maps (stain), one per input.
+    encoder's), where the outputs are, in the encoder's memory layout (`is_channels_last`). `colour`:
+    the inputs' colour maps (stain), one per input.
     """
     autocast = autocast or contextlib.nullcontext
     device = device or compute_device(encoder, inputs.device)
+    layout = is_channels_last(encoder)
     chunks = []
     with torch.inference_mode():
         for start in range(0, inputs.shape[0], chunk_size):
-            chunk = move_chunk(
-                inputs[start : start + chunk_size], device, _rows(colour, start, start + chunk_size)
-            )
+            rows = _rows(colour, start, start + chunk_size)
+            chunk = move_chunk(inputs[start : start + chunk_size], device, rows, channels_last=layout)
             with autocast():
                 z = encoder(chunk)
             chunks.append(z if z.dtype in (torch.float32, torch.float64) else z.float())
@@ -214,12 +238,13 @@ def replay_backward(
         buffers = [b for layer in batchnorm_layers(encoder) for b in layer.buffers()]
         saved_stats = [b.clone() for b in buffers] if batch_stats else []
         devices = [device] if device.type == "cuda" else []
+        layout = is_channels_last(encoder)
         with torch.random.fork_rng(devices=devices, enabled=stochastic):
             for index, start in enumerate(range(0, n, chunk_size)):
                 if stochastic:
                     _restore_rng(rng_states[index], device)
                 rows = _rows(colour, start, start + chunk_size)
-                chunk = move_chunk(inputs[start : start + chunk_size], device, rows)
+                chunk = move_chunk(inputs[start : start + chunk_size], device, rows, channels_last=layout)
                 with autocast():
                     z = encoder(chunk)
                 z.backward(grad_z[start : start + chunk_size].to(z.dtype))

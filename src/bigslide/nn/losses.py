@@ -64,9 +64,9 @@ def cox_partial_nll(risk: torch.Tensor, time: torch.Tensor, event: torch.Tensor)
     masked = risk.unsqueeze(0).expand(len(risk), -1).masked_fill(~at_risk, float("-inf"))
     log_risk_set = torch.logsumexp(masked, dim=1)
     events = event.sum()
-    if events == 0:
-        return (risk * 0).sum()
-    return -((risk - log_risk_set) * event).sum() / events
+    # Chosen on the device: a Python `if` on the count would make the host wait for it.
+    partial = -((risk - log_risk_set) * event).sum() / events.clamp_min(1)
+    return torch.where(events > 0, partial, (risk * 0).sum())
 
 
 def endpoint_score(endpoint: Endpoint | None, logits: torch.Tensor) -> torch.Tensor:

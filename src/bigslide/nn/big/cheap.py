@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from bigslide.nn.backbones import Normalize
+from bigslide.nn.big.partition import host_empty
 
 
 def _on_host(x: torch.Tensor) -> torch.Tensor:
@@ -32,11 +33,23 @@ class HostMaxPool2d(nn.MaxPool2d):
 
 
 class HostNormalize(Normalize):
-    """The encoder's input normalisation, applied on the host so a whole image never visits the device."""
+    """The encoder's input normalisation, applied on the host so a whole image never visits the device.
+
+    Its constants stay on the host beside the buffers (which follow the model to the compute device), so
+    no forward waits for a copy back. With the model on CUDA the result goes to pinned memory, in the
+    input's layout, so the first big layer's partitions reach the device without the host waiting."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__(mean, std)
+        self.host_mean, self.host_std = self.mean.clone(), self.std.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _on_host(x)
-        return (x - self.mean.to(x.device, x.dtype)) / self.std.to(x.device, x.dtype)
+        mean, std = self.host_mean.to(x.dtype), self.host_std.to(x.dtype)
+        if self.mean.device.type == "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+            return (x - mean) / std
+        out = host_empty(tuple(x.shape), x.dtype, self.mean.device, like=x)
+        return torch.sub(x, mean, out=out).div_(std)
 
 
 class SendToComputeDevice:

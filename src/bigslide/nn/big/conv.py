@@ -20,11 +20,16 @@ from torch.autograd.function import once_differentiable
 
 from bigslide.nn.big.partition import (
     Partition,
+    Transfers,
     conv_input_rows,
     host_empty,
+    partition_budget,
     plan_partitions,
     record_on_device,
     to_compute,
+    to_compute_rows,
+    to_host,
+    to_source,
 )
 
 
@@ -75,7 +80,7 @@ def plan_conv(
         n,
         h_out,
         cost,
-        geom.budget_bytes,
+        partition_budget(geom.budget_bytes, weight.device),
         what=geom.name,
         input_rows=lambda o0, o1: conv_input_rows(o0, o1, s_h, p_h, reach, h),
     )
@@ -89,6 +94,11 @@ def _row_padding(part: Partition) -> tuple[bool, int]:
     return True, 0
 
 
+def _input_rows(x: torch.Tensor, device: torch.device, dtype: torch.dtype, part: Partition) -> torch.Tensor:
+    """The rows a partition's convolution reads, padded where the convolution does not pad them."""
+    return to_compute(x, device, dtype, part, _row_padding(part)[0])
+
+
 class _BigConv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -97,20 +107,21 @@ class _BigConv2dFunction(torch.autograd.Function):
         device = weight.device
         dtype = compute_dtype(x, device)
         parts, (h_out, w_out) = plan_conv(x.shape, weight, bias, geom, dtype)
+        transfers = Transfers(device)
         with torch.autocast(device.type, enabled=False):
             w = weight.to(dtype)
             b = bias.to(dtype) if bias is not None else None
             single = len(parts) == 1 and device.type == "cpu"
-            y = None if single else host_empty((x.shape[0], w.shape[0], h_out, w_out), dtype, device)
-            for part in parts:
-                pad_rows, conv_pad = _row_padding(part)
-                xp = to_compute(x, device, dtype, part, pad_rows)
+            y = None if single else host_empty((x.shape[0], w.shape[0], h_out, w_out), dtype, device, like=x)
+            for part, (xp,) in transfers.loaded(parts, lambda part: (_input_rows(x, device, dtype, part),)):
+                conv_pad = _row_padding(part)[1]
                 yp = F.conv2d(xp, w, b, geom.stride, (conv_pad, geom.padding[1]), geom.dilation, geom.groups)
                 record_on_device([xp, yp, weight, w if w is not weight else None, bias])
                 if y is None:
                     y = yp
                 else:
-                    y[part.b0 : part.b1, :, part.o0 : part.o1].copy_(yp)
+                    transfers.store(y[part.b0 : part.b1, :, part.o0 : part.o1], yp)
+        transfers.finish()
         ctx.save_for_backward(x, weight, bias)
         ctx.geom, ctx.dtype = geom, dtype
         assert y is not None
@@ -127,16 +138,20 @@ class _BigConv2dFunction(torch.autograd.Function):
         parts, _ = plan_conv(x.shape, weight, bias, geom, dtype)
         # One partition covering every input row on the CPU: its ∇x is already the whole ∇x.
         whole = len(parts) == 1 and device.type == "cpu" and (parts[0].i0, parts[0].i1) == (0, x.shape[2])
-        grad_x = None if whole or not need_x else host_empty(tuple(x.shape), x.dtype, device)
-        stitch = _GradStitcher(grad_x, x.shape[2]) if grad_x is not None else None
+        grad_x = None if whole or not need_x else host_empty(tuple(x.shape), x.dtype, device, like=x)
+        transfers = Transfers(device)
+        stitch = _GradStitcher(grad_x, x.shape[2], transfers) if grad_x is not None else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
         w = weight.to(dtype)
         bias_sizes = [bias.shape[0]] if bias is not None else None
-        for part in parts:
+
+        def load(part: Partition) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = grad_y[part.b0 : part.b1, :, part.o0 : part.o1]
+            return _input_rows(x, device, dtype, part), to_compute_rows(rows, device, dtype)
+
+        for part, (xp, gyp) in transfers.loaded(parts, load):
             pad_rows, conv_pad = _row_padding(part)
-            xp = to_compute(x, device, dtype, part, pad_rows)
-            gyp = grad_y[part.b0 : part.b1, :, part.o0 : part.o1].to(device=device, dtype=dtype)
             gxp, gwp, gbp = torch.ops.aten.convolution_backward(
                 gyp,
                 xp,
@@ -166,6 +181,7 @@ class _BigConv2dFunction(torch.autograd.Function):
                     stitch.place(part, gxp)
         if stitch is not None:
             stitch.finish()
+        transfers.finish()
         return grad_x, grad_w, grad_b, None
 
 
@@ -173,12 +189,13 @@ class _GradStitcher:
     """Assembles ∇x from partition gradients without a zero-filled buffer.
 
     Partitions come sample run by sample run, rows ascending, so a partition's halo can only overlap
-    rows the previous partition of the same run wrote: those rows are added, the rest are copied in.
+    rows the previous partition of the same run wrote: those rows are added, the rest are copied in
+    (through `transfers`: on CUDA the copies run beside the compute, the sums land when it finishes).
     Rows no partition reads (a stride larger than the kernel, unused trailing rows) are zeroed.
     """
 
-    def __init__(self, grad_x: torch.Tensor, height: int) -> None:
-        self.grad_x, self.height = grad_x, height
+    def __init__(self, grad_x: torch.Tensor, height: int, transfers: Transfers) -> None:
+        self.grad_x, self.height, self.transfers = grad_x, height, transfers
         self.run: tuple[int, int] | None = None
         self.done = 0  # rows [0, done) of the current run hold their final or partial gradient
 
@@ -194,9 +211,9 @@ class _GradStitcher:
         target = self.grad_x[part.b0 : part.b1]
         overlap = max(0, min(self.done, part.i1) - part.i0)
         if overlap:
-            target[:, :, part.i0 : part.i0 + overlap] += gxp[:, :, :overlap].to(target.device, target.dtype)
+            self.transfers.store(target[:, :, part.i0 : part.i0 + overlap], gxp[:, :, :overlap], add=True)
         if part.i0 + overlap < part.i1:
-            target[:, :, part.i0 + overlap : part.i1].copy_(gxp[:, :, overlap:])
+            self.transfers.store(target[:, :, part.i0 + overlap : part.i1], gxp[:, :, overlap:])
         self.done = max(self.done, part.i1)
 
     def finish(self) -> None:
@@ -209,7 +226,8 @@ class BigConv2d(nn.Conv2d):
 
     `budget_bytes` bounds what one partition holds on the compute device (input rows with halo, output
     rows, weights and their gradients, in bytes of the compute dtype). The compute device is the device
-    of `weight`; inputs on another device are brought to the host first.
+    of `weight`. An input on a device is brought to the host first and the output goes back to that
+    device, as the native layer's would; a host input gives a host output.
     """
 
     budget_bytes: int
@@ -240,8 +258,8 @@ class BigConv2d(nn.Conv2d):
         self.budget_bytes = budget_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            x = x.cpu()
+        source = x.device
+        x = to_host(x)
         padding = self.padding
         if isinstance(padding, str) or self.padding_mode != "zeros":
             # 'same' (possibly asymmetric) and non-zero modes: pad once on the host, then convolve unpadded.
@@ -256,7 +274,7 @@ class BigConv2d(nn.Conv2d):
             budget_bytes=int(self.budget_bytes),
             name=f"BigConv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size})",
         )
-        return _BigConv2dFunction.apply(x, self.weight, self.bias, geom)
+        return to_source(_BigConv2dFunction.apply(x, self.weight, self.bias, geom), source)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, budget_bytes={self.budget_bytes}"

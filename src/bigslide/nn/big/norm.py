@@ -17,7 +17,19 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from bigslide.nn.big.partition import Partition, host_empty, plan_partitions, record_on_device, to_compute
+from bigslide.nn.big.partition import (
+    Partition,
+    Transfers,
+    host_empty,
+    is_nhwc,
+    partition_budget,
+    plan_partitions,
+    record_on_device,
+    to_compute,
+    to_compute_rows,
+    to_host,
+    to_source,
+)
 
 _DIMS = (0, 2)  # of the (N, C, H·W) view: every dimension but the channel
 
@@ -41,7 +53,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def plan_norm(x_shape: torch.Size, dtype: torch.dtype, setup: NormSetup) -> list[Partition]:
+def plan_norm(
+    x_shape: torch.Size, dtype: torch.dtype, setup: NormSetup, device: torch.device
+) -> list[Partition]:
     n, c, h, w = x_shape
     item = torch.empty((), dtype=_acc_dtype(dtype)).element_size()
 
@@ -49,7 +63,7 @@ def plan_norm(x_shape: torch.Size, dtype: torch.dtype, setup: NormSetup) -> list
         # Backward holds x, ∇y and ∇x of the partition, plus a few per-channel vectors.
         return 3 * samples * c * rows * w * item + 8 * c * item
 
-    return plan_partitions(n, h, cost, setup.budget_bytes, what=setup.name)
+    return plan_partitions(n, h, cost, partition_budget(setup.budget_bytes, device), what=setup.name)
 
 
 def _channel(v: torch.Tensor) -> torch.Tensor:
@@ -63,7 +77,10 @@ def _moments(xp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # also on strided row views, and just as exact.
         mean, var = torch.batch_norm_update_stats(xp, None, None, 0.0)
         return mean, var
-    var, mean = torch.var_mean(_flat(xp), dim=_DIMS, correction=0)
+    if is_nhwc(xp):  # channels last: (N·H·W, C) is a view, reduced along its rows
+        var, mean = torch.var_mean(xp.permute(0, 2, 3, 1).reshape(-1, xp.shape[1]), dim=0, correction=0)
+    else:
+        var, mean = torch.var_mean(_flat(xp), dim=_DIMS, correction=0)
     return mean, var
 
 
@@ -75,39 +92,40 @@ def batch_moments(
     Rounded like native BatchNorm's when |μ| ≫ σ (the centred backward inherits the mean's error): a
     partition mean far from zero rounds at the scale of |μ|, too coarse for the merge. Such channels
     are measured about a shift s, the first partition's mean (x − s is an exact float subtraction near
-    s), at the cost of a temporary and one more pass per partition, and only then. The merge runs in
-    float64 and rounds once.
+    s), at the cost of a temporary and one more pass per partition, and on the host only then (on a
+    device always, with s = 0 where no shift is needed, so the host never waits for the decision). The
+    merge runs in float64 and rounds once.
     """
     acc = _acc_dtype(x.dtype)
-    count = 0
-    mean = torch.zeros(x.shape[1], dtype=torch.float64, device=device)
-    m2 = torch.zeros_like(mean)
-    shift = torch.zeros_like(mean, dtype=acc)
+    shift = torch.zeros(x.shape[1], dtype=acc, device=device)
     shifting = False  # decided on the first partition
-
-    def shifted_moments(xp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shifted = xp - _channel(shift)
-        record_on_device([xp, shifted, mean, m2])
-        return _moments(shifted)
-
-    for index, part in enumerate(parts):
-        xp = to_compute(x, device, acc, part)
-        if shifting:
-            mean_p, var_p = shifted_moments(xp)
-        else:
+    counts: list[int] = []
+    means: list[torch.Tensor] = []
+    variances: list[torch.Tensor] = []
+    loaded = Transfers(device).loaded(parts, lambda p: (to_compute(x, device, acc, p),))
+    for index, (_, (xp,)) in enumerate(loaded):
+        if index == 0 or not shifting:
             mean_p, var_p = _moments(xp)
-            record_on_device([xp, mean, m2])
-            if index == 0:
-                shift = torch.where(mean_p.abs() > 4 * var_p.sqrt(), mean_p, 0.0)
-                shifting = bool(shift.any())
-                if shifting:
-                    mean_p, var_p = shifted_moments(xp)
-        n_p = xp.numel() // xp.shape[1]
-        total = count + n_p
-        delta = mean_p - mean
-        mean = mean + delta * (n_p / total)
-        m2 = m2 + var_p * n_p + delta.square() * (count * n_p / total)
-        count = total
+            record_on_device([xp, mean_p, var_p])
+        if index == 0:
+            shift = torch.where(mean_p.abs() > 4 * var_p.sqrt(), mean_p, 0.0)
+            # On a device, reading the decision would make the host wait for the stream once per layer:
+            # there every partition is measured about the shift, 0 where none is needed (x − 0 is x).
+            shifting = device.type != "cpu" or bool(shift.any())
+        if shifting:
+            shifted = xp - _channel(shift)
+            record_on_device([xp, shifted, mean_p, var_p])
+            mean_p, var_p = _moments(shifted)
+        counts.append(xp.numel() // xp.shape[1])
+        means.append(mean_p)
+        variances.append(var_p)
+    # Chan's merge of every partition at once: M2 = Σ n_p·var_p + Σ n_p·(mean_p − mean)².
+    count = sum(counts)
+    # a few numbers: staged by the driver without the host waiting for the stream
+    n = torch.tensor(counts, dtype=torch.float64).to(device, non_blocking=True).unsqueeze(1)
+    part_means, part_vars = torch.stack(means).double(), torch.stack(variances).double()
+    mean = (n * part_means).sum(0) / count
+    m2 = (n * part_vars).sum(0) + (n * (part_means - mean).square()).sum(0)
     return (mean + shift).to(acc), (m2 / count).to(acc), count
 
 
@@ -124,7 +142,7 @@ class _BigBatchNormFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         device = next((t.device for t in (weight, running_mean) if t is not None), torch.device("cpu"))
         acc = _acc_dtype(x.dtype)
-        parts = plan_norm(x.shape, x.dtype, setup)
+        parts = plan_norm(x.shape, x.dtype, setup, device)
         if setup.use_batch_stats:
             mean, var, count = batch_moments(x, device, parts)
             if count <= 1:
@@ -144,10 +162,10 @@ class _BigBatchNormFunction(torch.autograd.Function):
         scale = invstd * weight.to(acc) if weight is not None else invstd
         shift = bias.to(acc) - mean * scale if bias is not None else -mean * scale
         single = len(parts) == 1 and device.type == "cpu"
-        y = None if single else host_empty(tuple(x.shape), x.dtype, device)
+        y = None if single else host_empty(tuple(x.shape), x.dtype, device, like=x)
         in_place = device.type == "cpu" and acc == x.dtype
-        for part in parts:
-            xp = to_compute(x, device, acc, part)
+        transfers = Transfers(device)
+        for part, (xp,) in transfers.loaded(parts, lambda p: (to_compute(x, device, acc, p),)):
             if y is None:
                 y = torch.addcmul(_channel(shift), xp, _channel(scale)).to(x.dtype)
                 record_on_device([xp, y, mean, invstd, scale, shift])
@@ -159,7 +177,8 @@ class _BigBatchNormFunction(torch.autograd.Function):
             else:
                 yp = torch.addcmul(_channel(shift), xp, _channel(scale))
                 record_on_device([xp, yp, mean, invstd, scale, shift])
-                y[part.b0 : part.b1, :, part.o0 : part.o1].copy_(yp)
+                transfers.store(y[part.b0 : part.b1, :, part.o0 : part.o1], yp)
+        transfers.finish()
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.setup = setup
         assert y is not None
@@ -172,8 +191,13 @@ class _BigBatchNormFunction(torch.autograd.Function):
         setup: NormSetup = ctx.setup
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         device, acc = mean.device, mean.dtype
-        parts = plan_norm(x.shape, x.dtype, setup)
+        parts = plan_norm(x.shape, x.dtype, setup, device)
         gain = invstd * weight.to(acc) if weight is not None else invstd
+        transfers = Transfers(device)
+
+        def grad_rows(part: Partition) -> torch.Tensor:
+            return to_compute_rows(grad_y[part.b0 : part.b1, :, part.o0 : part.o1], device, acc)
+
         # Partition sums add up in float64: with many partitions, float32 running totals would drift.
         sum_gy = torch.zeros_like(mean, dtype=torch.float64)
         sum_gy_xmu = torch.zeros_like(sum_gy)
@@ -181,9 +205,10 @@ class _BigBatchNormFunction(torch.autograd.Function):
         gather_first = setup.use_batch_stats and need_x
         if gather_first or need_w or need_b:
             ones = torch.ones_like(mean)
-            for part in parts:
-                xp = to_compute(x, device, acc, part)
-                gyp = grad_y[part.b0 : part.b1, :, part.o0 : part.o1].to(device=device, dtype=acc)
+            sums: list[torch.Tensor] = []
+            for _, (xp, gyp) in transfers.loaded(
+                parts, lambda p: (to_compute(x, device, acc, p), grad_rows(p))
+            ):
                 # Centred with the global μ inside the sum, as native BatchNorm does: Σ∇y·x − μΣ∇y
                 # cancels catastrophically when |μ| ≫ σ (a float32 mean offset of 1000 cost ~3 more
                 # digits than native). Native's own reduction kernel gives Σ∇y·(x − μ)·s and Σ∇y for a
@@ -191,9 +216,9 @@ class _BigBatchNormFunction(torch.autograd.Function):
                 _, part_gy_xmu, part_gy = torch.ops.aten.native_batch_norm_backward(
                     gyp, xp, ones, None, None, mean, ones, True, 0.0, [False, True, True]
                 )
-                sum_gy += part_gy
-                sum_gy_xmu += part_gy_xmu
-                record_on_device([xp, gyp, sum_gy, sum_gy_xmu])
+                sums.append(torch.stack([part_gy, part_gy_xmu]))
+                record_on_device([xp, gyp, part_gy, part_gy_xmu])
+            sum_gy, sum_gy_xmu = torch.stack(sums).double().sum(0)
         grad_x = None
         if need_x:
             count = x.numel() // x.shape[1]
@@ -202,17 +227,24 @@ class _BigBatchNormFunction(torch.autograd.Function):
             slope = (-proj * gain).to(acc)
             offset = (-mean_gy * gain).to(acc)
             single = len(parts) == 1 and device.type == "cpu"
-            grad_x = None if single else host_empty(tuple(x.shape), x.dtype, device)
+            grad_x = None if single else host_empty(tuple(x.shape), x.dtype, device, like=x)
             in_place = device.type == "cpu" and acc == x.dtype
-            for part in parts:
-                gyp = grad_y[part.b0 : part.b1, :, part.o0 : part.o1].to(device=device, dtype=acc)
+
+            def load(part: Partition) -> tuple[torch.Tensor, ...]:
+                # x only for batch statistics: with running ones ∇x = ∇y·gain
+                if setup.use_batch_stats:
+                    return grad_rows(part), to_compute(x, device, acc, part)
+                return (grad_rows(part),)
+
+            for part, loaded in transfers.loaded(parts, load):
+                gyp = loaded[0]
                 target = None
                 if grad_x is not None and in_place:
                     target = grad_x[part.b0 : part.b1, :, part.o0 : part.o1]
                 if setup.use_batch_stats:
                     # ∇x = (∇y − mean(∇y) − (x − μ)·proj)·gain in three passes over one buffer: x − μ,
                     # then ·k + c, then + ∇y·gain. Centring first keeps |μ| ≫ σ from cancelling digits.
-                    xp = to_compute(x, device, acc, part)
+                    xp = loaded[1]
                     gxp = torch.sub(xp, _channel(mean), out=target)
                     torch.addcmul(_channel(offset), gxp, _channel(slope), out=gxp)
                     gxp.addcmul_(gyp, _channel(gain))
@@ -223,7 +255,8 @@ class _BigBatchNormFunction(torch.autograd.Function):
                 if grad_x is None:
                     grad_x = gxp.to(x.dtype)
                 elif target is None:
-                    grad_x[part.b0 : part.b1, :, part.o0 : part.o1].copy_(gxp)
+                    transfers.store(grad_x[part.b0 : part.b1, :, part.o0 : part.o1], gxp)
+        transfers.finish()
         grad_w = (sum_gy_xmu * invstd).to(weight.dtype) if need_w else None
         grad_b = sum_gy.to(weight.dtype) if need_b else None
         return grad_x, grad_w, grad_b, None, None, None
@@ -233,7 +266,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
     """Drop-in `nn.BatchNorm2d` (same parameters, buffers and state dict) for host-held activations.
 
     Statistics, scale and shift live on the compute device (that of the parameters / buffers); the
-    activations stay on the host and are processed in partitions of at most `budget_bytes`.
+    activations stay on the host and are processed in partitions of at most `budget_bytes`. An input on
+    a device gives its output on that device, as the native layer's would; a host input a host output.
     """
 
     budget_bytes: int
@@ -262,8 +296,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        if x.device.type != "cpu":
-            x = x.cpu()
+        source = x.device
+        x = to_host(x)
         momentum = self.momentum
         update = self.training and self.track_running_stats and self.num_batches_tracked is not None
         if update:
@@ -282,7 +316,8 @@ class BigBatchNorm2d(nn.BatchNorm2d):
         )
         running_mean = self.running_mean if not self.training or self.track_running_stats else None
         running_var = self.running_var if not self.training or self.track_running_stats else None
-        return _BigBatchNormFunction.apply(x, self.weight, self.bias, running_mean, running_var, setup)
+        y = _BigBatchNormFunction.apply(x, self.weight, self.bias, running_mean, running_var, setup)
+        return to_source(y, source)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, budget_bytes={self.budget_bytes}"

@@ -9,7 +9,9 @@ When the compute device is the host itself, a partition's input is a view of the
 where asymmetric edge padding or a dtype change needs one) and outputs are written into the host result,
 so partitioning costs no transfers there. The meter still counts every partition tensor at its slice
 size, as if it had been copied to a device: the budget keeps its CUDA meaning, and the same plan runs on
-both.
+both. On CUDA, host activations live in pinned memory and `Transfers` overlaps the copies in and out
+with compute; host activations in channels-last memory (the layout of a channels-last encoder's input)
+make each row partition one contiguous block, copied directly.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from bigslide.errors import ConfigError
 
@@ -133,18 +136,130 @@ def to_compute(
 ) -> torch.Tensor:
     """The partition's input rows (zero-padded when `pad_rows`) on the compute device in `dtype`.
 
-    On the host in the same dtype and without padding this is a view (no copy).
+    On the host in the same dtype and without padding this is a view (no copy). To a device the rows
+    are copied as they lie, without the host waiting (from a pinned tensor in channels-last memory the
+    rows of a partition are one block: one direct copy), and converted and padded there.
     """
     piece = x[part.b0 : part.b1, :, part.i0 : part.i1]
-    if pad_rows and (part.pad_top or part.pad_bottom):
-        piece = torch.nn.functional.pad(piece, (0, 0, part.pad_top, part.pad_bottom))
-    return piece.to(device=device, dtype=dtype, non_blocking=piece.is_pinned())
+    pad = pad_rows and (part.pad_top or part.pad_bottom)
+    if device.type == "cpu" and pad:
+        piece = F.pad(piece, (0, 0, part.pad_top, part.pad_bottom))
+    piece = to_compute_rows(piece, device, dtype)
+    return F.pad(piece, (0, 0, part.pad_top, part.pad_bottom)) if pad and device.type != "cpu" else piece
+
+
+def to_compute_rows(rows: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of a host tensor on the compute device in `dtype`; to CUDA without the host waiting."""
+    return rows.to(device=device, dtype=dtype, non_blocking=device.type == "cuda")
+
+
+def to_host(x: torch.Tensor) -> torch.Tensor:
+    """A big layer's input in host memory, where it keeps its activations."""
+    return x if x.device.type == "cpu" else x.cpu()
+
+
+def to_source(y: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A big layer's host output on `device`, where its input came from: the layer is a drop-in for the
+    native one (a device input gives a device output), while inside a big stack, whose inputs are host
+    tensors, every output stays on the host."""
+    return y if device.type == "cpu" else y.to(device, non_blocking=y.is_pinned())
+
+
+def is_nhwc(x: torch.Tensor) -> bool:
+    """Whether a 4-D tensor lies in channels-last memory (and not also in the standard layout)."""
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 def host_empty(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zero: bool = False
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, like: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """A host buffer for activations or gradients; pinned when the compute device is CUDA."""
-    pin = device.type == "cuda"
-    make = torch.zeros if zero else torch.empty
-    return make(shape, dtype=dtype, device="cpu", pin_memory=pin)
+    """A host buffer for activations or gradients, in the memory layout of `like` (when given): pinned
+    when the compute device is CUDA, so copies to and from it run without the host waiting."""
+    layout = torch.channels_last if like is not None and is_nhwc(like) else torch.contiguous_format
+    return torch.empty(
+        shape, dtype=dtype, device="cpu", pin_memory=device.type == "cuda", memory_format=layout
+    )
+
+
+def partition_budget(budget_bytes: int, device: torch.device) -> int:
+    """What one partition may use of a big layer's device budget: on CUDA two partitions are on the
+    device at once (`Transfers`: one computing, the next arriving), so each gets half."""
+    return budget_bytes // 2 if device.type == "cuda" else budget_bytes
+
+
+Load = Callable[[Partition], tuple[torch.Tensor, ...]]
+
+
+class Transfers:
+    """One big layer's traffic between host and device, over a pass of its partitions.
+
+    On CUDA, each partition's inputs are copied in on a side stream one partition ahead, while the
+    compute stream works on the previous partition; results are copied out to pinned host memory on
+    another side stream once the compute stream has made them; events order the three, so copies in
+    both directions overlap compute. The host waits once, in `finish`, before it reads the results.
+    On the host every load and store happens at once, in order.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.compute = torch.cuda.current_stream(device)
+            self.inbound = torch.cuda.Stream(device)
+            self.outbound = torch.cuda.Stream(device)
+        self.stored = False
+        self.adds: list[tuple[torch.Tensor, torch.Tensor]] = []  # (host target, pinned copy) for `finish`
+
+    def loaded(
+        self, parts: list[Partition], load: Load
+    ) -> Iterator[tuple[Partition, tuple[torch.Tensor, ...]]]:
+        """Each partition with `load(partition)`: its tensors on the device, ready on the compute stream."""
+        if not self.cuda:
+            for part in parts:
+                yield part, load(part)
+            return
+
+        def issue(part: Partition) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event]:
+            with torch.cuda.stream(self.inbound):
+                tensors = load(part)
+            return tensors, self.inbound.record_event()
+
+        ahead = issue(parts[0]) if parts else None
+        for index, part in enumerate(parts):
+            assert ahead is not None
+            tensors, ready = ahead
+            ahead = issue(parts[index + 1]) if index + 1 < len(parts) else None
+            self.compute.wait_event(ready)
+            for t in tensors:  # made on the inbound stream: freed only after the compute stream's use
+                t.record_stream(self.compute)
+            yield part, tensors
+
+    def store(self, target: torch.Tensor, value: torch.Tensor, *, add: bool = False) -> None:
+        """Host `target` = device `value` (+= with `add`), once the work queued so far on the compute stream
+        has made `value`; on CUDA without the host waiting (sums land in `finish`)."""
+        if not self.cuda:
+            if add:
+                target += value.to(target.device, target.dtype)
+            else:
+                target.copy_(value)
+            return
+        self.stored = True
+        # Converted here, on the compute stream: a copy that also converts goes through a pageable buffer.
+        value = value.to(target.dtype)
+        self.outbound.wait_stream(self.compute)
+        value.record_stream(self.outbound)
+        with torch.cuda.stream(self.outbound):
+            if add:
+                staged = host_empty(tuple(value.shape), value.dtype, self.device, like=value)
+                staged.copy_(value, non_blocking=True)
+                self.adds.append((target, staged))
+            else:
+                target.copy_(value, non_blocking=True)
+
+    def finish(self) -> None:
+        """The stored results are on the host (the host waits for the outbound copies here, once)."""
+        if self.stored:
+            self.outbound.synchronize()
+        for target, staged in self.adds:
+            target += staged.to(target.dtype)
+        self.adds.clear()
