@@ -209,6 +209,39 @@ def test_workers_are_forked_before_item_threads_take_locks(
     assert done.is_set(), "a decode worker waited on a lock held in the parent when it was forked"
 
 
+def test_an_item_is_read_in_parts_by_the_idle_workers_as_one_process_reads_it(
+    slide_csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(processes_module, "_START_METHOD", "fork")
+    table = SlideTable.from_csv(slide_csv)
+    bags = BagDataset(table, tile_size=16, bag_size=0)
+    grid = bags.grids[0]
+    assert len(grid) >= 3 * processes_module.MIN_PART_TILES
+    truth = bags.read_bag(0, np.arange(len(grid))).x.numpy()
+    parts: list[int] = []
+    processes = DecodeProcesses(3)
+    try:
+        assert processes._split(len(grid)) == 3  # every worker idle: one part each
+        monkeypatch.setattr(processes, "_run", _recording(processes._run, parts))
+        got = processes.read(table.entries[0].path, None, grid.plan, grid.coords)
+        np.testing.assert_array_equal(got, truth)
+        assert sorted(parts) == sorted(len(p) for p in np.array_split(np.arange(len(grid)), 3))
+    finally:
+        processes.close()
+        bags.slides.close()
+
+
+def _recording(run: Any, parts: list[int]) -> Any:
+    """`DecodeProcesses._run` noting the tiles of each read task it runs."""
+
+    def recorded(task: tuple[Any, ...], *args: Any) -> Any:
+        if task[0] == "read":
+            parts.append(len(task[6]))
+        return run(task, *args)
+
+    return recorded
+
+
 def test_squares_are_handed_out_uncopied_and_a_buffer_is_reused_only_when_let_go(slide_csv: Path) -> None:
     table = SlideTable.from_csv(slide_csv)
     bags = BagDataset(table, tile_size=32, bag_size=0)

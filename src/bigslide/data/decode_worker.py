@@ -125,13 +125,16 @@ def _read(
     slide_mpp: float | None,
     plan: ReadPlan,
     coords: np.ndarray,
+    offset: int,
+    total: int,
 ) -> None:
+    """Squares `coords` into rows offset.. of the buffer viewed as `total` squares (a part of an item)."""
     if buffer is not None:  # a new buffer, or a grown one replacing its old one; else the one held
         _BUFFERS[number] = buffer
     buffer = _BUFFERS[number]
-    shape = (len(coords), plan.size, plan.size, 3)
+    shape = (total, plan.size, plan.size, 3)
     with process_slides(slide_mpp).opened(path) as slide:
-        read_squares(slide, plan, coords, into=_squares(buffer, shape))
+        read_squares(slide, plan, coords, into=_squares(buffer, shape)[offset : offset + len(coords)])
 
 
 def _squares(buffer: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:

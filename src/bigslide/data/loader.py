@@ -81,16 +81,19 @@ class BatchLoader(Generic[Item]):
         self._shared = processes
         self._processes: DecodeProcesses | None = None
         self._todo: deque[Batch] = deque()  # planned, not yet submitted
+        self._ahead: int | None = None  # fewer read ahead until the next take
         # submitted, in plan order: each item of the batch not known to be bad, and its read
         self._pending: deque[tuple[Batch, dict[int, Future[Item]]]] = deque()
 
     # -- the engine's side ------------------------------------------------------------------------
-    def plan(self, batches: Sequence[Iterable[int]]) -> None:
-        """The batches that will be taken next, in order; reading starts now (with workers)."""
+    def plan(self, batches: Sequence[Iterable[int]], *, ahead: int | None = None) -> None:
+        """The batches that will be taken next, in order; reading starts now (with workers). `ahead`: read
+        only that many before the first is taken (the workers are wanted elsewhere meanwhile)."""
         self._halt()
         if self.workers == 0:
             return
         self._todo = deque(tuple(int(i) for i in b) for b in batches)
+        self._ahead = ahead
         self._fill()
 
     def take(self, batch: Iterable[int]) -> list[Item]:
@@ -101,6 +104,7 @@ class BatchLoader(Generic[Item]):
             self._halt()  # off plan (no workers, nothing planned, or the caller skipped): read directly
             return [item for i in key if i not in self.bad for item in self._kept(i, None)]
         _, futures = self._pending.popleft()
+        self._ahead = None
         try:
             items = [item for i, f in futures.items() for item in self._kept(i, f)]
         except BaseException:
@@ -139,7 +143,7 @@ class BatchLoader(Generic[Item]):
 
     # -- reading ahead ----------------------------------------------------------------------------
     def _fill(self) -> None:
-        while self._todo and len(self._pending) < self.depth:
+        while self._todo and len(self._pending) < (self._ahead or self.depth):
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
                 # datasets that decode slide tiles (stored features need no decoding processes)

@@ -38,9 +38,10 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -64,6 +65,8 @@ ATTEMPTS = 2
 """Workers an item may take down before it is an error naming its slide: the first may have been killed
 for another reason (the out-of-memory killer picks the largest process, not the guilty one)."""
 _CLOSE_WAIT_S = 5.0
+MIN_PART_TILES = 64
+"""Tiles in the smallest part of an item read by several idle workers at once."""
 T = TypeVar("T")
 
 
@@ -80,7 +83,7 @@ class _Worker:
         try:
             self.conn.send(task)
             # the pipe, or the process's exit: another worker may hold a copy of this pipe's far end
-            if self.conn in wait([self.conn, self.process.sentinel]):
+            if self.conn in wait_for([self.conn, self.process.sentinel]):
                 return True, self.conn.recv()
         except (EOFError, OSError):  # the far end went away: the worker is dead or dying
             pass
@@ -125,6 +128,7 @@ class DecodeProcesses:
         self._buffers: list[tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int]] = []
         self._made = 0  # buffers made so far: the generation of the next
         self._reading: set[int] = set()
+        self._parts = ThreadPoolExecutor(workers, thread_name_prefix="bigslide-part")  # a read's other parts
 
     def pids(self) -> list[int]:
         """The worker processes' ids (replacements included)."""
@@ -135,12 +139,25 @@ class DecodeProcesses:
         """`read_squares` of the slide at `path`, done in a worker process: a view of a shared buffer that
         is reused once nothing refers to it (keep a copy to hold the squares for long, e.g. in a cache)."""
         shape = (len(coords), plan.size, plan.size, 3)
+        coords = np.asarray(coords)
         with self._reads:  # waits while `buffers` reads are under way
             number, buffer, generation = self._lend(math.prod(shape))
             try:
-                task = ("read", number, buffer, Path(path), slide_mpp, plan, np.asarray(coords))
                 what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
-                self._run(task, what, (number, generation))
+                # parts read at once by the workers idle now (none idle: the whole item by one worker)
+                parts = np.array_split(np.arange(len(coords)), self._split(len(coords)))
+                tasks = [
+                    ("read", number, buffer, Path(path), slide_mpp, plan, coords[p], int(p[0]), len(coords))
+                    for p in parts
+                    if len(p)
+                ]
+                others = [self._parts.submit(self._run, t, what, (number, generation)) for t in tasks[1:]]
+                try:
+                    self._run(tasks[0], what, (number, generation))
+                finally:
+                    wait(others)  # no worker writes into the buffer once it is handed out (or lent again)
+                for part in others:
+                    part.result()
                 lent = buffer.numpy()  # a new array object: every view handed out keeps it alive
                 with self._lock:
                     self._buffers[number] = (buffer, weakref.ref(lent), generation)
@@ -148,6 +165,11 @@ class DecodeProcesses:
             finally:
                 with self._lock:
                     self._reading.discard(number)
+
+    def _split(self, tiles: int) -> int:
+        """Parts to read `tiles` in: one per idle worker, none under MIN_PART_TILES (a part boundary
+        decodes the file tiles it cuts through twice)."""
+        return max(1, min(self._idle.qsize(), tiles // MIN_PART_TILES))
 
     def call(self, fn: Callable[..., T], *args: Any, what: str) -> T:
         """`fn(*args)` run in a worker process and its result (pickled back); `what` says what was under
@@ -219,6 +241,7 @@ class DecodeProcesses:
         return worker
 
     def close(self) -> None:
+        self._parts.shutdown(wait=True)
         with self._lock:
             workers, self._all = self._all, []
         for worker in workers:

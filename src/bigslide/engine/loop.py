@@ -50,6 +50,9 @@ from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, StepResult, get_method
 
+NEXT_EPOCH_AHEAD = 2
+"""Batches of the next epoch read while an epoch validates."""
+
 
 @dataclass
 class RunResult:
@@ -330,9 +333,10 @@ class _Run:
             if every and state["step"] % every == 0 and not epoch_ends:
                 yield self.save()
         if state["batch"] >= len(batches) and epoch + 1 < config.optim.epochs and state["step"] < self.total:
-            # the next epoch's bags are read while this one validates: its first step does not wait
+            # the next epoch's first bags are read while this one validates, so its first step does not
+            # wait; only a few, so validation's reads do not queue behind a whole read-ahead
             self.data.train.set_epoch(epoch + 1)
-            self.loader.plan(self.batches(epoch + 1)[: self.total - state["step"]])
+            self.loader.plan(self.batches(epoch + 1)[: self.total - state["step"]], ahead=NEXT_EPOCH_AHEAD)
             self.planned = epoch + 1
         record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
