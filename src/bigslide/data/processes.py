@@ -261,7 +261,7 @@ class DecodeProcesses:
                 number = fits[0]
             else:
                 number = idle[0] if idle else len(self._buffers)
-                buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
+                buffer = _shared_bytes(size)
                 entry: tuple[torch.Tensor, weakref.ref[np.ndarray] | None, int] = (buffer, None, self._made)
                 self._made += 1
                 if number == len(self._buffers):
@@ -349,6 +349,16 @@ def _start(context: BaseContext) -> _Worker:
         process.start()
     theirs.close()
     return _Worker(process, ours)
+
+
+def _shared_bytes(size: int) -> torch.Tensor:
+    """A uint8 tensor of `size` bytes in shared memory, made there (sharing a fresh tensor copies it: a
+    slide's 180 MB took 0.13 s against 0.04 s)."""
+    try:
+        storage = torch.UntypedStorage._new_shared(size)
+    except (AttributeError, TypeError):  # a torch without it
+        return torch.empty(size, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 def _out_of_files() -> bool:
