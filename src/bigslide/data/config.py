@@ -225,7 +225,8 @@ class DataConfig:
             "label": "stain augmentation strength",
             "min": 0,
             "max": 3,
-            "help": "scales every range of data.stain_augment (1: dye amounts x0.70-1.42, hue ±11°)",
+            "help": "scales every range of data.stain_augment (1: dye amounts x0.50-2.0, stain hues ±30°, "
+            "a cast of ±0.1 OD per channel, overall hue ±11°)",
         },
     )
     stain_normalise: Literal["none", "macenko", "reinhard"] = field(
