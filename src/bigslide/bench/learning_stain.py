@@ -1,9 +1,9 @@
-"""The learning bench's stain part: ABMIL-ACC trained as `bigslide demo` trains it, on the demo's slides
-(lab A), tested on the demo's test slides as lab A stains them, as the bundled labs B and C do
-(`bigslide.synthetic.labs`: B, stronger, bluer hematoxylin, paler eosin, a yellow cast; C, a larger shift
-still, hematoxylin x1.45, eosin x0.6 and a warm cast) and as labs drawn at random from seeds do
-(`bigslide.synthetic.labs.draw_lab`: hematoxylin and eosin amounts each 0.5-1.6x, stain hues turned by up
-to 30°, a cast, JPEG tiles of quality 60-95).
+"""The learning bench's stain part: ABMIL-ACC trained as `bigslide demo` trains it but for longer
+(`--stain-epochs`), on the demo's slides (lab A), tested on the demo's test slides as lab A stains them,
+as the bundled labs B and C do (`bigslide.synthetic.labs`: B, stronger, bluer hematoxylin, paler eosin, a
+yellow cast; C, a larger shift still, hematoxylin x1.45, eosin x0.6 and a warm cast) and as labs drawn at
+random from seeds do (`bigslide.synthetic.labs.draw_lab`: hematoxylin and eosin amounts each 0.5-1.6x,
+stain hues turned by up to 30°, a cast, JPEG tiles of quality 60-95).
 
 The drawn labs come in two disjoint sets: *tuning* labs (`--stain-tuning-labs`), on which the stain
 settings are compared and the defaults chosen, and *held-out* labs (`--stain-held-out-labs`), drawn once
@@ -26,13 +26,22 @@ from bigslide.engine.metrics import classification_metrics
 from bigslide.synthetic.labs import drawn_lab_name, lab_named
 from bigslide.synthetic.slide_set import make_slide_set
 
+# Strengths of the stain augmentation compared (1: the default range, `bigslide.data.stain`); the default
+# was chosen as the narrowest range whose worst tuning lab keeps a balanced accuracy of 0.9 or more (mean
+# over the seeds) with lab A's unchanged: a wider range makes short runs learn more slowly.
+STRENGTHS = {"0.33": 1 / 3, "0.67": 2 / 3, "1": 1.0, "1.33": 4 / 3}
 # run name -> data settings on top of the tumour MIL part's (flips and rotations stay on in all). Every run
 # but `defaults` names its stain settings, so it means the same whatever the defaults are.
 STAIN_RUNS: dict[str, dict[str, object]] = {
     "flips_only": {"stain_augment": False, "stain_normalise": "none"},  # the defaults before
-    "stain_augment_x0.5": {"stain_augment": True, "stain_augment_strength": 0.5, "stain_normalise": "none"},
-    "stain_augment": {"stain_augment": True, "stain_augment_strength": 1.0, "stain_normalise": "none"},
-    "stain_augment_x1.5": {"stain_augment": True, "stain_augment_strength": 1.5, "stain_normalise": "none"},
+    **{
+        f"stain_augment_x{name}": {
+            "stain_augment": True,
+            "stain_augment_strength": strength,
+            "stain_normalise": "none",
+        }
+        for name, strength in STRENGTHS.items()
+    },
     "macenko": {"stain_normalise": "macenko", "stain_augment": False},
     "macenko+stain_augment": {"stain_normalise": "macenko", "stain_augment": True},
     "reinhard": {"stain_normalise": "reinhard", "stain_augment": False},
@@ -96,7 +105,7 @@ def stain_run(
 ) -> dict[str, float]:
     """Train ABMIL-ACC on lab A with the run's stain settings (or take its finished checkpoint); AUC and
     balanced accuracy at the threshold chosen on (lab A's) validation slides, on each lab's test slides."""
-    # `bigslide demo`'s settings: tiles of 32 px at 1 µm/px, bags of 24, learning rate 2e-3, 4 epochs
+    # `bigslide demo`'s settings (tiles of 32 px at 1 µm/px, bags of 24, learning rate 2e-3), more epochs
     config = slide_config(args, sets["A"], "tumour", "abmil_acc", seed, f"stain-{name}")
     config.optim.epochs = args.stain_epochs
     for key, value in STAIN_RUNS[name].items():

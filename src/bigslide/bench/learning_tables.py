@@ -85,9 +85,10 @@ def _stain_tables(runs: dict[str, dict[str, float]], labs: dict[str, Any], meta:
     lines = [
         "### Stain: trained on lab A, tested on other labs (the demo's 40 slides, its 10 test slides "
         "rendered by each lab; ABMIL-ACC with `bigslide demo`'s settings: tiles of 32 px at 1 µm/px, bag 24, "
-        f"{meta.get('stain_epochs')} epochs; classes called at the threshold chosen on lab A's validation "
-        "slides. *flips_only*: the defaults before; *defaults*: the product's defaults now; "
-        "*stain_augment_xS*: data.stain_augment_strength S. Tuning labs: "
+        f"learning rate 2e-3, but {meta.get('stain_epochs')} epochs; classes called at the threshold chosen "
+        "on lab A's validation slides. *flips_only*: the defaults before; *defaults*: the product's "
+        "defaults now; *stain_augment_xS*: data.stain_augment_strength S (1: the default range). "
+        "Tuning labs: "
         + ", ".join(tuning)
         + "; held-out labs, drawn once after the defaults were chosen: "
         + (", ".join(held_out) or "none yet")

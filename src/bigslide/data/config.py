@@ -212,11 +212,12 @@ class DataConfig:
         metadata={"label": "flips and rotations", "help": "flips/rotations, the same for a whole bag"},
     )
     stain_augment: bool = field(
-        default=False,
+        default=True,
         metadata={
             "label": "stain augmentation",
-            "help": "random hematoxylin/eosin amounts, stain vectors, hue and saturation, one draw per "
-            "slide and epoch (recommended for real cohorts: slides from other labs)",
+            "help": "random hematoxylin/eosin amounts, stain hues, a colour cast, hue and saturation, one "
+            "draw per slide and epoch, so slides from other labs are called right (stored features, "
+            "data.features, are of the tiles as read: not applied to them)",
         },
     )
     stain_augment_strength: float = field(
@@ -225,8 +226,8 @@ class DataConfig:
             "label": "stain augmentation strength",
             "min": 0,
             "max": 3,
-            "help": "scales every range of data.stain_augment (1: dye amounts x0.50-2.0, stain hues ±30°, "
-            "a cast of ±0.1 OD per channel, overall hue ±11°)",
+            "help": "scales every range of data.stain_augment (1: dye amounts x0.35-2.9, stain hues ±45°, "
+            "a cast of ±0.15 OD per channel, overall hue ±16°)",
         },
     )
     stain_normalise: Literal["none", "macenko", "reinhard"] = field(
@@ -319,10 +320,10 @@ class DataConfig:
                 "data.feature_dim: only for foreign feature files (data.features_foreign: true); "
                 "bigslide's own files have the encoder's width"
             )
-        if self.features and (self.stain_augment or self.stain_normalise != "none"):
+        if self.features and self.stain_normalise != "none":
             raise ConfigError(
-                "data.features: stored features are of the tiles as read, so data.stain_augment and "
-                "data.stain_normalise cannot apply to them; turn those off, or leave data.features unset"
+                "data.features: stored features are of the tiles as read, so data.stain_normalise cannot "
+                "apply to them; set it to none, or leave data.features unset"
             )
 
     @property

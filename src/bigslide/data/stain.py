@@ -31,19 +31,20 @@ HED_SCALE = -math.log(OD_EPS)  # scikit-image's HED unit: OD / ln(1e6)
 RGB_FROM_HED = np.asarray(rgb_from_hed, np.float64)  # rows: the H, E, DAB OD vectors
 HED_FROM_RGB = np.asarray(hed_from_rgb, np.float64)
 
-# Ranges at strength 1, wide enough for the shifts between labs (`bigslide.synthetic.labs.draw_lab`: dye
-# amounts 0.5-1.6x a reference lab's, stain hues turned by up to 30°, casts up to 0.1 OD): a slide's dye
-# amounts vary by a factor of up to exp(±0.7) (0.50-2.01) and shift by up to ±0.04 OD, each stain vector's
-# hue turns about the grey axis by up to ±30° and tilts by ~4° (normal 0.05 per component), each RGB
-# channel gets a cast of up to ±0.1 OD, the hue of the whole turns by up to ±0.03 of a turn (11°) and its
-# saturation scales by up to exp(±0.15).
-AMOUNT_LOG_RANGE = 0.7
-SHIFT_RANGE = 0.04
-STAIN_TURN_DEGREES = 30.0
-TILT_SD = 0.05
-CAST_RANGE = 0.1
-HUE_RANGE = 0.03
-SATURATION_LOG_RANGE = 0.15
+# Ranges at strength 1 (the default), chosen on the stain benchmark's tuning labs
+# (`bigslide.synthetic.labs.draw_lab`: dye amounts 0.5-1.6x a reference lab's, stain hues turned by up to
+# 30°, casts up to 0.1 OD, JPEG; docs/benchmarks.md) among 1/3, 2/3, 1 and 4/3 of these: a slide's dye
+# amounts vary by a factor of up to exp(±1.05) (0.35-2.86) and shift by up to ±0.06 OD, each stain
+# vector's hue turns about the grey axis by up to ±45° and tilts by ~6° (normal 0.075 per component),
+# each RGB channel gets a cast of up to ±0.15 OD, the hue of the whole turns by up to ±0.045 of a turn
+# (16°) and its saturation scales by up to exp(±0.225).
+AMOUNT_LOG_RANGE = 1.05
+SHIFT_RANGE = 0.06
+STAIN_TURN_DEGREES = 45.0
+TILT_SD = 0.075
+CAST_RANGE = 0.15
+HUE_RANGE = 0.045
+SATURATION_LOG_RANGE = 0.225
 
 
 def _channels_last(x: torch.Tensor, channel_axis: int) -> torch.Tensor:
