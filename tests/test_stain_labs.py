@@ -14,6 +14,7 @@ import tifffile
 import torch
 from skimage import color
 
+from bigslide.bench.learning import merge_parts
 from bigslide.bench.learning_stain import described, stain_labs, wanted_keys
 from bigslide.bench.learning_tables import render_tables
 from bigslide.data.colour import SampleStain, row_colour
@@ -243,3 +244,40 @@ def test_the_stain_bench_holds_out_its_labs() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| drawn-7 |"))
     assert f"| held-out | {seven['h_amount']} | {seven['e_amount']} |" in row
     assert row.endswith("| 2 | 0.500 ± 0.000 | 0.500 ± 0.000 | 1.000 ± 0.000 | 1.000 ± 0.000 |")
+
+
+def test_merging_a_part_replaces_its_runs_commands_and_settings(tmp_path: Path) -> None:
+    docs, new = tmp_path / "docs", tmp_path / "new"
+    docs.mkdir()
+    new.mkdir()
+    (docs / "results.json").write_text(
+        json.dumps(
+            {
+                "runs": {"stain/flips_only/seed0": {"auc_A": 0.5}, "study/x/seed0": {"c_index": 0.7}},
+                "commands": [
+                    "bigslide bench learning --parts stain --out a",
+                    "bigslide bench learning --parts study",
+                ],
+                "meta": {"stain_epochs": 4, "study_epochs": 30},
+            }
+        )
+    )
+    (new / "results.json").write_text(
+        json.dumps(
+            {
+                "runs": {"stain/defaults/seed0": {"auc_A": 1.0}, "tumour_mil/x/seed0": {"auc": 0.1}},
+                "commands": ["bigslide bench learning --parts stain --out b"],
+                "meta": {"stain_epochs": 24},
+                "stain_labs": {"tuning": ["drawn-1"]},
+            }
+        )
+    )
+    merge_parts(docs / "results.json", new / "results.json", ["stain"])
+    merged = json.loads((docs / "results.json").read_text())
+    assert merged["runs"] == {"study/x/seed0": {"c_index": 0.7}, "stain/defaults/seed0": {"auc_A": 1.0}}
+    assert merged["commands"] == [
+        "bigslide bench learning --parts study",
+        "bigslide bench learning --parts stain --out b",
+    ]
+    assert merged["meta"] == {"stain_epochs": 24, "study_epochs": 30}
+    assert merged["stain_labs"] == {"tuning": ["drawn-1"]}

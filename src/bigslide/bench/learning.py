@@ -23,7 +23,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 
 Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there and
 continues an interrupted run from its last checkpoint when that run's configuration is unchanged.
-`--docs` writes the tables into docs/benchmarks.md from that file.
+`--docs` writes the tables into docs/benchmarks.md from that file; `--merge OTHER` replaces the runs of
+`--parts` in it with those of OTHER/results.json (with their commands and settings), so parts run apart
+share one file.
 """
 
 from __future__ import annotations
@@ -140,6 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--docs", help="write the tables from <out>/results.json into this Markdown file and exit"
     )
+    parser.add_argument(
+        "--merge",
+        help="replace the runs of --parts in <out>/results.json with those of <MERGE>/results.json, "
+        "with their commands and settings, and exit",
+    )
 
 
 def _slide_set(args: argparse.Namespace, kind: LesionKind) -> Path:
@@ -167,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"bigslide: error: --parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
         return 2
+    if args.merge:
+        merge_parts(path, Path(args.merge) / "results.json", parts)
+        print(f"replaced the runs of {', '.join(parts)} in {path} with those of {args.merge}")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     given = sys.argv[sys.argv.index("learning") + 1 :] if "learning" in sys.argv else None
     if given is None:  # called from Python: every setting, as parsed
@@ -268,6 +279,36 @@ def _update(path: Path, **change: Any) -> dict[str, Any]:
             state["stain_labs"] = change["stain_labs"]
         path.write_text(json.dumps(state, indent=1))
         return state
+
+
+def merge_parts(path: Path, other: Path, parts: list[str]) -> None:
+    """Replace the runs of `parts` in the results file `path` with those of the results file `other`: the
+    runs, the commands that ran only those parts, and the settings of those parts."""
+    source = json.loads(other.read_text())
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(path.read_text())
+
+        def of_parts(key: str) -> bool:
+            return key.split("/")[0] in parts
+
+        def only_parts(command: str) -> bool:
+            words = command.split()
+            given = words[words.index("--parts") + 1].split(",") if "--parts" in words else list(PARTS)
+            return set(given) <= set(parts)
+
+        state["runs"] = {
+            **{k: v for k, v in state["runs"].items() if not of_parts(k)},
+            **{k: v for k, v in source["runs"].items() if of_parts(k)},
+        }
+        state["commands"] = [c for c in state["commands"] if not only_parts(c)] + [
+            c for c in source["commands"] if only_parts(c)
+        ]
+        for part in parts:
+            state["meta"].update({k: source["meta"][k] for k in PART_SETTINGS[part] if k in source["meta"]})
+        if "stain" in parts and "stain_labs" in source:
+            state["stain_labs"] = source["stain_labs"]
+        path.write_text(json.dumps(state, indent=1))
 
 
 def _needs(kind: str, parts: list[str]) -> bool:
