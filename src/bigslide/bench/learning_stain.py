@@ -26,9 +26,11 @@ from bigslide.engine.metrics import classification_metrics
 from bigslide.synthetic.labs import drawn_lab_name, lab_named
 from bigslide.synthetic.slide_set import make_slide_set
 
-# Strengths of the stain augmentation compared (1: the default range, `bigslide.data.stain`); the default
-# was chosen as the narrowest range whose worst tuning lab keeps a balanced accuracy of 0.9 or more (mean
-# over the seeds) with lab A's unchanged: a wider range makes short runs learn more slowly.
+# Strengths of the stain augmentation compared (1: the default range, `bigslide.data.stain`). The rule
+# written before the tuning runs, the narrowest range whose worst tuning lab keeps a balanced accuracy of
+# 0.9 (mean over the seeds) with lab A's unchanged, would have taken 2/3 (worst lab 0.900, one slide above
+# the bar); 1 was kept, the best on every tuning measure (mean 0.996, worst lab 0.967), before any held-out
+# lab was drawn. 4/3 learns too slowly: pale labs called one class.
 STRENGTHS = {"0.33": 1 / 3, "0.67": 2 / 3, "1": 1.0, "1.33": 4 / 3}
 # run name -> data settings on top of the tumour MIL part's (flips and rotations stay on in all). Every run
 # but `defaults` names its stain settings, so it means the same whatever the defaults are.
@@ -50,7 +52,9 @@ STAIN_RUNS: dict[str, dict[str, object]] = {
 }
 BEFORE, AFTER = "flips_only", "defaults"
 TUNING_LABS = (1, 2, 3, 4, 5, 6, 7, 8)
-HELD_OUT_LABS: tuple[int, ...] = ()
+# Drawn once (Python's secrets.SystemRandom, 8 of 100-99999) after the defaults were chosen on the
+# tuning labs; reported whatever they show.
+HELD_OUT_LABS = (5164, 21511, 66733, 75593, 89212, 90565, 91751, 99782)
 HELD_OUT_RUNS = (BEFORE, AFTER)
 BUNDLED_LABS = ("A", "B", "C")
 
