@@ -54,7 +54,6 @@ def small_config(csv: Path, out: Path, features: Path | None = None, **params: o
     config.data.tile_size = TILE
     config.data.bag_size = BAG
     config.data.augment = False  # stored features are of the tiles as read; compare like with like
-    config.data.stain_augment = False
     config.data.workers = 0
     config.data.features = None if features is None else str(features)
     config.model.backbone = "test_resnet"

@@ -127,7 +127,7 @@ def test_a_test_only_set_is_the_same_tissue_as_lab_a(tmp_path: Path) -> None:
 def test_augmentation_draws_cover_the_range_the_defaults_claim() -> None:
     """At the default strength: dye amounts x0.35-2.9, stain hues turned by up to ±45°, a cast of up to
     ±0.15 OD per RGB channel (the shifts between the benchmark's drawn labs: 0.5-1.6x, ±30°, 0-0.1 OD)."""
-    assert DataConfig().stain_augment  # on by default
+    assert not DataConfig().stain_augment  # off by default: the image methods and the demo did worse
     assert DataConfig().stain_augment_strength == 1.0
     assert (
         "x0.35-2.9, stain hues ±45°, a cast of ±0.15 OD"
@@ -220,7 +220,8 @@ def test_the_stain_bench_holds_out_its_labs() -> None:
     assert labs == {"bundled": ["A", "B", "C"], "tuning": ["drawn-1", "drawn-2"], "held_out": ["drawn-7"]}
     with pytest.raises(SystemExit, match="disjoint"):
         stain_labs(argparse.Namespace(stain_tuning_labs="1,2", stain_held_out_labs="2,9"))
-    assert "balanced_accuracy_drawn-7" in wanted_keys("defaults", labs)
+    assert "balanced_accuracy_drawn-7" in wanted_keys("stain_augment_x1", labs)
+    assert "balanced_accuracy_drawn-7" not in wanted_keys("defaults", labs)
     assert "balanced_accuracy_drawn-7" in wanted_keys("flips_only", labs)
     assert "auc_drawn-7" not in wanted_keys("reinhard", labs)
     assert "auc_drawn-2" in wanted_keys("reinhard", labs)
@@ -231,13 +232,13 @@ def test_the_stain_bench_holds_out_its_labs() -> None:
     tuned = ["A", "B", "C", "drawn-1", "drawn-2"]
     runs = {
         f"stain/{name}/seed{seed}": scores(value, tuned + (["drawn-7"] if name != "reinhard" else []))
-        for name, value in (("flips_only", 0.5), ("reinhard", 0.9), ("defaults", 1.0))
+        for name, value in (("flips_only", 0.5), ("reinhard", 0.9), ("stain_augment_x1", 1.0))
         for seed in (0, 1)
     }
     runs["stain/flips_only/seed1"]["balanced_accuracy_drawn-2"] = 0.3
     state = {"runs": runs, "meta": {"stain_epochs": 4}, "stain_labs": {**labs, "described": described(labs)}}
     text = render_tables(state)
-    assert "held-out labs, drawn once after the defaults were chosen: drawn-7" in text
+    assert "held-out labs, drawn once after the augmentation was chosen, scored with flips_only and " in text
     assert "| flips_only | 2 |" in text
     assert "0.400 (drawn-2) |" in text  # the worst tuning lab, mean over seeds
     seven = draw_lab(7).describe()

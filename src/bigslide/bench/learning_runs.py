@@ -74,11 +74,6 @@ def slide_config(
     config.data.bag_size = 24 if kind == "tumour" else args.subtle_bag
     config.data.image_size = args.image_size
     config.data.augment = method != "frozen_abmil"  # precomputed features are of un-augmented tiles
-    config.data.stain_augment = method != "frozen_abmil"
-    if kind == "subtle":
-        # The subtle and annotations parts were measured before stain augmentation was on by default (100
-        # and 60 epochs a run); they keep those settings until they are measured again.
-        config.data.stain_augment = False
     if kind == "subtle":
         config.optim.epochs, config.optim.lr = args.subtle_epochs, SUBTLE_LR
     # Image methods see one rendering per slide, a step per image (or batch): they get more epochs.

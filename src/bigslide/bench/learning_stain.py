@@ -7,8 +7,8 @@ stain hues turned by up to 30°, a cast, JPEG tiles of quality 60-95).
 
 The drawn labs come in two disjoint sets: *tuning* labs (`--stain-tuning-labs`), on which the stain
 settings are compared and the defaults chosen, and *held-out* labs (`--stain-held-out-labs`), drawn once
-after that choice and scored only with the settings before (`flips_only`, the earlier defaults) and after
-(`defaults`, the product's defaults now), whatever they show.
+after that choice and scored only with the defaults (`flips_only`) and the chosen augmentation
+(`stain_augment_x1`), whatever they show.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STRENGTHS = {"0.33": 1 / 3, "0.67": 2 / 3, "1": 1.0, "1.33": 4 / 3}
 # run name -> data settings on top of the tumour MIL part's (flips and rotations stay on in all). Every run
 # but `defaults` names its stain settings, so it means the same whatever the defaults are.
 STAIN_RUNS: dict[str, dict[str, object]] = {
-    "flips_only": {"stain_augment": False, "stain_normalise": "none"},  # the defaults before
+    "flips_only": {"stain_augment": False, "stain_normalise": "none"},  # the defaults, before and after
     **{
         f"stain_augment_x{name}": {
             "stain_augment": True,
@@ -50,12 +50,14 @@ STAIN_RUNS: dict[str, dict[str, object]] = {
     "reinhard+stain_augment": {"stain_normalise": "reinhard", "stain_augment": True},
     "defaults": {},  # whatever the product does without being told
 }
-BEFORE, AFTER = "flips_only", "defaults"
+# Held-out labs score the defaults (flips only, before and after: stain augmentation stays off by default,
+# as the image methods and the demo did worse with it on) and the augmentation chosen on the tuning labs.
+BEFORE, CHOSEN = "flips_only", "stain_augment_x1"
 TUNING_LABS = (1, 2, 3, 4, 5, 6, 7, 8)
-# Drawn once (Python's secrets.SystemRandom, 8 of 100-99999) after the defaults were chosen on the
+# Drawn once (Python's secrets.SystemRandom, 8 of 100-99999) after the augmentation was chosen on the
 # tuning labs; reported whatever they show.
 HELD_OUT_LABS = (5164, 21511, 66733, 75593, 89212, 90565, 91751, 99782)
-HELD_OUT_RUNS = (BEFORE, AFTER)
+HELD_OUT_RUNS = (BEFORE, CHOSEN)
 BUNDLED_LABS = ("A", "B", "C")
 
 

@@ -37,8 +37,6 @@ def study_config(
     config.data.target_mpp, config.data.tile_size = 1.0, 32
     config.data.bag_size = args.study_bag
     config.data.augment = method != "frozen_abmil"  # precomputed features are of un-augmented tiles
-    # measured before stain augmentation was on by default; kept so until measured again
-    config.data.stain_augment = False
     config.optim.epochs = args.study_epochs
     if kind != "cases":  # a burden: the pooled feature must grow with the share of lesion tissue
         config.method.params = {"attention": "sigmoid"}

@@ -212,12 +212,11 @@ class DataConfig:
         metadata={"label": "flips and rotations", "help": "flips/rotations, the same for a whole bag"},
     )
     stain_augment: bool = field(
-        default=True,
+        default=False,
         metadata={
             "label": "stain augmentation",
             "help": "random hematoxylin/eosin amounts, stain hues, a colour cast, hue and saturation, one "
-            "draw per slide and epoch, so slides from other labs are called right (stored features, "
-            "data.features, are of the tiles as read: not applied to them)",
+            "draw per slide and epoch (recommended for MIL on cohorts whose slides come from other labs)",
         },
     )
     stain_augment_strength: float = field(
@@ -320,10 +319,10 @@ class DataConfig:
                 "data.feature_dim: only for foreign feature files (data.features_foreign: true); "
                 "bigslide's own files have the encoder's width"
             )
-        if self.features and self.stain_normalise != "none":
+        if self.features and (self.stain_augment or self.stain_normalise != "none"):
             raise ConfigError(
-                "data.features: stored features are of the tiles as read, so data.stain_normalise cannot "
-                "apply to them; set it to none, or leave data.features unset"
+                "data.features: stored features are of the tiles as read, so data.stain_augment and "
+                "data.stain_normalise cannot apply to them; turn those off, or leave data.features unset"
             )
 
     @property
