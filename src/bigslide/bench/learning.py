@@ -10,9 +10,11 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 - annotations: ABMIL-ACC on the subtle slides with teaching annotations drawn from the lesion masks (a
   quarter of the training lesions, some normal areas) against the same runs without them: test slide AUC,
   balanced accuracy, attention cell AUC and the first epoch with validation AUC >= 0.9.
-- stain: ABMIL-ACC trained as `bigslide demo` does on the demo slides (lab A) with flips only, with
-  stain augmentation (strength 1 and 1.5), with Macenko or Reinhard normalisation and with both, tested
-  on the demo's test slides as lab A and as labs B and C stain them.
+- stain: ABMIL-ACC trained as `bigslide demo` does (for longer) on the demo slides (lab A) with flips
+  only, with stain augmentation (strength 1/3 to 4/3), with Macenko or Reinhard normalisation, with both, and
+  with the product's defaults, tested on the demo's test slides as lab A, labs B and C and labs drawn at
+  random stain them: tuning labs for every run, held-out labs (drawn after the defaults were chosen on
+  the tuning labs) for the runs before and after.
 - study: survival, regression and cases of three slides (one lesion slide makes a case positive) on the
   synthetic study slides, ABMIL-ACC against the frozen encoder, test C-index / Pearson r / case AUC next to
   the oracle's (the quantity the outcome was made from).
@@ -21,7 +23,9 @@ Parts (run seed by seed, so a time box still leaves every part with its first se
 
 Each finished run is appended to `<out>/results.json` at once; a rerun skips runs already there and
 continues an interrupted run from its last checkpoint when that run's configuration is unchanged.
-`--docs` writes the tables into docs/benchmarks.md from that file.
+`--docs` writes the tables into docs/benchmarks.md from that file; `--merge OTHER` replaces the runs of
+`--parts` in it with those of OTHER/results.json (with their commands and settings), so parts run apart
+share one file.
 """
 
 from __future__ import annotations
@@ -50,7 +54,16 @@ from bigslide.bench.learning_runs import (
     slide_run,
     train_run,
 )
-from bigslide.bench.learning_stain import STAIN_RUNS, stain_run, stain_sets
+from bigslide.bench.learning_stain import (
+    HELD_OUT_LABS,
+    STAIN_RUNS,
+    TUNING_LABS,
+    described,
+    stain_labs,
+    stain_run,
+    stain_sets,
+    wanted_keys,
+)
 from bigslide.bench.learning_study import STUDY_KINDS, STUDY_METHODS, study_run, study_set
 from bigslide.bench.learning_tables import render_tables, write_docs
 from bigslide.bench.learning_ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
@@ -88,7 +101,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"
     )
     parser.add_argument(
-        "--stain-epochs", type=int, default=4, help="epochs of the stain part (`bigslide demo`'s)"
+        "--stain-epochs",
+        type=int,
+        default=24,
+        help="epochs of the stain part (`bigslide demo`'s other settings; at its 4 epochs the training loss "
+        "stays near ln 2 for three of them, too early to tell how a model holds other labs)",
+    )
+    parser.add_argument(
+        "--stain-tuning-labs",
+        default=",".join(str(s) for s in TUNING_LABS),
+        help="seeds of the drawn labs the stain settings are compared on",
+    )
+    parser.add_argument(
+        "--stain-held-out-labs",
+        default=",".join(str(s) for s in HELD_OUT_LABS),
+        help="seeds of the drawn labs held out: scored only for the stain runs before and after "
+        "(disjoint from the tuning labs)",
     )
     parser.add_argument("--study-slides", type=int, default=48, help="slides per study set (cases: 16 of 3)")
     parser.add_argument("--study-epochs", type=int, default=30, help="epochs on the study sets")
@@ -113,6 +141,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/bench-learning")
     parser.add_argument(
         "--docs", help="write the tables from <out>/results.json into this Markdown file and exit"
+    )
+    parser.add_argument(
+        "--merge",
+        help="replace the runs of --parts in <out>/results.json with those of <MERGE>/results.json, "
+        "with their commands and settings, and exit",
     )
 
 
@@ -141,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"bigslide: error: --parts: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
         return 2
+    if args.merge:
+        merge_parts(path, Path(args.merge) / "results.json", parts)
+        print(f"replaced the runs of {', '.join(parts)} in {path} with those of {args.merge}")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     given = sys.argv[sys.argv.index("learning") + 1 :] if "learning" in sys.argv else None
     if given is None:  # called from Python: every setting, as parsed
@@ -161,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
     if "ultramnist" in parts:
         matched = args.matched_canvas or matched_side(args)
     if "stain" in parts:
-        labs = stain_sets()
+        labs = stain_labs(args)
+        sets = stain_sets(labs)
+        state = _update(path, stain_labs={**labs, "described": described(labs)})
+        runs = state["runs"]
     if "annotations" in parts:
         annotated = annotated_set(csvs["subtle"], args.subtle_tile, SUBTLE_MPP)
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -188,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
                 ("annotations", arm, partial(annotation_run, args, annotated, arm, seed)) for arm in ARMS
             ]
         if "stain" in parts:
-            jobs += [("stain", name, partial(stain_run, args, labs, name, seed)) for name in STAIN_RUNS]
+            jobs += [("stain", name, partial(stain_run, args, sets, labs, name, seed)) for name in STAIN_RUNS]
         for kind, csv_path in studies.items():
             jobs += [
                 ("study", f"{kind}-{m}", partial(study_run, args, csv_path, kind, m, seed))
@@ -206,9 +246,10 @@ def run(args: argparse.Namespace) -> int:
             ]
         for part, name, job in jobs:
             key = f"{part}/{name}/seed{seed}"
-            if key in runs:
+            if key in runs and (part != "stain" or wanted_keys(name, labs) <= set(runs[key])):
                 continue
-            runs[key] = job()
+            # a stain run missing a lab (added later) is scored on it from its finished checkpoint
+            runs[key] = {**runs.get(key, {}), **job()}
             state = _update(path, key=key, value=runs[key])
             print(f"{key}: " + "  ".join(f"{k}={v:.3f}" for k, v in runs[key].items()), flush=True)
     print(render_tables(state))
@@ -234,8 +275,40 @@ def _update(path: Path, **change: Any) -> dict[str, Any]:
                 state["commands"].append(change["command"])
         if "key" in change:
             state["runs"][change["key"]] = change["value"]
+        if "stain_labs" in change:  # the labs of the latest stain runs; each run's scores name their lab
+            state["stain_labs"] = change["stain_labs"]
         path.write_text(json.dumps(state, indent=1))
         return state
+
+
+def merge_parts(path: Path, other: Path, parts: list[str]) -> None:
+    """Replace the runs of `parts` in the results file `path` with those of the results file `other`: the
+    runs, the commands that ran only those parts, and the settings of those parts."""
+    source = json.loads(other.read_text())
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(path.read_text())
+
+        def of_parts(key: str) -> bool:
+            return key.split("/")[0] in parts
+
+        def only_parts(command: str) -> bool:
+            words = command.split()
+            given = words[words.index("--parts") + 1].split(",") if "--parts" in words else list(PARTS)
+            return set(given) <= set(parts)
+
+        state["runs"] = {
+            **{k: v for k, v in state["runs"].items() if not of_parts(k)},
+            **{k: v for k, v in source["runs"].items() if of_parts(k)},
+        }
+        state["commands"] = [c for c in state["commands"] if not only_parts(c)] + [
+            c for c in source["commands"] if only_parts(c)
+        ]
+        for part in parts:
+            state["meta"].update({k: source["meta"][k] for k in PART_SETTINGS[part] if k in source["meta"]})
+        if "stain" in parts and "stain_labs" in source:
+            state["stain_labs"] = source["stain_labs"]
+        path.write_text(json.dumps(state, indent=1))
 
 
 def _needs(kind: str, parts: list[str]) -> bool:

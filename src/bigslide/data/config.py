@@ -215,8 +215,8 @@ class DataConfig:
         default=False,
         metadata={
             "label": "stain augmentation",
-            "help": "random hematoxylin/eosin amounts, stain vectors, hue and saturation, one draw per "
-            "slide and epoch (recommended for real cohorts: slides from other labs)",
+            "help": "random hematoxylin/eosin amounts, stain hues, a colour cast, hue and saturation, one "
+            "draw per slide and epoch (recommended for MIL on cohorts whose slides come from other labs)",
         },
     )
     stain_augment_strength: float = field(
@@ -225,7 +225,8 @@ class DataConfig:
             "label": "stain augmentation strength",
             "min": 0,
             "max": 3,
-            "help": "scales every range of data.stain_augment (1: dye amounts x0.70-1.42, hue ±11°)",
+            "help": "scales every range of data.stain_augment (1: dye amounts x0.35-2.9, stain hues ±45°, "
+            "a cast of ±0.15 OD per channel, overall hue ±16°)",
         },
     )
     stain_normalise: Literal["none", "macenko", "reinhard"] = field(

@@ -20,7 +20,9 @@ from typing import Literal
 
 import numpy as np
 from scipy import ndimage
-from skimage import color, draw
+from skimage import draw
+
+from bigslide.synthetic.labs import lab_named
 
 NucleusKind = Literal["normal", "tumour", "subtle"]
 BANK_SIZE = 256
@@ -40,42 +42,10 @@ class Stain:
     cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
-@dataclass(frozen=True)
-class Lab:
-    """How a lab stains: its mean stain vectors (rows H, E, residual), dye strengths and colour cast.
-    Slides of one lab vary around these (`slide_stain`)."""
-
-    vectors: np.ndarray  # (3, 3)
-    h_strength: float = 1.0
-    e_strength: float = 1.0
-    cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
-
-
-LABS: dict[str, Lab] = {
-    # skimage's HED vectors (Ruifrok and Johnston)
-    "A": Lab(np.array(color.rgb_from_hed)),
-    # Stronger, bluer hematoxylin (absorbs more red, less blue), paler eosin, a slight yellow cast.
-    "B": Lab(
-        np.array([[0.76, 0.62, 0.19], [0.10, 0.98, 0.16], color.rgb_from_hed[2]]),
-        h_strength=1.4,
-        e_strength=0.65,
-        cast=(0.0, 0.015, 0.06),
-    ),
-    # A stronger shift, as between hospitals: hematoxylin x1.45 and bluer still, eosin x0.6 and a warm
-    # (yellow-orange) cast from the mounting medium and lamp.
-    "C": Lab(
-        np.array([[0.80, 0.57, 0.18], [0.12, 0.97, 0.20], color.rgb_from_hed[2]]),
-        h_strength=1.45,
-        e_strength=0.6,
-        cast=(0.0, 0.035, 0.09),
-    ),
-}
-
-
 def slide_stain(rng: np.random.Generator, lab: str = "A") -> Stain:
     """The lab's stain vectors tilted a little and dye strengths scaled, as between batches of a lab.
     The random draws do not depend on the lab, so one seed renders the same slide in every lab."""
-    base = LABS[lab]
+    base = lab_named(lab)
     vectors = np.asarray(base.vectors, np.float64)
     vectors = vectors + rng.normal(0, 0.04, size=(3, 3))
     vectors = np.abs(vectors) / np.linalg.norm(vectors, axis=1, keepdims=True)

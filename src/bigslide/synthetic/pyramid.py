@@ -72,6 +72,7 @@ def write_pyramid(
     tile: int = 256,
     flavour: Flavour = "svs",
     compression: str | None = "zlib",
+    jpeg_quality: int | None = None,
 ) -> Path:
     """Write `levels` (level 0 first, each smaller) as a tiled pyramidal TIFF.
 
@@ -84,13 +85,16 @@ def write_pyramid(
         raise ValueError(f"tile must be a multiple of 16, got {tile}")
     h0, w0 = _shape(levels[0])
     kw: dict = {"tile": (tile, tile), "photometric": "rgb", "compression": compression, "dtype": np.uint8}
+    if jpeg_quality is not None:
+        kw.update(compression="jpeg", compressionargs={"level": int(jpeg_quality)})
     res: dict = {}
     if mpp is not None and flavour != "svs":
         res = {"resolution": (1e4 / mpp, 1e4 / mpp), "resolutionunit": "CENTIMETER"}
 
     with tifffile.TiffWriter(path, bigtiff=h0 * w0 * 3 > 2**31, ome=flavour == "ome") as tif:
         if flavour == "svs":
-            desc = f"Aperio Image Library v12.0.0\r\n{w0}x{h0} [0,0 {w0}x{h0}] ({tile}x{tile}) RGB"
+            coding = "RGB" if jpeg_quality is None else f"JPEG/RGB Q={int(jpeg_quality)}"
+            desc = f"Aperio Image Library v12.0.0\r\n{w0}x{h0} [0,0 {w0}x{h0}] ({tile}x{tile}) {coding}"
             if mpp is not None:
                 desc += f"|AppMag = 20|MPP = {mpp:.6f}"
             tif.write(_tiles(levels[0], tile), shape=(h0, w0, 3), description=desc, **kw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import shapely
 
 from bigslide.errors import DataError
 from bigslide.regions import Region, save_regions
-from bigslide.synthetic.he import LABS
+from bigslide.synthetic.labs import LABS, lab_named
 from bigslide.synthetic.pyramid import Flavour
 from bigslide.synthetic.slides import LesionKind, SlideInfo, make_synthetic_slide
 
@@ -62,13 +63,16 @@ def make_slide_set(
     lesion_kind: LesionKind = "tumour",
     lesion_count: tuple[int, int] = (1, 3),
     lab: str = "A",
+    splits: Sequence[str] | None = None,
 ) -> Path:
     """Write slides, `slides.csv` (slide,label,split), `lesions.json` and per-slide lesion GeoJSON.
 
     `lesion_diameter` = (min, max) in level-0 pixels; None scales the default with the slide size.
     Each positive slide holds `lesion_count` = (min, max) lesions of `lesion_kind`.
-    `lab`: whose staining (`bigslide.synthetic.he.LABS`); another lab with the same other parameters
-    writes the same tissue, lesions, labels and splits in that lab's colours.
+    `lab`: whose staining (`bigslide.synthetic.labs`: "A", "B", "C" or "drawn-<seed>"); another lab with
+    the same other parameters writes the same tissue, lesions, labels and splits in that lab's colours.
+    `splits`: write (and list) only the slides of these splits, e.g. ("test",) for a lab that only
+    tests a model; None: all.
 
     Returns the CSV path. A folder already holding a set made with the same parameters is reused as is.
     """
@@ -78,8 +82,9 @@ def make_slide_set(
         raise DataError(f"lesion_count={lesion_count}: need 1 <= min <= max")
     if not 0 <= positive_fraction <= 1:
         raise DataError(f"positive_fraction={positive_fraction}: must be in [0, 1]")
-    if lab not in LABS:
-        raise DataError(f"lab={lab!r}: must be one of {', '.join(LABS)}")
+    stains = lab_named(lab)
+    if splits is not None and not set(splits) <= {"train", "val", "test"}:
+        raise DataError(f"splits={list(splits)}: each must be one of train, val, test")
     out = Path(out_dir)
     csv_path = out / "slides.csv"
     params = {
@@ -95,19 +100,24 @@ def make_slide_set(
     }
     if lab != "A":  # lab A's sets keep the parameters (and so the caches) they had before labs existed
         params["lab"] = lab
+    if lab not in LABS:  # a drawn lab: what it was drawn as, so a changed draw is not taken from the cache
+        params["lab_stain"] = stains.describe()
+    if splits is not None:
+        params["splits"] = sorted(splits)
     names = [f"slide_{i:03d}{_SUFFIX[flavour]}" for i in range(n_slides)]
-    if _cached(out, params, names):
-        return csv_path
-    out.mkdir(parents=True, exist_ok=True)
-    (out / _MANIFEST).unlink(missing_ok=True)  # an interrupted rewrite must not look complete
 
     rng = np.random.default_rng([seed, 7919])
     n_pos = round(n_slides * positive_fraction)
     labels = [0] * n_slides
     for i in rng.permutation(n_slides)[:n_pos]:
         labels[i] = 1
-    splits = _stratified_splits(labels, rng)
-    counts = [int(rng.integers(lesion_count[0], lesion_count[1] + 1)) if lab else 0 for lab in labels]
+    split_of = _stratified_splits(labels, rng)
+    counts = [int(rng.integers(lesion_count[0], lesion_count[1] + 1)) if y else 0 for y in labels]
+    kept = [i for i in range(n_slides) if splits is None or split_of[i] in splits]
+    if _cached(out, params, [names[i] for i in kept]):
+        return csv_path
+    out.mkdir(parents=True, exist_ok=True)
+    (out / _MANIFEST).unlink(missing_ok=True)  # an interrupted rewrite must not look complete
 
     def write(i: int) -> SlideInfo:
         name = names[i]
@@ -126,16 +136,17 @@ def make_slide_set(
 
     # numpy and zlib release the GIL, so two threads nearly halve the time.
     with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        infos = list(pool.map(write, range(n_slides)))
-    lesions = {name: [poly.round(2).tolist() for poly in info.lesions] for name, info in zip(names, infos)}
+        infos = dict(zip(kept, pool.map(write, kept)))
+    lesions = {names[i]: [poly.round(2).tolist() for poly in info.lesions] for i, info in infos.items()}
 
     with csv_path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["slide", "label", "split"])
-        for name, positive, split in zip(names, labels, splits):
-            writer.writerow([name, "tumor" if positive else "normal", split])
+        for i in kept:
+            writer.writerow([names[i], "tumor" if labels[i] else "normal", split_of[i]])
     (out / "lesions.json").write_text(json.dumps(lesions))
-    (out / _MANIFEST).write_text(json.dumps({"params": params, "slides": names}, indent=1))
+    kept_names = [names[i] for i in kept]
+    (out / _MANIFEST).write_text(json.dumps({"params": params, "slides": kept_names}, indent=1))
     return csv_path
 
 

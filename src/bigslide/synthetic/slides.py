@@ -21,6 +21,7 @@ from skimage import draw
 
 from bigslide.errors import DataError
 from bigslide.synthetic import he
+from bigslide.synthetic.labs import lab_named
 from bigslide.synthetic.pyramid import Flavour, downsample_pyramid, write_pyramid
 
 LesionKind = Literal["tumour", "subtle"]
@@ -102,8 +103,8 @@ def synthesize_slide(
     lab: str = "A",
 ) -> SlideImage:
     """Render an H&E-like slide of `size` (w, h) with `lesions` lesions of `lesion_kind` inside the tissue,
-    stained as `lab` does (`he.LABS`: "A"; "B": stronger, bluer hematoxylin, paler eosin, a cast; "C": a
-    larger shift of the same kind).
+    stained as `lab` does (`bigslide.synthetic.labs`: "A"; "B": stronger, bluer hematoxylin, paler eosin, a
+    cast; "C": a larger shift of the same kind; "drawn-<seed>": a lab drawn at random from the seed).
 
     Each part draws from its own random stream, so the same seed with and without lesions gives the same
     pixels everywhere outside the lesion mask (the tests rely on this to check the ground truth), and the
@@ -116,8 +117,7 @@ def synthesize_slide(
         raise DataError(f"lesions={lesions}: must be >= 0")
     if lesion_kind not in LESION_KINDS:
         raise DataError(f"lesion_kind={lesion_kind!r}: must be one of {', '.join(LESION_KINDS)}")
-    if lab not in he.LABS:
-        raise DataError(f"lab={lab!r}: must be one of {', '.join(he.LABS)}")
+    lab_named(lab)  # an unknown lab is named before any work
     r_tissue, r_stain, r_stroma, r_nuclei, r_lesion, r_noise = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
     )
@@ -244,7 +244,8 @@ def make_synthetic_slide(
     lesion_kind: LesionKind = "tumour",
     lab: str = "A",
 ) -> SlideInfo:
-    """Write a 3-level pyramidal tiled TIFF with MPP metadata; label 1 ("tumor") when `lesions` > 0."""
+    """Write a 3-level pyramidal tiled TIFF with MPP metadata; label 1 ("tumor") when `lesions` > 0. Tiles
+    are JPEG at the lab's quality where its scanner writes JPEG, else lossless."""
     image = synthesize_slide(
         size,
         lesions=lesions,
@@ -254,7 +255,14 @@ def make_synthetic_slide(
         lab=lab,
     )
     path = Path(path)
-    write_pyramid(path, downsample_pyramid(image.rgb, 3), mpp=mpp, tile=tile, flavour=flavour)
+    write_pyramid(
+        path,
+        downsample_pyramid(image.rgb, 3),
+        mpp=mpp,
+        tile=tile,
+        flavour=flavour,
+        jpeg_quality=lab_named(lab).jpeg_quality,
+    )
     return SlideInfo(
         path=path,
         label=int(bool(image.lesions)),
