@@ -183,16 +183,20 @@ class SlideCache:
         }
         keys = [(entry.path, entry.regions, *settings.items()) for entry in entries]
         todo = {key: entry for entry, key in zip(entries, keys) if key not in self._grids}
+        if self.tiles is not None and self.workers is not None:  # kept grids are read here: no pixel
+            for key, entry in list(todo.items()):
+                kept = self.tiles.kept_grid(Path(entry.path), entry.regions, settings, self.slide_mpp)
+                if kept is not None:
+                    self._mpp.setdefault(Path(entry.path), kept.slide_mpp)
+                    self._grids[key] = kept
+                    del todo[key]
         made = self.map(_tiled, [(entry, settings) for entry in todo.values()], _tiling_what)
         errors: dict[tuple, Exception] = {}
         for (key, entry), result in zip(todo.items(), made):
             if isinstance(result, Exception):
                 errors[key] = result
                 continue
-            grid, hit = result
-            if self.tiles is not None and self.workers is not None:  # the workers' caches are their own
-                self.tiles.hits += hit
-                self.tiles.misses += not hit
+            grid, _hit = result  # a miss here (counted above), unless a worker found one kept meanwhile
             self._mpp.setdefault(Path(entry.path), grid.slide_mpp)
             self._grids[key] = grid
         return [errors.get(key) or self._grids[key] for key in keys]

@@ -88,13 +88,23 @@ class TileCache:
     ) -> TileGrid:
         """The grid `build()` makes of `slide` with these builder `settings`: from the cache when an entry
         made from the same files is there, else built now and kept."""
-        path = self._entry("grid", slide, regions, {"settings": settings, "slide_mpp": slide_mpp})
-        identity = files_identity(slide)
-        grid = self._read(path, identity, lambda: TileGrid.load(path))
+        grid = self.kept_grid(slide, regions, settings, slide_mpp)
         if grid is None:
             grid = build()
-            self._write(path, identity, **grid.arrays())
-        grid.slide_path = str(slide)  # as this run names it
+            path = self._entry("grid", slide, regions, {"settings": settings, "slide_mpp": slide_mpp})
+            self._write(path, files_identity(slide), **grid.arrays())
+            grid.slide_path = str(slide)
+        return grid
+
+    def kept_grid(
+        self, slide: Path, regions: Path | None, settings: dict[str, Any], slide_mpp: float | None
+    ) -> TileGrid | None:
+        """The grid kept for `slide` with these builder `settings` (None when there is none, or the slide
+        changed since); counted as a hit or a miss. Reads no pixel."""
+        path = self._entry("grid", slide, regions, {"settings": settings, "slide_mpp": slide_mpp})
+        grid = self._read(path, files_identity(slide), lambda: TileGrid.load(path))
+        if grid is not None:
+            grid.slide_path = str(slide)  # as this run names it
         return grid
 
     def mask(
