@@ -234,10 +234,10 @@ def test_an_item_is_read_in_parts_by_the_idle_workers_as_one_process_reads_it(
 def _recording(run: Any, parts: list[int]) -> Any:
     """`DecodeProcesses._run` noting the tiles of each read task it runs."""
 
-    def recorded(task: tuple[Any, ...], *args: Any) -> Any:
+    def recorded(task: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
         if task[0] == "read":
             parts.append(len(task[6]))
-        return run(task, *args)
+        return run(task, *args, **kwargs)
 
     return recorded
 
@@ -348,3 +348,27 @@ def test_bags_come_channels_last_and_workers_yield_to_the_training_process(slide
         niceness = [os.getpriority(os.PRIO_PROCESS, pid) for pid in loader._processes.pids()]
     assert niceness == [os.nice(0) + decode_worker.WORKER_NICENESS]
     bags.slides.close()
+
+
+def test_a_read_ahead_waits_for_a_worker_after_the_reads_needed_now() -> None:
+    """Threads in the background (the next epoch's bags while an epoch validates) get an idle worker only
+    when no other thread waits for one."""
+    idle = processes_module._IdleWorkers()
+    order: list[str] = []
+
+    def take(name: str, background: bool) -> None:
+        idle.get(background=background)
+        order.append(name)
+
+    ahead = threading.Thread(target=take, args=("read ahead", True))
+    ahead.start()
+    time.sleep(0.2)  # the read-ahead waits first
+    needed = threading.Thread(target=take, args=("validation", False))
+    needed.start()
+    time.sleep(0.2)
+    idle.put(None)  # one worker comes free: validation's
+    needed.join(timeout=10)
+    assert order == ["validation"]
+    idle.put(None)
+    ahead.join(timeout=10)
+    assert order == ["validation", "read ahead"]

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Generic, Protocol, TypeVar
 
-from bigslide.data.processes import DecodeProcesses, Pool
+from bigslide.data.processes import DecodeProcesses, Pool, in_background
 from bigslide.errors import DataError, SlideError
 
 MAX_DEFAULT_WORKERS = 8
@@ -46,6 +46,11 @@ def load_item(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
     """Item i, decoded on `pool` when the dataset can use one (bags and slide images can)."""
     load = getattr(dataset, "load", None)
     return load(i, pool) if load is not None else dataset[i]
+
+
+def _in_background(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
+    with in_background():
+        return load_item(dataset, i, pool)
 
 
 Batch = tuple[int, ...]
@@ -151,7 +156,8 @@ class BatchLoader(Generic[Item]):
                     self._processes = self._shared or DecodeProcesses(self.workers, buffers=self.depth)
             key = self._todo.popleft()
             todo = [i for i in key if i not in self.bad]
-            futures = {i: self._threads.submit(load_item, self.dataset, i, self._processes) for i in todo}
+            read = _in_background if self._ahead else load_item  # read ahead of time: after reads needed now
+            futures = {i: self._threads.submit(read, self.dataset, i, self._processes) for i in todo}
             self._pending.append((key, futures))
 
     def _halt(self) -> None:

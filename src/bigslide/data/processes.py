@@ -31,12 +31,12 @@ import errno
 import math
 import multiprocessing
 import os
-import queue
 import signal
 import sys
 import threading
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -102,6 +102,51 @@ class _Worker:
         self.conn.close()
 
 
+_BACKGROUND = threading.local()
+
+
+@contextlib.contextmanager
+def in_background() -> Iterator[None]:
+    """Reads and calls made by this thread in the block wait for a worker while any other read waits: a
+    read-ahead (e.g. the next epoch's first bags while an epoch validates) never delays what is needed now."""
+    _BACKGROUND.on = True
+    try:
+        yield
+    finally:
+        _BACKGROUND.on = False
+
+
+class _IdleWorkers:
+    """The idle workers (None: one still to be replaced), handed first to threads not in the background."""
+
+    def __init__(self) -> None:
+        self._ready: deque[_Worker | None] = deque()
+        self._changed = threading.Condition()
+        self._waiting = 0  # threads not in the background waiting for a worker
+
+    def put(self, worker: _Worker | None) -> None:
+        with self._changed:
+            self._ready.append(worker)
+            self._changed.notify_all()
+
+    def get(self, *, background: bool = False) -> _Worker | None:
+        with self._changed:
+            if background:
+                self._changed.wait_for(lambda: bool(self._ready) and not self._waiting)
+            else:
+                self._waiting += 1
+                try:
+                    self._changed.wait_for(lambda: bool(self._ready))
+                finally:
+                    self._waiting -= 1
+            worker = self._ready.popleft()
+            self._changed.notify_all()  # a background thread may go now
+            return worker
+
+    def qsize(self) -> int:
+        return len(self._ready)
+
+
 class DecodeProcesses:
     """`workers` processes reading squares of slides; `read` blocks the calling thread only.
 
@@ -119,7 +164,7 @@ class DecodeProcesses:
         # cached_property's on Python 3.11, taken while opening a slide) and wait on them for ever.
         self._all = [_start(self._context) for _ in range(workers)]
         # idle workers; None stands for one that could not be replaced yet: the next thread needing it tries
-        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
+        self._idle = _IdleWorkers()
         for worker in self._all:
             self._idle.put(worker)
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
@@ -144,14 +189,19 @@ class DecodeProcesses:
             number, buffer, generation = self._lend(math.prod(shape))
             try:
                 what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
-                # parts read at once by the workers idle now (none idle: the whole item by one worker)
-                parts = np.array_split(np.arange(len(coords)), self._split(len(coords)))
+                # parts read at once by the workers idle now (none idle, or reading ahead: one worker)
+                background = getattr(_BACKGROUND, "on", False)  # the parts' threads wait as this one does
+                split = 1 if background else self._split(len(coords))
+                parts = np.array_split(np.arange(len(coords)), split)
                 tasks = [
                     ("read", number, buffer, Path(path), slide_mpp, plan, coords[p], int(p[0]), len(coords))
                     for p in parts
                     if len(p)
                 ]
-                others = [self._parts.submit(self._run, t, what, (number, generation)) for t in tasks[1:]]
+                others = [
+                    self._parts.submit(self._run, t, what, (number, generation), background=background)
+                    for t in tasks[1:]
+                ]
                 try:
                     self._run(tasks[0], what, (number, generation))
                 finally:
@@ -178,13 +228,22 @@ class DecodeProcesses:
         assert isinstance(answer, Returned)
         return answer.value  # type: ignore[no-any-return]
 
-    def _run(self, task: tuple[Any, ...], what: str, buffer: tuple[int, int] | None = None) -> Any:
+    def _run(
+        self,
+        task: tuple[Any, ...],
+        what: str,
+        buffer: tuple[int, int] | None = None,
+        *,
+        background: bool | None = None,
+    ) -> Any:
         """Run `task` on an idle worker and return its answer; a worker that dies on it is replaced and
         the task tried again. `buffer`: the (number, generation) of a read's shared buffer, sent once to
         each worker and held there after."""
         deaths: list[str] = []
         while len(deaths) < ATTEMPTS:
-            worker = self._idle.get()
+            if background is None:
+                background = getattr(_BACKGROUND, "on", False)
+            worker = self._idle.get(background=background)
             if worker is None:
                 worker = self._replacement()
             held = buffer is not None and worker.holds.get(buffer[0]) == buffer[1]
