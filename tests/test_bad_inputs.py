@@ -335,14 +335,21 @@ def test_huge_slide_without_pyramid_works_through_a_streamed_thumbnail(
         assert slide.level_count == 1
         w, h = slide.dimensions
         assert w * h > WHOLE_READ_PIXELS
+        th, tw = slide.tile_shape(0)
         reads: list[int] = []
-        original = slide._read_level
+        file_tiles: list[tuple[int, int]] = []
+        original, original_tile = slide._read_level, slide.read_file_tile
 
         def recorded(level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
             reads.append((y1 - y0) * (x1 - x0))
             return original(level, y0, y1, x0, x1)
 
+        def recorded_tile(level: int, row: int, col: int) -> np.ndarray:
+            file_tiles.append((row, col))
+            return original_tile(level, row, col)
+
         monkeypatch.setattr(slide, "_read_level", recorded)
+        monkeypatch.setattr(slide, "read_file_tile", recorded_tile)
         with pytest.warns(
             UserWarning,
             match=r"flat\.tif: no pyramid level smaller than 12288 x 9216 px; building "
@@ -359,10 +366,15 @@ def test_huge_slide_without_pyramid_works_through_a_streamed_thumbnail(
         (tx * 1024 + dx, ty * 1024 + dy) for ty, tx in tissue_tiles for dy in (0, 512) for dx in (0, 512)
     )
     assert sorted(map(tuple, grid.coords.tolist())) == expected
-    # level 0 was read once, in strips far smaller than the level, never whole; then the kept tiles
-    # alone (with a pixel around them), for their focus
-    assert w * h < sum(reads) <= w * h + len(grid) * (512 + 2) ** 2
+    # level 0 was read once, in strips far smaller than the level, never whole; then, for the kept tiles'
+    # focus, only file tiles under them or touching them (a pixel around), each once
+    assert sum(reads) == w * h
     assert max(reads) <= w * 1024
+    assert len(file_tiles) == len(set(file_tiles))
+    under = {(int(y) // th, int(x) // tw) for x, y in grid.coords}
+    assert under <= set(file_tiles)
+    assert all(any(abs(r - a) <= 1 and abs(c - b) <= 1 for a, b in under) for r, c in file_tiles)
+    assert len(file_tiles) < (w // tw) * (h // th) / 2
 
 
 def test_a_bad_method_parameter_fails_before_a_large_table_is_read(

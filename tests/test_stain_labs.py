@@ -19,7 +19,6 @@ from bigslide.bench.learning_stain import described, stain_labs, wanted_keys
 from bigslide.bench.learning_tables import render_tables
 from bigslide.data.colour import SampleStain, row_colour
 from bigslide.data.config import DataConfig
-from bigslide.data.hue import hue_angle, turn_about_grey, turned_stain
 from bigslide.data.sample import Sample, as_float
 from bigslide.data.stain import (
     AMOUNT_LOG_RANGE,
@@ -33,6 +32,7 @@ from bigslide.data.stain import (
 )
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
+from bigslide.hue import hue_angle, turn_about_grey, turned_stain
 from bigslide.synthetic.labs import (
     DRAWN_AMOUNT,
     DRAWN_CAST_OD,

@@ -202,6 +202,10 @@ def _runs(boxes: np.ndarray) -> Iterator[np.ndarray]:
         start = stop
 
 
+LARGE_FILE_TILE = 1 << 20
+"""File tiles of more pixels than this (a level stored untiled or in strips) are not decoded whole."""
+
+
 class FileTiles:
     """One level's file tiles, each decoded once, pasted into the rectangles asked for. Rectangles are
     asked for top to bottom: `forget_above` lets go of the file tiles no later rectangle reaches."""
@@ -216,9 +220,14 @@ class FileTiles:
     ) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
         """Pixels [y0, y1) x [x0, x1) of the level as (h, w, 3) uint8, and the (row0, row1, col0, col1)
         in them of file tiles that could not be decoded (drawn as glass)."""
+        th, tw = self.tile_h, self.tile_w
+        if th * tw > LARGE_FILE_TILE:  # untiled or stripped: decode the rectangle alone, not whole strips
+            try:
+                return self.slide._read_level(self.level, y0, y1, x0, x1), []
+            except SlideError:
+                return np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8), [(0, y1 - y0, 0, x1 - x0)]
         out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
         failed = []
-        th, tw = self.tile_h, self.tile_w
         for row in range(y0 // th, -(-y1 // th)):
             for col in range(x0 // tw, -(-x1 // tw)):
                 ty, tx = row * th, col * tw

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from skimage.color import hed_from_rgb, rgb_from_hed
 
-from bigslide.data.hue import turned_stain
+from bigslide.hue import turned_stain
 
 OD_EPS = 1e-6  # scikit-image's clamp before the logarithm
 HED_SCALE = -math.log(OD_EPS)  # scikit-image's HED unit: OD / ln(1e6)

@@ -76,8 +76,13 @@ class Session:
 
             n = default_workers()
             self._processes = DecodeProcesses(n, buffers=n + 1)
-            weakref.finalize(self, self._processes.close)
         return self._processes
+
+    def close_processes(self) -> None:
+        """Stop the decode workers (the viewer's window is gone); a later use starts new ones."""
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            processes.close()
 
     def run_processes(self, config: TrainConfig) -> DecodeProcesses | None:
         """The decode workers a run of `config` shares with the viewer (none when it reads in-process)."""
@@ -251,6 +256,9 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
 
     prefer_this_reader()
     ref = weakref.ref(viewer)
+    window = getattr(viewer.window, "_qt_window", None)
+    if window is not None:  # the viewer's decode workers end with its window
+        window.destroyed.connect(lambda *_: session.close_processes())
 
     def apply(mpp: float | None) -> None:
         view = ref()

@@ -8,7 +8,7 @@ the JPEG quality its scanner writes tiles with (None: lossless). Slides of one l
 
 A drawn lab (`draw_lab`, named "drawn-<seed>"): hematoxylin and eosin amounts each scaled by a factor
 log-uniform in `DRAWN_AMOUNT` (0.5-1.6x), each stain vector's hue turned about the grey axis by up to
-`DRAWN_TURN_DEGREES` (`bigslide.data.hue.turned_stain`; lab C's hematoxylin is lab A's turned by -28°), a
+`DRAWN_TURN_DEGREES` (`bigslide.hue.turned_stain`; lab C's hematoxylin is lab A's turned by -28°), a
 cast of up to `DRAWN_CAST_OD` per RGB channel (lab C's: 0, 0.035, 0.09) and a JPEG quality in
 `DRAWN_JPEG_QUALITY`.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from skimage import color
 
-from bigslide.data.hue import hue_angle, turned_stain
 from bigslide.errors import DataError
+from bigslide.hue import hue_angle, turned_stain
 
 DRAWN_PREFIX = "drawn-"
 DRAWN_AMOUNT = (0.5, 1.6)
