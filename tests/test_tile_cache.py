@@ -19,6 +19,7 @@ import shapely
 
 from bigslide.cli import main as main_module
 from bigslide.cli.main import main
+from bigslide.data import processes as processes_module
 from bigslide.data import slides as slides_module
 from bigslide.data.bags import BagDataset
 from bigslide.data.images import SlideImageDataset
@@ -286,6 +287,9 @@ def test_running_out_of_files_anyway_is_one_line_naming_the_limit(
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     monkeypatch.setattr(tiffslide, "TiffSlide", refused)  # a slide opened when no descriptor is left
+    # decode workers forked from this process see the refusal too (after a napari test, they would come
+    # from its fork server)
+    monkeypatch.setattr(processes_module, "_START_METHOD", "fork")
     code = main(["train", "--set", f"data.csv={slide_csv}", "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
