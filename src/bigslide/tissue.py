@@ -12,6 +12,17 @@ neighbourhood). Ink is one dye, so it varies in amount only; tissue is nuclei be
 stroma. Strokes of two inks crossing (darker than any stain, off colour) are ink however textured; ink
 takes in the off-colour and bluish pixels at its rim and in pockets it encloses. Glass enclosed by tissue
 (fat, lumens) up to `fill_holes_um` across counts as tissue.
+
+Colour cannot tell every pen from a stain (a pink or violet pen is H&E's own colour), but place can
+(`ink_flatness`, 0.15 for slides with pen marks; 0, the default, turns it off): a pen stroke on the glass
+is a flat film (its light varies little across a few cells, `light_texture` below `ink_flatness`) lying
+on open glass, where a flat patch of tissue (stroma, a blurred area, an aggregate) lies among textured
+tissue. So a flat area of one hue, of at least a stroke's breadth, whose surroundings are at least
+`GLASS_RIM` open glass is ink, whatever its colour, together with its soft edge (pixels of its own
+colour, or faint, beside it). Glass among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open
+glass. It is off by default: on the coarse levels tiles are measured on (8-16 µm/px), an IHC slide's
+counterstain with sparse nuclei and its broad DAB fields are flat too, and where they meet the glass they
+were taken for films.
 """
 
 from __future__ import annotations
@@ -51,6 +62,22 @@ BROWN_RED_GREEN = (0.3, 0.85)
 stain, OD 0.27 : 0.57 : 0.78) alone or over hematoxylin (0.65 : 0.70 : 0.29), down to about 1.3 parts DAB
 to 1 of hematoxylin. The pens' inks lie outside: red 0.16 : 1 : 0.88, black 1 : 1 : 0.9, green
 2.5 : 1 : 1.7, blue 1.3 : 1 : 0.36."""
+GLASS_RIM = 0.2
+"""Share of a flat area's surroundings that must be open glass for it to be ink."""
+OPEN_GLASS_UM = 300.0
+"""Glass enclosed by tissue or ink up to this many µm across (fat, lumens) is not open glass."""
+FILM_MIN_UM = 25.0
+"""A flat area on the glass is ink from a 25 µm radius disk's area on (pen strokes are 80-180 µm wide)."""
+EDGE_COSINE = 0.97
+"""A stroke's soft edge: pixels whose OD points within acos(0.97) = 14 degrees of the stroke's mean."""
+HUE_BIN = 30.0
+NEUTRAL_CHROMA = 0.08
+"""Flat areas are found per hue band of HUE_BIN degrees (grey, below NEUTRAL_CHROMA, is a band of its own),
+in two sets of bands half a band apart, so that a stroke's hue never straddles every set's edge."""
+FLAT_MIN_PX = 0.7
+"""The flatness window (Gaussian sigma) is at least this many pixels: on coarse levels a stroke spans few."""
+UNKNOWN_PIXEL_UM = 8.0
+"""µm per pixel the glass films' sizes assume on an image of unknown scale."""
 VOTE_SIGMA = 2.0
 GROW_PX = 2
 POCKET_PX = 16
@@ -78,6 +105,7 @@ class TissueSettings:
     reject_ink: bool = True
     ink_blue_green: float = 0.6
     ink_texture: float = 0.01
+    ink_flatness: float = 0.0
     fill_holes_um: float = 100.0
     min_sharpness: float = 0.1
     exclude_blurred: bool = False
@@ -97,7 +125,13 @@ class TissueSettings:
             return "greyscale rule [3, 230]"
         return (
             f"stain rule (ink: blue/green OD >= {self.ink_blue_green:g} or blue-violet, with colour texture "
-            f"< {self.ink_texture:g}; holes < {self.fill_holes_um:g} µm filled)"
+            f"< {self.ink_texture:g}"
+            + (
+                f", and flat films on the glass (light texture < {self.ink_flatness:g})"
+                if self.ink_flatness
+                else ""
+            )
+            + f"; holes < {self.fill_holes_um:g} µm filled)"
         )
 
 
@@ -184,7 +218,79 @@ def classify_pixels(
     if pixel_um and settings.fill_holes_um > 0:
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
+    out[films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)] = INK
     return out
+
+
+def films_on_glass(
+    od: np.ndarray, classes: np.ndarray, settings: TissueSettings, pixel_um: float
+) -> np.ndarray:
+    """Pixels of flat films of dye lying on open glass (pen strokes of any colour), with their soft edges;
+    `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass)."""
+    total = od.sum(axis=-1)
+    if settings.ink_flatness <= 0:
+        return np.zeros(classes.shape, bool)
+    sigma = max(FLAT_MIN_PX, TEXTURE_UM / pixel_um)
+    flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
+    if not flat.any():
+        return flat
+    reach = math.ceil(3 * sigma) + 2  # past the textured band a soft edge leaves around a stroke
+    min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
+    ink = np.zeros(flat.shape, bool)
+    # glass among tissue (fat cells, lumens) is no place for a pen: only glass reaching the image's edge, or
+    # wider than a lumen, is open
+    open_glass = (classes == GLASS) & ~enclosed(
+        classes == GLASS, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2
+    )
+    hue = _od_hue(od)
+    for offset in (0.0, 0.5):
+        # one area per hue: a stroke running along the tissue is not joined to the flat stroma beside it
+        bins = np.floor(hue / HUE_BIN + offset).astype(np.int64) % round(360 / HUE_BIN)
+        bins[_od_chroma(od) < NEUTRAL_CHROMA] = -1
+        labels = np.zeros(flat.shape, np.int64)
+        count = 0
+        for b in np.unique(bins[flat]):
+            part, n = ndimage.label(flat & (bins == b))
+            labels[part > 0] = part[part > 0] + count
+            count += n
+        ring = ndimage.grey_dilation(labels, size=2 * reach + 1)
+        ring[flat] = 0
+        on_glass = np.bincount(ring[open_glass], minlength=count + 1)
+        around = np.bincount(ring.ravel(), minlength=count + 1)
+        size = np.bincount(labels.ravel(), minlength=count + 1)
+        film = (on_glass >= GLASS_RIM * around) & (size >= min_size)
+        film[0] = False
+        ink |= film[labels]
+    if not ink.any():
+        return ink
+    # the stroke's soft edge is textured (the window spans it) but of the stroke's colour, or faint
+    near = ndimage.binary_dilation(ink, iterations=math.ceil(sigma + 1)) & (classes == TISSUE)
+    weight = ink.astype(np.float32)
+    beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma) for c in range(3)], axis=-1)
+    cosine = (od * beside).sum(axis=-1) / np.maximum(
+        np.linalg.norm(od, axis=-1) * np.linalg.norm(beside, axis=-1), 1e-6
+    )
+    return ink | (near & ((cosine >= EDGE_COSINE) | (total < INK_MIN_OD)))
+
+
+def _od_hue(od: np.ndarray) -> np.ndarray:
+    """Hue of each pixel's OD (degrees): the angle of its colour around the grey axis."""
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    return np.degrees(np.arctan2(math.sqrt(3) * (green - blue), 2 * red - green - blue)) % 360
+
+
+def _od_chroma(od: np.ndarray) -> np.ndarray:
+    """How far a pixel's OD lies from grey, as a share of its amount."""
+    grey = od.mean(axis=-1, keepdims=True)
+    return np.linalg.norm(od - grey, axis=-1) / np.maximum(od.sum(axis=-1), 1e-6)
+
+
+def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:
+    """How much the light absorbed (summed OD) varies across a Gaussian window of `sigma` pixels, as a share
+    of its mean: a film of one dye (a pen stroke) varies little; tissue, nuclei beside stroma, much."""
+    mean = ndimage.gaussian_filter(total, sigma, mode="nearest")
+    square = ndimage.gaussian_filter(total * total, sigma, mode="nearest")
+    return np.sqrt(np.maximum(square - mean * mean, 0)) / np.maximum(mean, 1e-3)
 
 
 def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
@@ -199,10 +305,7 @@ def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np
     `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
     total = od.sum(axis=-1)
     coloured = total >= INK_MIN_OD
-    # brown (DAB, IHC's stain, alone or over hematoxylin) is a stain: no pen's ink is brown
-    low, high = BROWN_RED_GREEN
-    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
-    brown = (blue >= BROWN_BLUE_GREEN * green) & (red >= low * green) & (red <= high * green)
+    brown = _brown(od)
     neutral = coloured & ~brown & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
     off_colour = coloured & ~brown & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
     bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
@@ -213,6 +316,13 @@ def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np
     for part in _around(candidate, margin):
         ink[part] |= _films(od[part], candidate[part], neutral[part], ink[part], settings, sigma)
     return ink
+
+
+def _brown(od: np.ndarray) -> np.ndarray:
+    """Brown pixels: DAB, IHC's stain, alone or over hematoxylin; a stain, since no pen's ink is brown."""
+    low, high = BROWN_RED_GREEN
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    return (blue >= BROWN_BLUE_GREEN * green) & (red >= low * green) & (red <= high * green)
 
 
 def _films(

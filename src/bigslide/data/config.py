@@ -164,6 +164,16 @@ class DataConfig:
             "less than this (spread across their mean colour, over its strength) are ink, not nuclei",
         },
     )
+    ink_flatness: float = field(
+        default=0.0,
+        metadata={
+            "min": 0,
+            "shown_with": {"reject_ink": (True,)},
+            "help": "pens of any colour on the glass (0 = off; 0.15 for H&E slides with pen marks): "
+            "an area of one hue lying on open glass whose light varies by less than this share of its "
+            "mean (over a nucleus-wide window) is ink, whatever its colour",
+        },
+    )
     fill_holes_um: float = field(
         default=100.0,
         metadata={
@@ -332,6 +342,7 @@ class DataConfig:
             reject_ink=self.reject_ink,
             ink_blue_green=self.ink_blue_green,
             ink_texture=self.ink_texture,
+            ink_flatness=self.ink_flatness,
             fill_holes_um=self.fill_holes_um if self.reject_ink else 0.0,
             min_sharpness=self.min_sharpness,
             exclude_blurred=self.exclude_blurred,

@@ -1,7 +1,9 @@
 """What people and scanners add to the glass, drawn onto a synthetic slide: pen and marker strokes
 (circles around the tissue, arrows, lines across it, labels on the glass) in blue, green, black and red,
-dust specks and fibres, air-bubble rims, out-of-focus patches; and tissue that is hard to keep: pale
-(weakly stained) patches and fat (empty adipocytes with thin septa).
+or in pens of any colour and density (`Pen`, `random_pen`: blues from navy to cornflower, violet, green,
+black, red), dust specks and fibres, air-bubble rims, out-of-focus patches; and tissue that is hard to
+keep: pale (weakly stained) patches, fat (empty adipocytes with thin septa) and, when asked, lymphocyte
+aggregates (crowded small nuclei, haematoxylin at its darkest, little eosin).
 
 Everything acts in optical density (OD) as light does: ink and dust absorb on top of the tissue (so light
 ink over tissue still shows the tissue through it), pale tissue absorbs less, blur spreads the light.
@@ -11,7 +13,9 @@ Sizes are in µm and drawn at the slide's `mpp`.
 
 from __future__ import annotations
 
+import colorsys
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +24,7 @@ from skimage import draw
 from skimage.segmentation import find_boundaries
 
 from bigslide.errors import DataError
+from bigslide.synthetic import he
 from bigslide.synthetic.slides import synthesize_slide
 
 # Transmitted colour of a full-strength stroke on white glass (RGB), per ink: pens and markers as
@@ -31,13 +36,61 @@ INKS: dict[str, tuple[int, int, int]] = {
     "red": (185, 40, 50),
 }
 PEN_WIDTH_UM = (80.0, 180.0)
+DENSE_STROKE = (0.75, 1.0)
+LIGHT_STROKE = (0.3, 0.45)
+"""Strength of a stroke (a share of its pen's full-strength OD): drawn firmly, and drawn light."""
+
+FAMILIES: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[float, float]]] = {
+    "blue": ((200, 240), (0.3, 0.85), (0.35, 0.85)),
+    "violet": ((250, 290), (0.3, 0.75), (0.35, 0.75)),
+    "green": ((90, 170), (0.3, 0.8), (0.3, 0.7)),
+    "black": ((0, 360), (0.0, 0.15), (0.1, 0.35)),
+    "red": ((-15, 15), (0.5, 0.85), (0.55, 0.9)),
+}
+"""Ink families as scanned: ranges of hue (degrees), saturation and value of a full-strength stroke on
+white glass. Blue runs from navy to cornflower, greyish blues (80, 100, 170) included."""
+
+
+@dataclass(frozen=True)
+class Pen:
+    """A pen as the scanner sees it: `rgb`, the transmitted colour of a full-strength stroke on white
+    glass; `density`, how firmly it is drawn (the range of stroke strengths, as shares of that colour's
+    OD); `width_um`, the range of stroke widths; `family`, the colour family it belongs to."""
+
+    family: str
+    rgb: tuple[int, int, int]
+    density: tuple[float, float] = DENSE_STROKE
+    width_um: tuple[float, float] = PEN_WIDTH_UM
+
+
+def named_pen(name: str) -> Pen:
+    """The pen of `INKS[name]` (the benchmark's first shades)."""
+    return Pen(name, INKS[name])
+
+
+def random_pen(family: str, rng: np.random.Generator) -> Pen:
+    """A pen of `family` (`FAMILIES`) with its hue, saturation, value, density (0.35-1 of its colour's
+    OD: light strokes to dense ones) and width (80-180 µm) drawn at random."""
+    if family not in FAMILIES:
+        raise DataError(f"family={family!r}: must be one of {', '.join(FAMILIES)}")
+    hue, saturation, value = (rng.uniform(*bounds) for bounds in FAMILIES[family])
+    rgb = colorsys.hsv_to_rgb((hue % 360) / 360, saturation, value)
+    density = rng.uniform(0.35, 1.0)
+    width = rng.uniform(*PEN_WIDTH_UM)
+    return Pen(
+        family,
+        (round(255 * rgb[0]), round(255 * rgb[1]), round(255 * rgb[2])),
+        (0.9 * density, density),
+        (width, width),
+    )
 
 
 @dataclass(frozen=True)
 class MarkedSlide:
-    """Level-0 RGB and a mask per kind of pixel: `tissue` (fat included), `ink` (`light_ink`: the part
-    drawn light, across the tissue), `dust` (specks, fibres and bubble rims), `blur` (out-of-focus
-    tissue), `pale` and `fat` (the hard-to-keep tissue), `lesion`."""
+    """Level-0 RGB and a mask per kind of pixel: `tissue` (fat and aggregates included), `ink`
+    (`light_ink`: the part drawn light, across the tissue), `dust` (specks, fibres and bubble rims),
+    `blur` (out-of-focus tissue), `pale`, `fat` and `aggregate` (the hard-to-keep tissue), `lesion`;
+    `pen`: per pixel, the index into `pens` of the pen drawn last there (-1: no ink)."""
 
     rgb: np.ndarray
     tissue: np.ndarray
@@ -48,8 +101,11 @@ class MarkedSlide:
     pale: np.ndarray
     fat: np.ndarray
     lesion: np.ndarray
-    inks: tuple[str, ...]  # the ink colours used
+    inks: tuple[str, ...]  # the ink colours (pen families) used
     light_colour: str  # the ink drawn light
+    pens: tuple[Pen, ...] = ()
+    pen: np.ndarray | None = None
+    aggregate: np.ndarray | None = None
 
 
 def _od(rgb: np.ndarray) -> np.ndarray:
@@ -60,8 +116,8 @@ def _rgb(od: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(np.exp(-od) * 255.5 - 0.5), 0, 255).astype(np.uint8)
 
 
-def _ink_od(name: str) -> np.ndarray:
-    return _od(np.array(INKS[name], np.float32)) - _od(np.array([245.0, 245.0, 245.0]))
+def _ink_od(pen: Pen) -> np.ndarray:
+    return _od(np.array(pen.rgb, np.float32)) - _od(np.array([245.0, 245.0, 245.0]))
 
 
 def synthesize_marked_slide(
@@ -71,25 +127,28 @@ def synthesize_marked_slide(
     mpp: float = 2.0,
     lab: str = "A",
     lesions: int = 0,
-    inks: tuple[str, ...] | None = None,
+    inks: Sequence[str | Pen] | None = None,
+    aggregates: int = 0,
 ) -> MarkedSlide:
     """An H&E-like slide (`bigslide.synthetic.slides.synthesize_slide`) with pen strokes of 2-3 inks
-    (`inks`, else drawn from `INKS`), dust, 1-2 bubble rims, a blurred patch, a pale patch and a patch
-    of fat. One seed gives one slide; the tissue is the one `synthesize_slide(size, seed=seed)` draws."""
-    unknown = sorted(set(inks or ()) - set(INKS))
+    (`inks`: names in `INKS` or `Pen`s, else drawn from `INKS`), dust, 1-2 bubble rims, a blurred patch,
+    a pale patch, a patch of fat and `aggregates` lymphocyte aggregates. One seed gives one slide; the
+    tissue is the one `synthesize_slide(size, seed=seed)` draws, and aggregates change nothing else."""
+    unknown = sorted({i for i in inks or () if isinstance(i, str)} - set(INKS))
     if unknown:
         raise DataError(f"inks={unknown}: must be among {', '.join(INKS)}")
     base = synthesize_slide(size, lesions=lesions, seed=seed, lab=lab)
     rng = np.random.default_rng([seed, 4049])
     height, width = base.tissue.shape
     chosen = inks or tuple(rng.choice(list(INKS), size=int(rng.integers(2, 4)), replace=False))
+    pens = tuple(named_pen(str(i)) if isinstance(i, str) else i for i in chosen)
     od = _od(base.rgb)
     glass = np.median(od[~base.tissue], axis=0) if (~base.tissue).any() else np.zeros(3, np.float32)
     tissue = base.tissue.copy()
     inside = ndimage.binary_erosion(tissue, iterations=max(1, int(40 / mpp)))
     candidates = np.argwhere(inside if inside.any() else tissue)
 
-    def spot(radius: float) -> np.ndarray:
+    def spot(radius: float, rng: np.random.Generator = rng) -> np.ndarray:
         y, x = candidates[rng.integers(len(candidates))]
         yy, xx = np.ogrid[:height, :width]
         return ((yy - y) ** 2 + (xx - x) ** 2) <= radius**2
@@ -100,6 +159,12 @@ def synthesize_marked_slide(
     pale = spot(rng.uniform(120, 200) * um) & tissue & ~fat
     od = np.where(pale[..., None], glass + (od - glass) * rng.uniform(0.3, 0.45), od)
     blur = spot(rng.uniform(120, 200) * um) & tissue & ~fat & ~pale
+    aggregate = np.zeros((height, width), bool)
+    if aggregates:
+        own = np.random.default_rng([seed, 4050])  # the other parts keep their draws
+        for _ in range(aggregates):
+            aggregate |= spot(own.uniform(80, 160) * um, own) & tissue & ~fat & ~pale & ~blur
+        od = _aggregates(od, glass, aggregate, he.slide_stain(_stain_stream(seed), lab), own)
     sigma = rng.uniform(6, 12) * um  # a few cells wide: nuclei and fibres are gone
     soft = ndimage.gaussian_filter(blur.astype(np.float32), 3)[..., None]
     blurred = np.stack([ndimage.gaussian_filter(od[..., c], sigma) for c in range(3)], axis=-1)
@@ -108,17 +173,19 @@ def synthesize_marked_slide(
 
     ink = np.zeros((height, width), bool)
     light_ink = np.zeros((height, width), bool)
+    pen_index = np.full((height, width), -1, np.int8)
     light_colour = ""
     heavy = np.zeros((height, width), bool)
     for k, (paths, light) in enumerate(_pen_paths(tissue, rng)):
-        name = str(chosen[k % len(chosen)])
-        depth = _depth(paths, rng.uniform(*PEN_WIDTH_UM) * um, (height, width))
+        pen = pens[k % len(pens)]
+        depth = _depth(paths, rng.uniform(*pen.width_um) * um, (height, width))
         stroke = np.clip(depth / (3 * um) + 0.5, 0, 1)  # edges soft over ~3 µm
-        strength = rng.uniform(0.3, 0.45) if light else rng.uniform(0.75, 1.0)
-        od += (stroke * strength * _streaks(depth, rng, um))[..., None] * _ink_od(name)
+        strength = rng.uniform(*LIGHT_STROKE) if light else rng.uniform(*pen.density)
+        od += (stroke * strength * _streaks(depth, rng, um))[..., None] * _ink_od(pen)
         ink |= stroke > 0.5
+        pen_index[stroke > 0.5] = k % len(pens)
         (light_ink if light else heavy)[...] |= stroke > 0.5
-        light_colour = name if light else light_colour
+        light_colour = pen.family if light else light_colour
     dust = _dust(od, rng, um)
     light_ink &= ~heavy
     return MarkedSlide(
@@ -131,9 +198,36 @@ def synthesize_marked_slide(
         pale,
         fat,
         base.lesion_mask,
-        tuple(str(c) for c in chosen),
+        tuple(p.family for p in pens),
         light_colour,
+        pens,
+        pen_index,
+        aggregate,
     )
+
+
+def _stain_stream(seed: int) -> np.random.Generator:
+    """The random stream `synthesize_slide` draws the slide's stain from."""
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(6)[1])
+
+
+def _aggregates(
+    od: np.ndarray, glass: np.ndarray, region: np.ndarray, stain: he.Stain, rng: np.random.Generator
+) -> np.ndarray:
+    """Lymphocyte aggregates over `region`: small nuclei crowded edge to edge, haematoxylin darker than
+    anywhere else on the slide, little eosin between them (a third of the tissue's own)."""
+    ys, xs = np.nonzero(region)
+    bank = he.nucleus_bank("normal")
+    n = int(region.sum() / 45)
+    pick = rng.integers(len(ys), size=n)
+    nuclei = np.zeros(region.shape, np.float32)
+    he.stamp_nuclei(
+        nuclei, xs[pick] + rng.uniform(-0.5, 0.5, n), ys[pick], rng.integers(he.BANK_SIZE, size=n), bank
+    )
+    nuclei = ndimage.gaussian_filter(nuclei, he.OPTICS_BLUR) * stain.h_strength * rng.uniform(1.2, 1.6)
+    dense = glass + (od - glass) * 0.35 + nuclei[..., None] * stain.vectors[0]
+    soft = ndimage.gaussian_filter(region.astype(np.float32), 1.5)[..., None]
+    return od * (1 - soft) + dense * soft
 
 
 def _fat(od: np.ndarray, glass: np.ndarray, region: np.ndarray, rng: np.random.Generator, um: float):

@@ -1,0 +1,85 @@
+"""Pens of any colour on the glass: with `ink_flatness` set, a flat film of one hue lying on open glass is
+ink whatever its colour (the pink and violet pens H&E's own colours hide), and tissue beside it is kept;
+`ink_flatness: 0`, the default, is the rule without films."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from bigslide.data.config import DataConfig
+from bigslide.errors import DataError
+from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
+from bigslide.tissue import INK, TISSUE, TissueSettings, classify_pixels
+
+FILMS = TissueSettings(ink_flatness=0.15)
+NO_FILMS = TissueSettings()
+
+
+def _pixels(family: str, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A marked slide at 4 µm/px drawn with two random pens of `family`; its classes with and without
+    films, ink lying on the glass and clean tissue away from every mark."""
+    rng = np.random.default_rng([404, index])
+    pens = tuple(random_pen(family, rng) for _ in range(2))
+    slide = synthesize_marked_slide((512, 512), seed=40 + index, mpp=4.0, inks=pens)
+    assert slide.pen is not None
+    assert set(np.unique(slide.pen)) <= {-1, 0, 1}
+    near_tissue = ndimage.binary_dilation(slide.tissue, iterations=3)
+    on_glass = slide.ink & ~near_tissue
+    marks = ndimage.binary_dilation(slide.ink | slide.dust, iterations=3)
+    clean = ndimage.binary_erosion(slide.tissue, iterations=3) & ~marks & ~slide.blur
+    films = classify_pixels(slide.rgb, FILMS, pixel_um=4.0)
+    no_films = classify_pixels(slide.rgb, NO_FILMS, pixel_um=4.0)
+    return films, no_films, on_glass, clean
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_pens_of_every_family_on_glass_are_ink_and_the_tissue_is_kept(family: str) -> None:
+    films, no_films, on_glass, clean = _pixels(family, list(FAMILIES).index(family))
+    assert on_glass.sum() > 2000
+    assert (films[on_glass] == INK).mean() > 0.85, family
+    # the tissue away from the marks keeps what the rule without films keeps
+    assert (films[clean] == TISSUE).mean() > (no_films[clean] == TISSUE).mean() - 0.01, family
+    # films only add ink: what the rule without films calls ink stays ink
+    assert (films[no_films == INK] == INK).all()
+
+
+def test_a_violet_pen_that_colour_alone_keeps_is_ink_with_films() -> None:
+    films, no_films, on_glass, _clean = _pixels("violet", 11)
+    assert (no_films[on_glass] == TISSUE).mean() > 0.5  # colour alone: a violet pen is hematoxylin's hue
+    assert (films[on_glass] == INK).mean() > 0.85
+
+
+def test_flat_tissue_inside_the_tissue_is_not_a_film() -> None:
+    """A blurred (flat) patch and a pale patch lie among textured tissue, not on glass: they stay tissue."""
+    slide = synthesize_marked_slide((512, 512), seed=5, mpp=4.0, inks=("green",))
+    films = classify_pixels(slide.rgb, FILMS, pixel_um=4.0)
+    no_films = classify_pixels(slide.rgb, NO_FILMS, pixel_um=4.0)
+    inside = ndimage.binary_erosion(slide.tissue, iterations=6) & ~ndimage.binary_dilation(
+        slide.ink, iterations=6
+    )
+    for name in ("blur", "pale"):
+        part = getattr(slide, name) & inside
+        assert part.sum() > 200, name
+        assert (films[part] == INK).mean() <= (no_films[part] == INK).mean() + 0.01, name
+
+
+def test_random_pens_are_drawn_within_their_family_and_reproducibly() -> None:
+    for family in FAMILIES:
+        pens = [random_pen(family, np.random.default_rng(k)) for k in range(20)]
+        assert pens[3] == random_pen(family, np.random.default_rng(3))
+        for pen in pens:
+            assert isinstance(pen, Pen)
+            assert pen.family == family
+            assert 80 <= pen.width_um[0] <= 180
+            assert 0.3 <= pen.density[1] <= 1.0
+    with pytest.raises(DataError, match="family='pink'"):
+        random_pen("pink", np.random.default_rng(0))
+
+
+def test_films_are_a_data_setting_off_by_default() -> None:
+    assert DataConfig().tissue == NO_FILMS
+    assert DataConfig(ink_flatness=0.15).tissue == FILMS
+    assert "flat films on the glass" in FILMS.describe()
+    assert "flat films" not in NO_FILMS.describe()
