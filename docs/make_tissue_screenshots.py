@@ -5,9 +5,14 @@
   the Sampling regions panel's tile preview: kept tiles yellow, tiles left out for ink magenta, out of
   focus orange; an area to leave out (QuPath's `Ignore*`) drawn in red;
 - `tissue_check_before.png` / `tissue_check.png`: the tissue-check thumbnails a run writes for that
-  slide with the greyscale rule (the earlier default) and with the stain rule (the default).
+  slide with the greyscale rule (the earlier default) and with the stain rule (the default);
+- `tissue_preview_pens_off.png` / `tissue_preview_pens.png`: the tile preview of a slide of the tissue
+  bench's held-out set (seed 65415: a light cornflower-blue pen, a black, a green and a red one), with
+  the Slides panel's *pen marks on the glass* off (the default) and ticked.
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py
+    xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py pens off
+    xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py pens on
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def main() -> None:
     viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
     [slide_layer] = viewer.open(path, plugin="bigslide")
     _, panel = viewer.window.add_plugin_dock_widget("bigslide", "Sampling regions")
+    wait_until(lambda: panel.ready)  # built once PyTorch is loaded
     process(500)
     left_out = panel.new_regions_layer(role="exclusions")
     left_out.add_polygons([np.array([[560.0, 250.0], [560.0, 420.0], [700.0, 420.0], [700.0, 250.0]])])
@@ -59,6 +65,46 @@ def main() -> None:
     viewer.close()
 
 
+def pens_preview(work: Path, ticked: bool) -> None:
+    import napari
+    from qtpy.QtCore import QPoint, Qt
+    from qtpy.QtTest import QTest
+
+    from bigslide.bench.tissue import marked_slide, scanned_levels
+    from bigslide.synthetic.pyramid import write_pyramid
+
+    marked, scan = marked_slide(65415, 1024, 2.0)
+    levels = scanned_levels(marked.rgb, scan)
+    path = write_pyramid(work / "held-out-65415.tif", levels, mpp=2.0, flavour="tiff")
+    viewer = napari.Viewer()
+    viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
+    [slide_layer] = viewer.open(path, plugin="bigslide")
+    _, slides = viewer.window.add_plugin_dock_widget("bigslide", "Slides")
+    _, panel = viewer.window.add_plugin_dock_widget("bigslide", "Sampling regions")
+    wait_until(lambda: slides.ready and panel.ready)
+    process(500)
+    if ticked:
+        box = slides.pen_marks
+        QTest.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
+        assert box.isChecked()
+    panel.preview.setChecked(True)
+    wait_until(lambda: "will be sampled" in panel.status.text())
+    process(1500)
+    viewer.layers.selection.active = slide_layer
+    viewer.reset_view()
+    dismiss_toasts()
+    process(500)
+    name = "tissue_preview_pens.png" if ticked else "tissue_preview_pens_off.png"
+    save(viewer.screenshot(canvas_only=False), name)
+    print(name, panel.status.text())
+    viewer.close()
+
+
 if __name__ == "__main__":
+    import sys
+
     IMAGES.mkdir(parents=True, exist_ok=True)
-    main()
+    if sys.argv[1:2] == ["pens"]:  # a viewer of its own each: software OpenGL under Xvfb crashed on a second
+        pens_preview(Path(tempfile.mkdtemp(prefix="bigslide-pen-shots-")), ticked=sys.argv[2:] == ["on"])
+    else:
+        main()

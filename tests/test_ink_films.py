@@ -11,9 +11,9 @@ from scipy import ndimage
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
-from bigslide.tissue import INK, TISSUE, TissueSettings, classify_pixels
+from bigslide.tissue import INK, PEN_FLATNESS, TISSUE, TissueSettings, classify_pixels
 
-FILMS = TissueSettings(ink_flatness=0.15)
+FILMS = TissueSettings(ink_flatness=PEN_FLATNESS)
 NO_FILMS = TissueSettings()
 
 

@@ -47,6 +47,8 @@ class TissueCheck:
     blur_excluded: bool = False
     tissue_fraction: float = 0.0
     ink_fraction: float = 0.0
+    textured_fraction: float = 1.0
+    """Share of the kept tiles' tissue that shows cell texture (glass, a dark background or ink does not)."""
 
     @property
     def blurred_fraction(self) -> float:
@@ -287,6 +289,11 @@ def _measure(
     return measured._replace(tissue=fractions)
 
 
+def _textured_share(measured: TileMeasure, keep: np.ndarray) -> float:
+    tissue = float(measured.tissue[keep].sum())
+    return round(float(measured.textured[keep].sum()) / tissue, 4) if tissue > 0 else 1.0
+
+
 def _pick(
     slide: Slide,
     coords: np.ndarray,
@@ -319,6 +326,7 @@ def _pick(
         blur_excluded=settings.exclude_blurred,
         tissue_fraction=measured.slide_tissue,
         ink_fraction=measured.slide_ink,
+        textured_fraction=_textured_share(measured, keep),
     )
     order = np.lexsort((np.concatenate(rejected)[:, 0], np.concatenate(rejected)[:, 1]))
     return _Picked(

@@ -62,6 +62,8 @@ BROWN_RED_GREEN = (0.3, 0.85)
 stain, OD 0.27 : 0.57 : 0.78) alone or over hematoxylin (0.65 : 0.70 : 0.29), down to about 1.3 parts DAB
 to 1 of hematoxylin. The pens' inks lie outside: red 0.16 : 1 : 0.88, black 1 : 1 : 0.9, green
 2.5 : 1 : 1.7, blue 1.3 : 1 : 0.36."""
+PEN_FLATNESS = 0.15
+"""`ink_flatness` for slides with pen marks on the glass (chosen on the tissue bench's tuning seeds)."""
 GLASS_RIM = 0.2
 """Share of a flat area's surroundings that must be open glass for it to be ink."""
 OPEN_GLASS_UM = 300.0
@@ -283,6 +285,19 @@ def _od_chroma(od: np.ndarray) -> np.ndarray:
     """How far a pixel's OD lies from grey, as a share of its amount."""
     grey = od.mean(axis=-1, keepdims=True)
     return np.linalg.norm(od - grey, axis=-1) / np.maximum(od.sum(axis=-1), 1e-6)
+
+
+def textured_pixels(
+    rgb: np.ndarray, glass: np.ndarray | None = None, pixel_um: float | None = None
+) -> np.ndarray:
+    """Pixels of an (H, W, 3) image whose light varies across a nucleus-wide window as cells make it vary
+    (`light_texture` at least PEN_FLATNESS): what tissue looks like, and glass, a dark background or a
+    film of ink does not."""
+    od = optical_density(np.asarray(rgb)[..., :3])
+    od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
+    total = np.maximum(od, 0).sum(axis=-1)
+    sigma = max(FLAT_MIN_PX, TEXTURE_UM / (pixel_um or UNKNOWN_PIXEL_UM))
+    return light_texture(total, sigma) >= PEN_FLATNESS
 
 
 def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:

@@ -16,7 +16,15 @@ import numpy as np
 
 from bigslide.errors import SlideError
 from bigslide.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
-from bigslide.tissue import INK, MASK_SIZE, TISSUE, TissueSettings, classify_pixels, glass_od
+from bigslide.tissue import (
+    INK,
+    MASK_SIZE,
+    TISSUE,
+    TissueSettings,
+    classify_pixels,
+    glass_od,
+    textured_pixels,
+)
 
 MIN_FOOTPRINT_PX = 4
 """A tile must still span this many pixels on the level its tissue is measured on."""
@@ -24,13 +32,15 @@ STRIP_PIXELS = 1 << 24
 
 
 class TileMeasure(NamedTuple):
-    """Per tile: its share of tissue and of ink (pen, marker, dust); for the slide: the share of the
-    tiled area (every tile, kept or not) that is tissue and that is ink."""
+    """Per tile: its share of tissue, of ink (pen, marker, dust) and of tissue with cell texture
+    (`textured_pixels`); for the slide: the share of the tiled area (every tile, kept or not) that is
+    tissue and that is ink."""
 
     tissue: np.ndarray
     ink: np.ndarray
     slide_tissue: float
     slide_ink: float
+    textured: np.ndarray
 
 
 def measure_level(slide: Slide, size0: int) -> int:
@@ -109,7 +119,7 @@ def measure_tiles(
     `measure_level` (or on the thumbnail when every level is too large to read)."""
     if len(coords) == 0:
         empty = np.zeros(0, np.float64)
-        return TileMeasure(empty, empty, 0.0, 0.0)
+        return TileMeasure(empty, empty, 0.0, 0.0, empty)
     level = measure_level(slide, size0)
     lw, lh = slide.level_dimensions[level]
     if lw * lh > WHOLE_READ_PIXELS and size0 / thumbnail_downsample(slide) >= MIN_FOOTPRINT_PX:
@@ -117,7 +127,7 @@ def measure_tiles(
         thumb = slide.thumbnail(MASK_SIZE)
         ds = slide.dimensions[0] / thumb.shape[1]
         classes = _classify(slide, thumb, ds, settings, None)
-        boxes = footprints(coords, size0, ds, classes.shape)
+        boxes = footprints(coords, size0, ds, classes[0].shape)
         return _shares([(np.arange(len(coords)), classes, boxes)], len(coords))
     ds = slide.level_downsamples[level]
     glass = None
@@ -134,9 +144,11 @@ def measure_tiles(
 
 def _classify(
     slide: Slide, image: np.ndarray, ds: float, settings: TissueSettings, glass: np.ndarray | None
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each pixel's class, and whether it is tissue with cell texture."""
     pixel_um = slide.mpp[0] * ds if slide.mpp is not None else None
-    return classify_pixels(image, settings, glass=glass, pixel_um=pixel_um)
+    classes = classify_pixels(image, settings, glass=glass, pixel_um=pixel_um)
+    return classes, (classes == TISSUE) & textured_pixels(image, glass, pixel_um)
 
 
 def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
@@ -148,12 +160,13 @@ def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
     return math.ceil(max(16.0, holes))
 
 
-def _shares(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int) -> TileMeasure:
-    tissue, ink = np.zeros(n, np.float64), np.zeros(n, np.float64)
-    for batch, classes, boxes in parts:
+def _shares(parts: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]], n: int) -> TileMeasure:
+    tissue, ink, textured = np.zeros(n, np.float64), np.zeros(n, np.float64), np.zeros(n, np.float64)
+    for batch, (classes, cells), boxes in parts:
         tissue[batch] = box_means(classes == TISSUE, boxes)
         ink[batch] = box_means(classes == INK, boxes)
-    return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()))
+        textured[batch] = box_means(cells, boxes)
+    return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()), textured)
 
 
 def apply_in_runs(

@@ -112,3 +112,62 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     )
     config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")  # the run replays from its folder
     assert config.data.slide_mpp == 0.25
+
+
+def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
+    viewer: Any, dock: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    from qtpy.QtCore import QPoint, Qt
+
+    from bigslide.engine.config import TrainConfig
+    from bigslide.napari._run import write_run_folder
+    from bigslide.synthetic.marks import Pen, synthesize_marked_slide
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.tissue import PEN_FLATNESS, TissueSettings
+
+    violet = Pen("violet", (118, 96, 182))  # hematoxylin's hue: colour alone keeps it as tissue
+    marked = synthesize_marked_slide((768, 768), seed=17, mpp=2.0, inks=(violet,))
+    path = write_pyramid(tmp_path / "pen.tif", downsample_pyramid(marked.rgb, 4), mpp=2.0, flavour="tiff")
+    panel = dock("Slides")
+    viewer.open(path, plugin="bigslide")
+    panel.set_label(0, "tumor")
+
+    def counted() -> int:
+        panel.count_tiles()
+        qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+        tiles = panel.session.rows[0].tiles
+        assert tiles is not None
+        return tiles
+
+    without = counted()
+    box = panel.pen_marks
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))  # on its tick box
+    assert panel.pen_marks.isChecked()
+    assert panel.session.tissue == TissueSettings(ink_flatness=PEN_FLATNESS)
+    with_pens = counted()
+    with open_slide(path) as slide:
+        expected = len(
+            TileGrid.from_slide(
+                slide,
+                panel.session.tile_size,
+                target_mpp=panel.session.target_mpp,
+                min_tissue=panel.session.min_tissue,
+                tissue=TissueSettings(ink_flatness=PEN_FLATNESS),
+            )
+        )
+    assert with_pens == expected
+    assert with_pens < 0.8 * without  # the pen's tiles on the glass are gone
+
+    defaults = TrainConfig()
+    write_run_folder(
+        viewer,
+        panel.session,
+        tmp_path / "run",
+        method="abmil_acc",
+        method_params={},
+        data_values={},
+        model=defaults.model,
+        optim=defaults.optim,
+        device="cpu",
+    )
+    assert TrainConfig.from_yaml(tmp_path / "run" / "config.yaml").data.ink_flatness == PEN_FLATNESS

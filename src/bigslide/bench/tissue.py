@@ -46,7 +46,7 @@ from bigslide.grid import TileGrid
 from bigslide.slide import open_slide
 from bigslide.synthetic.marks import FAMILIES, MarkedSlide, random_pen, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-from bigslide.tissue import GREYSCALE_RULE, TissueSettings
+from bigslide.tissue import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
 from bigslide.tissue_measure import box_means, footprints
 
 INK_ON_GLASS_TARGET = 0.05
@@ -189,11 +189,10 @@ def kinds(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-FILMS = 0.15
 RULES = {
     "greyscale rule": GREYSCALE_RULE,
     "stain rule (default)": TissueSettings(),
-    f"+ ink_flatness {FILMS:g}": TissueSettings(ink_flatness=FILMS),
+    f"+ ink_flatness {PEN_FLATNESS:g}": TissueSettings(ink_flatness=PEN_FLATNESS),
 }
 Tiling = tuple[int, float]
 

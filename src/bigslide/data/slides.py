@@ -281,12 +281,19 @@ def tile_slide(
     target_mpp: float,
     min_tissue: float,
     regions: Sequence[Region] | None,
+    tissue: TissueSettings | None = None,
 ) -> TileGrid:
     """The slide's grid sampled from `regions` as they are now (e.g. being drawn; none kept in the tile
-    cache), for `SlideCache.run`: in a decode worker when the slides have them."""
+    cache) with the `tissue` settings (default: data's), for `SlideCache.run`: in a decode worker when the
+    slides have them."""
     with slides.opened(path) as slide:
         return TileGrid.from_slide(
-            slide, tile_size, target_mpp=target_mpp, min_tissue=min_tissue, regions=regions
+            slide,
+            tile_size,
+            target_mpp=target_mpp,
+            min_tissue=min_tissue,
+            regions=regions,
+            tissue=tissue or TissueSettings(),
         )
 
 

@@ -2,8 +2,10 @@
 left out for ink (magenta) or blur (yellow) shaded, and a CSV line with what was kept.
 
 `bigslide train` writes them for every slide of a run (`<out>/tissue_check/`), `bigslide predict` for
-every slide it predicts. A slide where no tile, or nearly every tile, is kept is named in a warning:
-either the tissue was missed, or glass, ink or a dark scan passed for tissue.
+every slide it predicts. A slide where no tile is kept is named in a warning (the tissue was missed), and so
+is one where nearly every tile is kept and most of what was kept is flat, without the texture cells give
+(glass, ink or a dark scan passed for tissue); a slide cut to its tissue, a TMA core or a region crop is
+legitimately full of textured tissue and is not named.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ first run draws one per slide (at 768 px they took 75 ms each, at 512 px 37 ms).
 THUMBNAIL_MODULES = (__name__,)
 """The code that draws a thumbnail: a change to it draws the cached ones anew."""
 MOSTLY_KEPT = 0.95
-"""A slide with at least this share of its tiles kept is named in a warning (glass taken for tissue?)."""
+FLAT_KEPT = 0.5
+"""A slide with at least MOSTLY_KEPT of its tiles kept, and less than FLAT_KEPT of the kept tissue textured
+(`TissueCheck.textured_fraction`), is named in a warning (glass or ink taken for tissue?)."""
 
 
 def check_row(slide: str | Path, grid: TileGrid) -> dict[str, Any]:
@@ -66,14 +70,16 @@ def check_row(slide: str | Path, grid: TileGrid) -> dict[str, Any]:
 
 
 def warning(slide: str | Path, grid: TileGrid) -> str | None:
-    """A one-line warning when no tile, or nearly every tile, of the slide is kept."""
+    """A one-line warning when no tile of the slide is kept, or nearly every tile is and what was kept is
+    mostly flat (no cell texture)."""
     c = grid.check
     if c.tiles and c.kept == 0:
         return f"{slide}: tissue check kept no tile of {c.tiles} (no tissue found: look at its thumbnail)"
-    if c.tiles >= 20 and c.kept >= MOSTLY_KEPT * c.tiles:
+    if c.tiles >= 20 and c.kept >= MOSTLY_KEPT * c.tiles and c.textured_fraction < FLAT_KEPT:
         return (
-            f"{slide}: tissue check kept {c.kept} of {c.tiles} tiles ({100 * c.kept_fraction:.0f} %): is "
-            "glass, ink or a dark background taken for tissue? Look at its thumbnail"
+            f"{slide}: tissue check kept {c.kept} of {c.tiles} tiles ({100 * c.kept_fraction:.0f} %), "
+            f"and only {100 * c.textured_fraction:.0f} % of what it kept shows cell texture: is glass, ink "
+            "or a dark background taken for tissue? Look at its thumbnail"
         )
     return None
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
+    from bigslide.tissue import TissueSettings
 
 ROLE = "annotations"
 CLASS = "class"  # the Shapes layer's feature holding each shape's class
@@ -255,6 +256,7 @@ class AnnotateBox(QGroupBox):
             s.tile_size,
             s.target_mpp,
             s.min_tissue,
+            s.tissue,
             _start_thread=False,
             _ignore_errors=True,
         )
@@ -282,10 +284,11 @@ def _count_annotated(
     tile_size: int,
     target_mpp: float,
     min_tissue: float,
+    tissue: TissueSettings,
 ) -> int:
     from bigslide.annotations import annotated_count
     from bigslide.data.slides import tile_slide
 
     what = f"{path}: a worker died tiling it"
-    grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=what)
+    grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, tissue, what=what)
     return annotated_count(read_annotations(annotations), grid.coords, grid.tile_size_level0)

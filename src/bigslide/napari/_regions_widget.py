@@ -34,6 +34,7 @@ from bigslide.napari._tile_check import add_rejected_tiles
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
+    from bigslide.tissue import TissueSettings
 
 
 class RegionsWidget(Panel):
@@ -213,7 +214,7 @@ class RegionsWidget(Panel):
             show_error(str(err))
             return None
         s = self.session
-        worker = _tile_grid(s.slides(), path, s.tile_size, s.target_mpp, s.min_tissue, regions)
+        worker = _tile_grid(s.slides(), path, s.tile_size, s.target_mpp, s.min_tissue, regions, s.tissue)
         worker.returned.connect(self._show_tiles(slide))
         worker.errored.connect(self._preview_failed)
         self.preview_worker = worker
@@ -248,10 +249,23 @@ class RegionsWidget(Panel):
 
 @thread_worker(ignore_errors=True)
 def _tile_grid(
-    slides: SlideCache, path: str, tile_size: int, target_mpp: float, min_tissue: float, regions: Any
+    slides: SlideCache,
+    path: str,
+    tile_size: int,
+    target_mpp: float,
+    min_tissue: float,
+    regions: Any,
+    tissue: TissueSettings,
 ) -> Any:
     from bigslide.data.slides import tile_slide
 
     return slides.run(
-        tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=f"{path}: a worker died tiling it"
+        tile_slide,
+        path,
+        tile_size,
+        target_mpp,
+        min_tissue,
+        regions,
+        tissue,
+        what=f"{path}: a worker died tiling it",
     )

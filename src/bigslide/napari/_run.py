@@ -104,6 +104,7 @@ def write_run_folder(
         target_mpp=session.target_mpp,
         slide_mpp=session.slide_mpp,
         min_tissue=session.min_tissue,
+        ink_flatness=session.tissue.ink_flatness,
         task=table.task,  # type: ignore[arg-type]  # a TASKS value: the table checked it
         **data_values,
     )

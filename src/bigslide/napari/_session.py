@@ -59,6 +59,7 @@ class Session:
         self.target_mpp = defaults.read_mpp  # µm/px tiles are read at
         self._slide_mpp = defaults.slide_mpp  # level-0 µm/px of files that state none
         self.min_tissue = defaults.min_tissue
+        self.tissue = defaults.tissue  # how tissue is told from glass, ink and dust (data.* settings)
         self.columns: list[str] = []  # of the last slide table loaded
         self.task = "classification"  # what those columns imply (data.task)
         self.table_name = ""  # the file they were read from

@@ -3,6 +3,7 @@ event for survival; a target for regression), the tiling settings, and the table
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import QAbstractItemModel, QModelIndex, Qt
 from qtpy.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -29,10 +31,12 @@ from qtpy.QtWidgets import (
 from bigslide.napari._number import NumberField, parse_number
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled
+from bigslide.tissue import PEN_FLATNESS
 
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session, SlideRow
+    from bigslide.tissue import TissueSettings
 
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
 MPP_TIPS = {
@@ -138,6 +142,14 @@ class SlidesWidget(Panel):
             step=0.05,
             tip="Tiles with less tissue than this fraction (0-1) are skipped",
         )
+        self.pen_marks = QCheckBox()
+        self.pen_marks.setToolTip(
+            "Take flat films of any colour lying on the glass for ink (data.ink_flatness "
+            f"{PEN_FLATNESS:g}): violet, pink or light blue pens that colour alone keeps as tissue. "
+            "Leave it off for IHC slides: their broad brown fields are flat too"
+        )
+        self.pen_marks.setChecked(s.tissue.ink_flatness > 0)
+        self.pen_marks.toggled.connect(self._on_tiling_changed)
         for field in (self.tile_size, self.target_mpp, self.slide_mpp, self.min_tissue):
             field.valueChanged.connect(self._on_tiling_changed)
             field.problemChanged.connect(lambda _p, f=field: s.set_problem(f.name, f.refusal()))
@@ -162,6 +174,7 @@ class SlidesWidget(Panel):
         settings.addRow("resolution (µm/px)", self.target_mpp)
         settings.addRow("slide µm/px if unstated", self.slide_mpp)
         settings.addRow("min tissue (0-1)", self.min_tissue)
+        settings.addRow("pen marks on the glass", self.pen_marks)
         buttons = QHBoxLayout()
         for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
             buttons.addWidget(button)
@@ -382,6 +395,9 @@ class SlidesWidget(Panel):
         s.target_mpp = float(self.target_mpp.value() or s.target_mpp)
         s.slide_mpp = self.slide_mpp.value()
         s.min_tissue = float(self.min_tissue.value() or 0.0)
+        s.tissue = dataclasses.replace(
+            s.tissue, ink_flatness=PEN_FLATNESS if self.pen_marks.isChecked() else 0.0
+        )
         for row in s.rows:
             row.tiles = None
         self.refresh()
@@ -407,7 +423,7 @@ class SlidesWidget(Panel):
         self.count_button.setEnabled(False)
         self.status.setText("Counting tiles…")
         s = self.session
-        worker = _count_tiles(s.slides(), jobs, s.tile_size, s.target_mpp, s.min_tissue)
+        worker = _count_tiles(s.slides(), jobs, s.tile_size, s.target_mpp, s.min_tissue, s.tissue)
         self.count_error = None
         worker.yielded.connect(
             lambda result: self.session.update(result[0], tiles=result[1], annotated=result[2])
@@ -441,13 +457,14 @@ def _count_tiles(
     tile_size: int,
     target_mpp: float,
     min_tissue: float,
+    tissue: TissueSettings,
 ) -> Generator[tuple[Path, int, int | None], None, None]:
     from bigslide.annotations import annotated_count, read_annotations
     from bigslide.data.slides import tile_slide
 
     for path, regions, taught_by in jobs:
         what = f"{path}: a worker died tiling it"
-        grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, what=what)
+        grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, tissue, what=what)
         taught = None
         if taught_by is not None:
             taught = annotated_count(read_annotations(taught_by), grid.coords, grid.tile_size_level0)
