@@ -291,7 +291,8 @@ def _measure(
 
 def _textured_share(measured: TileMeasure, keep: np.ndarray) -> float:
     tissue = float(measured.tissue[keep].sum())
-    return round(float(measured.textured[keep].sum()) / tissue, 4) if tissue > 0 else 1.0
+    # texture is judged on a sparser raster than tissue: the share can round past 1
+    return round(min(1.0, float(measured.textured[keep].sum()) / tissue), 4) if tissue > 0 else 1.0
 
 
 def _pick(

@@ -220,7 +220,8 @@ def classify_pixels(
     if pixel_um and settings.fill_holes_um > 0:
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
-    out[films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)] = INK
+    if settings.ink_flatness > 0:
+        out[films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)] = INK
     return out
 
 
@@ -228,10 +229,9 @@ def films_on_glass(
     od: np.ndarray, classes: np.ndarray, settings: TissueSettings, pixel_um: float
 ) -> np.ndarray:
     """Pixels of flat films of dye lying on open glass (pen strokes of any colour), with their soft edges;
-    `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass)."""
+    `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass);
+    `settings.ink_flatness` above 0."""
     total = od.sum(axis=-1)
-    if settings.ink_flatness <= 0:
-        return np.zeros(classes.shape, bool)
     sigma = max(FLAT_MIN_PX, TEXTURE_UM / pixel_um)
     flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
     if not flat.any():
@@ -288,15 +288,15 @@ def _od_chroma(od: np.ndarray) -> np.ndarray:
 
 
 def textured_pixels(
-    rgb: np.ndarray, glass: np.ndarray | None = None, pixel_um: float | None = None
+    rgb: np.ndarray, glass: np.ndarray | None = None, pixel_um: float | None = None, step: int = 1
 ) -> np.ndarray:
-    """Pixels of an (H, W, 3) image whose light varies across a nucleus-wide window as cells make it vary
-    (`light_texture` at least PEN_FLATNESS): what tissue looks like, and glass, a dark background or a
-    film of ink does not."""
-    od = optical_density(np.asarray(rgb)[..., :3])
+    """Whether each `step`-th pixel of every `step`-th row of an (H, W, 3) image varies in light across a
+    nucleus-wide window as cells make it vary (`light_texture` at least PEN_FLATNESS): what tissue looks
+    like, and glass, a dark background or a film of ink does not."""
+    od = optical_density(np.asarray(rgb)[::step, ::step, :3])
     od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
     total = np.maximum(od, 0).sum(axis=-1)
-    sigma = max(FLAT_MIN_PX, TEXTURE_UM / (pixel_um or UNKNOWN_PIXEL_UM))
+    sigma = max(FLAT_MIN_PX, TEXTURE_UM / (pixel_um or UNKNOWN_PIXEL_UM) / step)
     return light_texture(total, sigma) >= PEN_FLATNESS
 
 

@@ -26,6 +26,9 @@ from bigslide.tissue import (
     textured_pixels,
 )
 
+TEXTURE_STEP = 4
+"""Cell texture (for the tissue check's warning, a slide-wide share) is judged on every fourth pixel and
+row of the level tissue is measured on."""
 MIN_FOOTPRINT_PX = 4
 """A tile must still span this many pixels on the level its tissue is measured on."""
 STRIP_PIXELS = 1 << 24
@@ -127,7 +130,7 @@ def measure_tiles(
         thumb = slide.thumbnail(MASK_SIZE)
         ds = slide.dimensions[0] / thumb.shape[1]
         classes = _classify(slide, thumb, ds, settings, None)
-        boxes = footprints(coords, size0, ds, classes[0].shape)
+        boxes = footprints(coords, size0, ds, classes.classes.shape)
         return _shares([(np.arange(len(coords)), classes, boxes)], len(coords))
     ds = slide.level_downsamples[level]
     glass = None
@@ -142,13 +145,21 @@ def measure_tiles(
     return _shares(parts, len(coords))
 
 
+class _Classes(NamedTuple):
+    classes: np.ndarray
+    textured: np.ndarray  # tissue with cell texture, on every `step`-th pixel and row
+    step: int
+
+
 def _classify(
     slide: Slide, image: np.ndarray, ds: float, settings: TissueSettings, glass: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each pixel's class, and whether it is tissue with cell texture."""
+) -> _Classes:
     pixel_um = slide.mpp[0] * ds if slide.mpp is not None else None
+    glass = glass_od(image) if glass is None else glass
     classes = classify_pixels(image, settings, glass=glass, pixel_um=pixel_um)
-    return classes, (classes == TISSUE) & textured_pixels(image, glass, pixel_um)
+    step = TEXTURE_STEP if min(image.shape[:2]) >= 16 * TEXTURE_STEP else 1
+    cells = textured_pixels(image, glass, pixel_um, step) & (classes[::step, ::step] == TISSUE)
+    return _Classes(classes, cells, step)
 
 
 def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
@@ -160,12 +171,16 @@ def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
     return math.ceil(max(16.0, holes))
 
 
-def _shares(parts: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]], n: int) -> TileMeasure:
+def _shares(parts: list[tuple[np.ndarray, _Classes, np.ndarray]], n: int) -> TileMeasure:
     tissue, ink, textured = np.zeros(n, np.float64), np.zeros(n, np.float64), np.zeros(n, np.float64)
-    for batch, (classes, cells), boxes in parts:
+    for batch, (classes, cells, step), boxes in parts:
         tissue[batch] = box_means(classes == TISSUE, boxes)
         ink[batch] = box_means(classes == INK, boxes)
-        textured[batch] = box_means(cells, boxes)
+        start = np.minimum(boxes[:, [0, 2]] // step, np.array(cells.shape) - 1)
+        stop = np.maximum(-(-boxes[:, [1, 3]] // step), start + 1)
+        textured[batch] = box_means(
+            cells, np.stack([start[:, 0], stop[:, 0], start[:, 1], stop[:, 1]], axis=1)
+        )
     return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()), textured)
 
 
