@@ -186,3 +186,46 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     assert ("heatmap", "slide_000 attention") in roles  # the slide's own map: the retrained model's
     assert "slide_000" in [s.name for s in slides.viewer.layers if s.metadata.get("bigslide_role") == "slide"]
     assert len(panel.session.rows) == 4  # the copy is no slide of the training set
+
+
+def test_each_outline_keeps_its_own_class_colour_when_the_next_class_is_chosen(
+    viewer: Any, dock: Any, tiny_set: Path
+) -> None:
+    """tumor, then Not lesion, then tumor again, each outline still selected (as napari leaves the one just
+    drawn) when the next class is chosen: every outline is drawn in its own class's colour."""
+    _slides, panel, layer = annotated_panel(viewer, dock, tiny_set)
+    box = panel.annotate
+    layer.selected_data = {1}  # the Not lesion outline, just drawn
+    box.class_box.setCurrentText("tumor")
+    box.draw_button.click()
+    layer.add_polygons([np.array(LESION_BOX) + 300.0])
+    layer.selected_data = {2}
+    box.class_box.setCurrentText(NOT_LESION)
+    classes = [box.class_box.itemText(i) for i in range(box.class_box.count())]
+    assert list(layer.features["class"]) == ["tumor", NOT_LESION, "tumor"]
+    for index, name in enumerate(["tumor", NOT_LESION, "tumor"]):
+        expected = np.array([*class_colour(name, classes), 255]) / 255
+        np.testing.assert_allclose(layer.edge_color[index], expected, atol=1 / 255, err_msg=name)
+
+
+def test_outlines_without_area_are_named_at_save_and_the_message_counts_what_was_written(
+    viewer: Any, dock: Any, tiny_set: Path, notifications: list[Any]
+) -> None:
+    _slides, panel, layer = annotated_panel(viewer, dock, tiny_set)
+    box = panel.annotate
+    flat = np.array([[500.0, 500.0], [500.0, 560.0], [500.0, 560.0]])  # a double-click on the second corner
+    layer.add_polygons([flat])
+    saved = box.save()
+    assert saved is not None
+    assert len(json.loads(saved.read_text())["features"]) == 2
+    text = box.status.text()
+    assert text.startswith("Saved 2 annotations to ")
+    assert "1 outline has no area and was not saved" in text
+    assert any("1 outline has no area" in n.message for n in notifications if n.severity == "warning")
+
+    layer.selected_data = {0, 1}
+    layer.remove_selected()
+    layer.add_polygons([flat + 100.0])  # two outlines, neither with an area
+    assert box.save() is None
+    assert box.status.text().startswith("Nothing saved: 2 outlines have no area and were not saved")
+    assert len(read_annotations(saved)) == 2  # the last good file is kept

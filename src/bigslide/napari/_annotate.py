@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error, show_info
+from napari.utils.notifications import show_error, show_info, show_warning
 from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 from bigslide.annotations import (
@@ -81,14 +81,17 @@ def add_annotation_layer(
     return layer
 
 
-def layer_annotations(layer: Any) -> list[Annotation]:
-    """The classed polygons of an annotations layer (level-0 pixels); shapes without area are left out."""
+def layer_annotations(layer: Any) -> tuple[list[Annotation], int]:
+    """The classed polygons of an annotations layer (level-0 pixels), and how many of its shapes enclose no
+    area (a line, two corners, a double-click on the second corner) and were left out."""
     names = list(layer.features[CLASS]) if CLASS in layer.features else [NOT_LESION] * len(layer.data)
-    out = []
+    out, flat = [], 0
     for index, name in enumerate(names):
         single = _OneShape(layer.data[index], layer.shape_type[index])
-        out += [Annotation(polygon, str(name)) for polygon in shapes_to_polygons(single)]  # type: ignore[arg-type]
-    return out
+        polygons = shapes_to_polygons(single)  # type: ignore[arg-type]
+        out += [Annotation(polygon, str(name)) for polygon in polygons]
+        flat += not polygons
+    return out, flat
 
 
 class _OneShape:
@@ -150,6 +153,9 @@ class AnnotateBox(QGroupBox):
         slide = self.slide_layer()
         layer = annotation_layer(self.viewer, slide.metadata["path"]) if slide is not None else None
         if layer is not None and name:
+            # napari gives the selected shapes the current colour: the outline just drawn (still selected)
+            # keeps its own class's colour when the class of the next one is chosen
+            layer.selected_data = set()
             layer.feature_defaults = {CLASS: name}
             layer.current_edge_color = hex_colour(class_colour(name, self._classes()))
 
@@ -200,14 +206,25 @@ class AnnotateBox(QGroupBox):
         path = Path(slide.metadata["path"])
         table = self.session.table_path or path
         target = annotations_path(table, path)
+        annotations, flat = layer_annotations(layer)
+        unsaved = (
+            f"{flat} outline{'s have' if flat != 1 else ' has'} no area and "
+            f"{'were' if flat != 1 else 'was'} not saved"
+        )
+        if not annotations:
+            self._fail(f"Nothing saved: {unsaved} (an outline needs three corners around an area).")
+            return None
         try:
-            saved = write_annotations(layer_annotations(layer), target, self._classes()[1:])
+            saved = write_annotations(annotations, target, self._classes()[1:])
         except OSError as err:
             self._fail(f"Could not write {target}: {err.strerror or err}")
             return None
         row = self.session.row(path) or self.session.add(path, from_layer=True)
         self.session.update(row.path, annotations=saved, annotated=None)
-        self.status.setText(f"Saved {len(layer.data)} annotations to {saved}; counting annotated tiles…")
+        written = f"Saved {len(annotations)} annotation{'s' if len(annotations) != 1 else ''} to {saved}"
+        self.status.setText(f"{written}{f'; {unsaved}' if flat else ''}; counting annotated tiles…")
+        if flat:
+            show_warning(f"{slide.name}: {unsaved} (an outline needs three corners around an area).")
         self.count(row.path)
         return saved
 
