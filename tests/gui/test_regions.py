@@ -139,3 +139,20 @@ def test_tile_preview_shows_the_tiles_left_out_in_another_colour(
     assert "for ink (magenta)" in panel.status.text()
     panel.preview.setChecked(False)
     assert not any(lay.metadata.get("bigslide_role") == "tiles" for lay in viewer.layers)
+
+
+def test_saving_an_empty_leave_out_layer_names_that_layer(
+    viewer: Any, dock: Any, tmp_path: Path, svs_slide: Any, notifications: list[Any]
+) -> None:
+    viewer.open(svs_slide.path, plugin="bigslide")
+    panel = dock("Sampling regions")
+    assert panel.save_geojson(tmp_path / "none.geojson") is None  # nothing made yet: say which buttons
+    errors = [n.message for n in notifications if n.severity == "error"]
+    assert "'New sampling regions' or 'New areas to leave out'" in errors[-1]
+    panel.exclude_button.click()
+    layer = viewer.layers.selection.active
+    assert panel.save_geojson(tmp_path / "empty.geojson") is None
+    errors = [n.message for n in notifications if n.severity == "error"]
+    assert f"outline areas in '{layer.name}'" in errors[-1]  # the layer the person made, not another button
+    assert "New sampling regions" not in errors[-1]
+    assert not (tmp_path / "empty.geojson").exists()

@@ -137,6 +137,7 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
         qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
         tiles = panel.session.rows[0].tiles
         assert tiles is not None
+        assert panel.status.text() == f"{tiles} tiles in 1 slide."  # one slide, said as one
         return tiles
 
     without = counted()

@@ -170,6 +170,24 @@ class RegionsWidget(Panel):
         self.status.setText(f"{text} from {Path(path).name}.")
         return layer
 
+    def _nothing_drawn(self, slide: Any) -> str:
+        """What to do when a slide has no region to save: draw in the layer already made, or make one."""
+        path = str(slide.metadata["path"])
+        made = [
+            layer.name
+            for role in ("regions", "exclusions")
+            for layer in layers_with_role(self.viewer, role, path)
+        ]
+        if made:
+            return (
+                f"Nothing drawn on {slide.name} yet: outline areas in '{made[-1]}' (its polygon tool), "
+                "then Save."
+            )
+        return (
+            f"No regions drawn on {slide.name}: press 'New sampling regions' or 'New areas to leave out' and "
+            "draw polygons."
+        )
+
     def save_geojson(self, path: str | Path | None = None) -> Path | None:
         """Write the drawn regions (level-0 px, QuPath convention) and use the file in the slide table."""
         from bigslide.regions import save_regions
@@ -179,7 +197,7 @@ class RegionsWidget(Panel):
             return None
         regions = layer_regions(self.viewer, slide.metadata["path"])
         if regions is None:
-            show_error(f"No regions drawn on {slide.name}: press 'New sampling regions' and draw polygons.")
+            show_error(self._nothing_drawn(slide))
             return None
         if path is None:
             suggestion = str(Path(slide.metadata["path"]).with_suffix(".regions.geojson"))

@@ -445,9 +445,10 @@ class SlidesWidget(Panel):
         if self.count_error is not None:
             self.status.setText(self.count_error)
             return
-        total = sum(r.tiles or 0 for r in self.session.rows)
-        self.status.setText(f"{total} tiles in {len(self.session.rows)} slides.")
-        show_info(f"{total} tiles in {len(self.session.rows)} slides")
+        total, slides = sum(r.tiles or 0 for r in self.session.rows), len(self.session.rows)
+        counted = f"{total} tile{'s' if total != 1 else ''} in {slides} slide{'s' if slides != 1 else ''}"
+        self.status.setText(f"{counted}.")
+        show_info(counted)
 
 
 @thread_worker(ignore_errors=True)
