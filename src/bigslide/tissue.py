@@ -232,7 +232,7 @@ def films_on_glass(
     `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass);
     `settings.ink_flatness` above 0."""
     total = od.sum(axis=-1)
-    sigma = max(FLAT_MIN_PX, TEXTURE_UM / pixel_um)
+    sigma = _flatness_window(pixel_um)
     flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
     if not flat.any():
         return flat
@@ -253,7 +253,8 @@ def films_on_glass(
         count = 0
         for b in np.unique(bins[flat]):
             part, n = ndimage.label(flat & (bins == b))
-            labels[part > 0] = part[part > 0] + count
+            inside = part > 0
+            labels[inside] = part[inside] + count
             count += n
         ring = ndimage.grey_dilation(labels, size=2 * reach + 1)
         ring[flat] = 0
@@ -276,9 +277,17 @@ def films_on_glass(
 
 
 def _od_hue(od: np.ndarray) -> np.ndarray:
-    """Hue of each pixel's OD (degrees): the angle of its colour around the grey axis."""
+    """Hue of each pixel's OD (degrees): the angle of its colour around the grey axis. Not
+    `bigslide.hue.hue_angle` made per pixel: that measures from an origin 30° away, and pixels of equal green
+    and blue, exactly on a band's edge here, would fall on either side of it by rounding (tried: the flat
+    blurred patch of `tests/test_ink_films.py` became 14 % ink)."""
     red, green, blue = od[..., 0], od[..., 1], od[..., 2]
     return np.degrees(np.arctan2(math.sqrt(3) * (green - blue), 2 * red - green - blue)) % 360
+
+
+def _flatness_window(pixel_um: float) -> float:
+    """Gaussian sigma, in pixels of `pixel_um`, that flatness and cell texture are measured over."""
+    return max(FLAT_MIN_PX, TEXTURE_UM / pixel_um)
 
 
 def _od_chroma(od: np.ndarray) -> np.ndarray:
@@ -296,8 +305,7 @@ def textured_pixels(
     od = optical_density(np.asarray(rgb)[::step, ::step, :3])
     od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
     total = np.maximum(od, 0).sum(axis=-1)
-    sigma = max(FLAT_MIN_PX, TEXTURE_UM / (pixel_um or UNKNOWN_PIXEL_UM) / step)
-    return light_texture(total, sigma) >= PEN_FLATNESS
+    return light_texture(total, _flatness_window((pixel_um or UNKNOWN_PIXEL_UM) * step)) >= PEN_FLATNESS
 
 
 def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:

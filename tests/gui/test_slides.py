@@ -12,6 +12,26 @@ from bigslide.grid import TileGrid
 from bigslide.slide import open_slide
 
 
+def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
+    """The config a run started from the viewer writes to its folder, read back as a replay reads it."""
+    from bigslide.engine.config import TrainConfig
+    from bigslide.napari._run import write_run_folder
+
+    defaults = TrainConfig()
+    write_run_folder(
+        viewer,
+        session,
+        folder,
+        method="abmil_acc",
+        method_params={},
+        data_values={},
+        model=defaults.model,
+        optim=defaults.optim,
+        device="cpu",
+    )
+    return TrainConfig.from_yaml(folder / "config.yaml")
+
+
 def test_training_set_sample_fills_the_table(viewer: Any, dock: Any, tmp_path: Path) -> None:
     panel = dock("Slides")
     layers = viewer.open_sample("bigslide", "training_set")
@@ -70,9 +90,6 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     notifications: list[Any],
     tmp_path: Path,
 ) -> None:
-    from bigslide.engine.config import TrainConfig
-    from bigslide.napari._run import write_run_folder
-
     pink = (slide_image // 3 + np.array([150, 70, 130], np.uint8)).astype(np.uint8)  # grey noise is dust
     unstated = make_slide(pink, flavour="tiff", mpp=None, name="no-mpp")
     panel = dock("Slides")
@@ -98,20 +115,7 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
         )
     assert panel.session.rows[0].tiles == expected > 0
 
-    defaults = TrainConfig()
-    write_run_folder(
-        viewer,
-        panel.session,
-        tmp_path / "run",
-        method="abmil_acc",
-        method_params={},
-        data_values={},
-        model=defaults.model,
-        optim=defaults.optim,
-        device="cpu",
-    )
-    config = TrainConfig.from_yaml(tmp_path / "run" / "config.yaml")  # the run replays from its folder
-    assert config.data.slide_mpp == 0.25
+    assert replayed_run(viewer, panel.session, tmp_path / "run").data.slide_mpp == 0.25
 
 
 def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
@@ -119,8 +123,6 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
 ) -> None:
     from qtpy.QtCore import QPoint, Qt
 
-    from bigslide.engine.config import TrainConfig
-    from bigslide.napari._run import write_run_folder
     from bigslide.synthetic.marks import Pen, synthesize_marked_slide
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
     from bigslide.tissue import PEN_FLATNESS, TissueSettings
@@ -159,16 +161,4 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
     assert with_pens == expected
     assert with_pens < 0.8 * without  # the pen's tiles on the glass are gone
 
-    defaults = TrainConfig()
-    write_run_folder(
-        viewer,
-        panel.session,
-        tmp_path / "run",
-        method="abmil_acc",
-        method_params={},
-        data_values={},
-        model=defaults.model,
-        optim=defaults.optim,
-        device="cpu",
-    )
-    assert TrainConfig.from_yaml(tmp_path / "run" / "config.yaml").data.ink_flatness == PEN_FLATNESS
+    assert replayed_run(viewer, panel.session, tmp_path / "run").data.ink_flatness == PEN_FLATNESS

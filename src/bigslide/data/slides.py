@@ -281,11 +281,10 @@ def tile_slide(
     target_mpp: float,
     min_tissue: float,
     regions: Sequence[Region] | None,
-    tissue: TissueSettings | None = None,
+    tissue: TissueSettings,
 ) -> TileGrid:
     """The slide's grid sampled from `regions` as they are now (e.g. being drawn; none kept in the tile
-    cache) with the `tissue` settings (default: data's), for `SlideCache.run`: in a decode worker when the
-    slides have them."""
+    cache) with the `tissue` settings, for `SlideCache.run`: in a decode worker when the slides have them."""
     with slides.opened(path) as slide:
         return TileGrid.from_slide(
             slide,
@@ -293,7 +292,7 @@ def tile_slide(
             target_mpp=target_mpp,
             min_tissue=min_tissue,
             regions=regions,
-            tissue=tissue or TissueSettings(),
+            tissue=tissue,
         )
 
 
