@@ -196,3 +196,25 @@ def test_data_settings_make_the_tissue_settings() -> None:
         exclude_classes=("Necrosis", "Pen*"),
     )
     assert DataConfig().tissue == TissueSettings()
+
+
+@pytest.mark.parametrize(("mpp", "sigma"), [(4.0, 1.5), (2.0, 3.0)])
+def test_dye_films_measured_near_candidates_equal_the_whole_image_measure(mpp: float, sigma: float) -> None:
+    """Texture and votes are measured only around the pixels that could be ink, group by group: pixel for
+    pixel what measuring the whole image gives, with stray candidates scattered in the tissue, strokes and
+    the image's edges (a group's box cut off by them)."""
+    from bigslide.tissue import _films, colour_texture, dye_films, glass_od, optical_density
+
+    slide = synthesize_marked_slide((640, 512), seed=29, mpp=mpp, aggregates=1)
+    od = np.maximum(optical_density(slide.rgb) - glass_od(slide.rgb), 0)
+    total = od.sum(axis=-1)
+    candidate = (total >= 0.3) & (od[..., 2] >= 0.6 * od[..., 1])
+    stray = np.random.default_rng(0).random(candidate.shape) < 0.002
+    candidate |= stray & slide.tissue
+    candidate[:3, :40] = candidate[-5:, -7:] = True
+    # the texture threshold at the candidates' median texture: a window cut short flips pixels
+    threshold = float(np.median(colour_texture(od, sigma)[candidate]))
+    settings = TissueSettings(ink_texture=threshold)
+    whole = _films(od, candidate, settings, sigma)
+    assert whole.sum() > 1000 and (candidate & ~whole).sum() > 100  # both outcomes occur
+    np.testing.assert_array_equal(dye_films(od, candidate, settings, sigma), whole)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -171,6 +172,11 @@ def optical_density(rgb: np.ndarray) -> np.ndarray:
     return -np.log((np.asarray(rgb[..., :3], np.float32) + 0.5) / 255.5)
 
 
+def summed(od: np.ndarray) -> np.ndarray:
+    """The three channels of an (..., 3) array added (a sum over the last axis is ten times slower)."""
+    return od[..., 0] + od[..., 1] + od[..., 2]
+
+
 def glass_od(rgb: np.ndarray) -> np.ndarray:
     """(3,) OD of the slide's glass: the median of its bright, nearly grey pixels (0 when it shows none)."""
     rgb = np.asarray(rgb)[..., :3].reshape(-1, 3)
@@ -212,7 +218,7 @@ def classify_pixels(
     od = optical_density(rgb)
     od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
     np.maximum(od, 0, out=od)
-    total = od.sum(axis=-1)
+    total = summed(od)
     sigma = max(1.0, TEXTURE_UM / pixel_um) if pixel_um else 1.0
     ink = ink_mask(od, settings, sigma) | (grey < RULE_LOW)
     out = np.where(total >= GLASS_OD, TISSUE, GLASS).astype(np.uint8)
@@ -231,7 +237,7 @@ def films_on_glass(
     """Pixels of flat films of dye lying on open glass (pen strokes of any colour), with their soft edges;
     `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass);
     `settings.ink_flatness` above 0."""
-    total = od.sum(axis=-1)
+    total = summed(od)
     sigma = _flatness_window(pixel_um)
     flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
     if not flat.any():
@@ -270,7 +276,7 @@ def films_on_glass(
     near = ndimage.binary_dilation(ink, iterations=math.ceil(sigma + 1)) & (classes == TISSUE)
     weight = ink.astype(np.float32)
     beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma) for c in range(3)], axis=-1)
-    cosine = (od * beside).sum(axis=-1) / np.maximum(
+    cosine = summed(od * beside) / np.maximum(
         np.linalg.norm(od, axis=-1) * np.linalg.norm(beside, axis=-1), 1e-6
     )
     return ink | (near & ((cosine >= EDGE_COSINE) | (total < INK_MIN_OD)))
@@ -293,7 +299,7 @@ def _flatness_window(pixel_um: float) -> float:
 def _od_chroma(od: np.ndarray) -> np.ndarray:
     """How far a pixel's OD lies from grey, as a share of its amount."""
     grey = od.mean(axis=-1, keepdims=True)
-    return np.linalg.norm(od - grey, axis=-1) / np.maximum(od.sum(axis=-1), 1e-6)
+    return np.linalg.norm(od - grey, axis=-1) / np.maximum(summed(od), 1e-6)
 
 
 def textured_pixels(
@@ -304,7 +310,7 @@ def textured_pixels(
     like, and glass, a dark background or a film of ink does not."""
     od = optical_density(np.asarray(rgb)[::step, ::step, :3])
     od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
-    total = np.maximum(od, 0).sum(axis=-1)
+    total = summed(np.maximum(od, 0))
     return light_texture(total, _flatness_window((pixel_um or UNKNOWN_PIXEL_UM) * step)) >= PEN_FLATNESS
 
 
@@ -326,7 +332,7 @@ def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
 def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:
     """Pixels of pen ink, marker, dust or bubble rims in an image of OD above the glass's (H, W, 3);
     `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
-    total = od.sum(axis=-1)
+    total = summed(od)
     coloured = total >= INK_MIN_OD
     brown = _brown(od)
     neutral = coloured & ~brown & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
@@ -335,10 +341,19 @@ def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np
     candidate = off_colour | bluish | (total >= DARK_OD)
     # two strokes crossing: no stain is that dark and that far off colour, textured or not
     ink = neutral | (off_colour & (total >= DARK_OD))
+    ink |= dye_films(od, candidate, settings, sigma)
+    # growing the ink and filling its pockets, cheap boolean work, look further than its texture
+    inky = candidate | neutral
     margin = math.ceil((POCKET_PX + 4 * VOTE_SIGMA) * sigma) + GROW_PX
     for part in _around(candidate, margin):
-        ink[part] |= _films(od[part], candidate[part], neutral[part], ink[part], settings, sigma)
+        if ink[part].any():  # with no ink there is nothing to grow and no pocket
+            ink[part] |= _grown(ink[part], inky[part], sigma)
     return ink
+
+
+def _gaussian_radius(sigma: float) -> int:
+    """How far `ndimage.gaussian_filter` (truncated at 4 sigma) reaches, in pixels."""
+    return int(4.0 * sigma + 0.5)
 
 
 def _brown(od: np.ndarray) -> np.ndarray:
@@ -348,26 +363,33 @@ def _brown(od: np.ndarray) -> np.ndarray:
     return (blue >= BROWN_BLUE_GREEN * green) & (red >= low * green) & (red <= high * green)
 
 
-def _films(
-    od: np.ndarray,
-    candidate: np.ndarray,
-    neutral: np.ndarray,
-    ink: np.ndarray,
-    settings: TissueSettings,
-    sigma: float,
-) -> np.ndarray:
+def dye_films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, sigma: float) -> np.ndarray:
+    """Candidate pixels in smooth films of dye: `_films` of the whole image, measured only as far from a
+    candidate as texture and votes reach (stray candidate pixels are common in tissue, and measuring
+    around each would measure most of it)."""
+    out = np.zeros(candidate.shape, bool)
+    reach = _gaussian_radius(sigma) + _gaussian_radius(VOTE_SIGMA * sigma) + 1
+    for part, own in _groups(candidate, reach):
+        # every candidate a group's votes count lies in the group, and their texture windows in `part`
+        out[part] |= _films(od[part], own, settings, sigma)
+    return out
+
+
+def _films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, sigma: float) -> np.ndarray:
+    """Candidate pixels in smooth films of dye, measured over the whole of `od`."""
     smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
     # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
     window = VOTE_SIGMA * sigma
     vote = ndimage.gaussian_filter(smooth, window, mode="nearest")
-    film = candidate & (
+    return candidate & (
         vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
     )
-    ink = ink | film
-    # where strokes cross, or a stroke runs along the tissue, the mix is textured: ink takes in the
-    # off-colour and bluish pixels next to it and those it encloses
-    inky = candidate | neutral
-    ink |= ndimage.binary_dilation(ink, iterations=GROW_PX) & inky
+
+
+def _grown(ink: np.ndarray, inky: np.ndarray, sigma: float) -> np.ndarray:
+    """`ink` taking in the off-colour and bluish pixels (`inky`) next to it and those it encloses: where
+    strokes cross, or a stroke runs along the tissue, the mix is textured."""
+    ink = ink | (ndimage.binary_dilation(ink, iterations=GROW_PX) & inky)
     ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
     return ink
 
@@ -375,18 +397,41 @@ def _films(
 def _around(mask: np.ndarray, margin: int) -> list[tuple[slice, slice]]:
     """Rectangles covering the groups of `mask`'s pixels, each with at least `margin` pixels around
     (found on blocks of `margin` pixels: cheap on a mostly empty slide)."""
-    if not mask.any():
-        return []
+    labels, b = _block_groups(mask, margin)
+    h, w = mask.shape
+    return [
+        (slice(r.start * b, min(h, r.stop * b)), slice(c.start * b, min(w, c.stop * b)))
+        for r, c in ndimage.find_objects(labels)
+    ]
+
+
+def _groups(mask: np.ndarray, margin: int) -> Iterator[tuple[tuple[slice, slice], np.ndarray]]:
+    """(rectangle, the group's pixels in it) for each group of `mask`'s pixels: pixels less than `margin`
+    apart share a group, and its rectangle reaches `margin` pixels beyond it (where the image does)."""
+    labels, b = _block_groups(mask, margin)
+    h, w = mask.shape
+    pixels = np.repeat(np.repeat(labels, b, axis=0), b, axis=1)[:h, :w] * mask
+    for group, box in enumerate(ndimage.find_objects(pixels), start=1):
+        if box is None:
+            continue
+        r, c = box
+        part = (
+            slice(max(0, r.start - margin), min(h, r.stop + margin)),
+            slice(max(0, c.start - margin), min(w, c.stop + margin)),
+        )
+        yield part, pixels[part] == group
+
+
+def _block_groups(mask: np.ndarray, margin: int) -> tuple[np.ndarray, int]:
+    """Labels of the groups of blocks (side b, at least `margin`) holding `mask`'s pixels, each group
+    grown by a block; and b."""
     b = max(8, margin)
     h, w = mask.shape
     padded = np.zeros((-(-h // b) * b, -(-w // b) * b), bool)
     padded[:h, :w] = mask
     blocks = padded.reshape(padded.shape[0] // b, b, padded.shape[1] // b, b).any(axis=(1, 3))
     labels, _count = ndimage.label(ndimage.binary_dilation(blocks, iterations=1))
-    return [
-        (slice(r.start * b, min(h, r.stop * b)), slice(c.start * b, min(w, c.stop * b)))
-        for r, c in ndimage.find_objects(labels)
-    ]
+    return labels, b
 
 
 def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
@@ -414,16 +459,17 @@ def colour_texture(od: np.ndarray, sigma: float = 1.0) -> np.ndarray:
     def smooth(x: np.ndarray) -> np.ndarray:
         return ndimage.gaussian_filter(x, sigma, mode="nearest")
 
-    mean = np.stack([smooth(od[..., c]) for c in range(3)], axis=-1)
-    strength = np.linalg.norm(mean, axis=-1)
-    unit = mean / np.maximum(strength, 1e-6)[..., None]
+    mean = [smooth(od[..., c]) for c in range(3)]
+    strength = np.sqrt(mean[0] * mean[0] + mean[1] * mean[1] + mean[2] * mean[2])
+    unit = [m / np.maximum(strength, 1e-6) for m in mean]
     spread = np.zeros_like(strength)
     along = np.zeros_like(strength)
     for i in range(3):
-        spread += smooth(od[..., i] * od[..., i])
         for j in range(i, 3):
             moment = smooth(od[..., i] * od[..., j])
-            along += (1 if i == j else 2) * unit[..., i] * unit[..., j] * moment
+            if i == j:
+                spread += moment
+            along += (1 if i == j else 2) * unit[i] * unit[j] * moment
     return np.sqrt(np.maximum(spread - along, 0)) / np.maximum(strength, 1e-3)
 
 
