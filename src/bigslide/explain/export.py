@@ -35,7 +35,8 @@ def overlay_png(
     out = overlay_image(grid, slide, max_size=max_size, normalisation=normalisation, cmap=cmap, alpha=alpha)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(out).save(path)
+    # fast compression: written for every slide a cohort predicts, 3x quicker for a file about 10 % larger
+    Image.fromarray(out).save(path, format="PNG", compress_level=1)
     return path
 
 
