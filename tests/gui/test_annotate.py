@@ -5,6 +5,7 @@ annotations" fine-tunes the chosen checkpoint in a replayable run folder, its ma
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +182,24 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     assert any(name.startswith("slide_000 attention — before retraining") for name in compared), compared
     slide = viewer.layers["slide_000"]
     copy = next(layer for layer in viewer.layers if layer.name.startswith("slide_000 — before retraining"))
-    assert copy.extent.world[0][-1] > slide.extent.world[1][-1]  # to the right of the slide
+    assert copy.extent.world[1][-1] < slide.extent.world[0][-1]  # before on the left, after on the right
     np.testing.assert_allclose(copy.scale, slide.scale)
     assert ("heatmap", "slide_000 attention") in roles  # the slide's own map: the retrained model's
     assert "slide_000" in [s.name for s in slides.viewer.layers if s.metadata.get("bigslide_role") == "slide"]
     assert len(panel.session.rows) == 4  # the copy is no slide of the training set
+
+    # what the retrain changed, in words: attention inside the outlines and validation, before -> after
+    summary = retrain.summary.text()
+    assert re.search(r"slide_000\.svs: attention inside the lesion outlines \d+ % → \d+ %", summary), summary
+    assert "Not-lesion outlines" in summary, summary
+    assert "Validation, same slides, before → after: accuracy " in summary, summary
+    assert "nan" not in summary.lower(), summary
+    # one click closes the comparison; the slide and its map stay
+    assert not retrain.close_comparison.isHidden()
+    qtbot.mouseClick(retrain.close_comparison, Qt.MouseButton.LeftButton)
+    assert not [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "comparison"]
+    assert "slide_000" in viewer.layers
+    assert "slide_000 attention" in viewer.layers
 
 
 def test_each_outline_keeps_its_own_class_colour_when_the_next_class_is_chosen(

@@ -62,6 +62,8 @@ class RunResult:
     steps: int = 0
     method: Method | None = None  # the trained method (its modules are `method.model`)
     test: dict[str, float] | None = None  # metrics on the table's test split, after training
+    # validation of the weights a run started from (model.init_from), before its first step
+    start_val: dict[str, float] | None = None
 
 
 def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) -> Batch:
@@ -110,6 +112,8 @@ def train(
             if resumed:
                 yield run.restore()
             run.open_logs(resumed)
+            if not resumed and config.model.init_from and run.val is not None:
+                yield run.validate_start()
             try:
                 while run.state["epoch"] < config.optim.epochs and run.state["step"] < run.total:
                     yield from run.epoch()
@@ -239,6 +243,7 @@ class _Run:
     decision: Decision = field(default_factory=Decision)  # chosen on the last validation (two classes)
     history: list[dict[str, Any]] = field(default_factory=list)
     saved_at: int = -1  # the step of the last checkpoint
+    start_val: dict[str, float] | None = None  # `validate_start`'s metrics
     reported: set[int] = field(default_factory=set)  # bad training items already named in a message
     # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
@@ -361,6 +366,15 @@ class _Run:
             state["batch"] = 0
         yield self.save()
 
+    def validate_start(self) -> Message:
+        """Validate the weights the run starts from (a checkpoint's, model.init_from): what its training
+        then changes on the same validation slides is read against this."""
+        assert self.val is not None
+        preds = predict_dataset(self.method, self.val, repeats=self.config.data.inference_repeats)
+        self.start_val = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in self.start_val.items() if math.isfinite(v))
+        return Message(f"validation of the starting weights: {shown}")
+
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches of training items (this rank's share), in the order they are trained."""
         n = len(self.data.train)
@@ -445,7 +459,7 @@ class _Run:
             records = self.history + ([{"test": test}] if test is not None else [])
             atomic_write_text(self.out / "metrics.json", json.dumps(records, indent=2))
         ckpt = self.ckpt if self.ckpt.is_file() else None
-        return RunResult(self.out, ckpt, self.history, self.state["step"], self.method, test)
+        return RunResult(self.out, ckpt, self.history, self.state["step"], self.method, test, self.start_val)
 
 
 def run_to_end(gen: Generator[Event, None, RunResult]) -> RunResult:

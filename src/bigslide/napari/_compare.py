@@ -1,5 +1,5 @@
-"""A slide shown a second time, to the right of every slide, with another map over it: before and after
-maps side by side at the same physical scale. The copy and its layers have the role "comparison", so the
+"""A slide shown a second time, to the right (or left) of every slide, with another map over it: before and
+after maps side by side at the same physical scale. The copy and its layers have the role "comparison", so the
 panels do not list it as a slide to train on and its map is not the one the Results panel redraws."""
 
 from __future__ import annotations
@@ -28,15 +28,19 @@ def show_beside(
     *,
     normalisation: Normalisation = "rank",
     colormap: str = "inferno",
+    left: bool = False,
 ) -> tuple[Any, Any]:
-    """The slide again, right of every slide, with `grid` over it and `title` above it (replacing an
-    earlier comparison of that slide); returns the copy and its map."""
+    """The slide again, right of every slide (`left`: left of every slide), with `grid` over it and `title`
+    above it (replacing an earlier comparison of that slide); returns the copy and its map."""
     path = slide_layer.metadata.get("path")
     remove_layers(viewer, role=COMPARISON, slide=path)
-    right = max(float(s.extent.world[1][-1]) for s in slide_layers(viewer))
     width = float(np.ptp(slide_layer.extent.world[:, -1]))
     sx = float(slide_layer.scale[-1])
-    offset = (float(slide_layer.translate[-2]), right + SLIDE_GAP * width + sx / 2)
+    if left:  # its right edge a gap left of the leftmost slide's left edge
+        start = min(float(s.extent.world[0][-1]) for s in slide_layers(viewer)) - (1 + SLIDE_GAP) * width
+    else:
+        start = max(float(s.extent.world[1][-1]) for s in slide_layers(viewer)) + SLIDE_GAP * width
+    offset = (float(slide_layer.translate[-2]), start + sx / 2)
     copy = viewer.add_image(
         slide_layer.data,
         name=f"{slide_layer.name} — {title}",

@@ -2,14 +2,19 @@
 checkpoint on the training set with its saved annotations, in a new run folder the CLI can replay
 (`bigslide train <folder>/config.yaml`), while the Results panel follows the chosen slide's map.
 
-The chosen checkpoint's map of the slide is drawn first on a copy of the slide to the right of every slide
+The chosen checkpoint's map of the slide is drawn first on a copy of the slide to the left of every slide
 ("before retraining"); the slide itself then shows the map of each new checkpoint as the run saves it, and
-the full map once the run ends: before and after, side by side.
+the full map once the run ends: before and after, side by side. When the run ends, the panel says what it
+changed (`bigslide.engine.retrain_report`): on every annotated slide the share of the attention inside the
+lesion and the Not-lesion outlines, and the validation figures of the starting and the retrained weights on
+the same validation slides. "Close the comparison" removes the copy and its captions in one click.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,14 +23,18 @@ from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
-from bigslide.napari._compare import caption, show_beside
+from bigslide.napari._compare import COMPARISON, caption, show_beside
 from bigslide.napari._number import NumberField
+from bigslide.napari._roles import remove_layers
 
 if TYPE_CHECKING:
     import napari
     from qtpy.QtWidgets import QCheckBox, QComboBox, QLineEdit
 
+    from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
+    from bigslide.engine.loop import RunResult
+    from bigslide.engine.retrain_report import OutlineShares
     from bigslide.napari._session import Session
 
 BEFORE = "before retraining"
@@ -75,6 +84,13 @@ class RetrainBox(QGroupBox):
         self.progress.setRange(0, 1)
         self.status = QLabel("Save annotations, then retrain the chosen checkpoint with them.")
         self.status.setWordWrap(True)
+        self.summary = QLabel("")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.close_comparison = QPushButton("Close the comparison")
+        self.close_comparison.setToolTip("Removes the 'before retraining' copy of the slide and the captions")
+        self.close_comparison.clicked.connect(self.remove_comparison)
+        self.close_comparison.setVisible(False)
         form = QFormLayout()
         form.addRow("epochs", self.epochs)
         form.addRow("weight of annotated tiles", self.weight)
@@ -83,6 +99,8 @@ class RetrainBox(QGroupBox):
         rows.addWidget(self.button)
         rows.addWidget(self.progress)
         rows.addWidget(self.status)
+        rows.addWidget(self.summary)
+        rows.addWidget(self.close_comparison)
 
     # -- starting ----------------------------------------------------------------------------------
     def write_folder(self) -> TrainConfig:
@@ -140,10 +158,13 @@ class RetrainBox(QGroupBox):
         row = panel.session.row(slide.metadata["path"])
         panel.follow.setChecked(True)
         self.last_checkpoint = None
+        self.summary.setText("")
+        table = panel.session.table()
         self.run_gen = _retrain(
             checkpoint,
             slide.metadata["path"],
             config,
+            table.like([e for e in table.entries if e.annotations is not None]),
             regions=row.regions if row is not None else None,
             device=panel.device.currentText(),
             slide_mpp=panel.session.slide_mpp,
@@ -184,7 +205,11 @@ class RetrainBox(QGroupBox):
             self.progress.setRange(0, max(event.total, 1))
             self.progress.setValue(event.step)
         elif kind == "Metrics" and event.split == "val":
-            shown = ", ".join(f"{k} {v:.3f}" for k, v in event.values.items() if k in ("auc", "accuracy"))
+            from bigslide.engine.retrain_report import SHOWN
+
+            shown = ", ".join(
+                f"{SHOWN[k]} {v:.3f}" for k, v in event.values.items() if k in SHOWN and math.isfinite(v)
+            )
             self.status.setText(f"Retraining, epoch {event.epoch + 1} validation: {shown}")
         elif kind == "CheckpointSaved":
             self.last_checkpoint = Path(event.path)
@@ -204,18 +229,23 @@ class RetrainBox(QGroupBox):
             BEFORE,
             normalisation=self.panel.normalisation.currentText(),  # type: ignore[arg-type]
             colormap=self.panel.colormap.currentText(),
+            left=True,
         )
         caption(self.panel.viewer, slide, "after retraining", slide.metadata.get("path"))
+        self.close_comparison.setVisible(True)
         self.panel.viewer.reset_view()
 
-    def _on_returned(self, result: Any) -> None:
-        checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
+    def remove_comparison(self) -> None:
+        remove_layers(self.panel.viewer, role=COMPARISON)
+        self.close_comparison.setVisible(False)
+
+    def _on_returned(self, retrained: Retrained) -> None:
+        checkpoint = retrained.result.checkpoint or self.last_checkpoint
         if checkpoint is not None:
             self.panel.session.run_finished.emit(Path(checkpoint))  # the Results panel draws the full map
-        test = getattr(result, "test", None)
-        scored = f"; test {', '.join(f'{k} {v:.3f}' for k, v in test.items())}" if test else ""
-        self.status.setText(
-            f"Retrained: {checkpoint}{scored}. Replay: bigslide train {self.run_dir}/config.yaml"
+        self.status.setText(f"Retrained: {checkpoint}. Replay: bigslide train {self.run_dir}/config.yaml")
+        self.summary.setText(
+            "\n".join(retrained.summary) or "No annotated slide has an attention map to compare."
         )
         show_info(f"Retraining finished; checkpoint {checkpoint}")
 
@@ -234,13 +264,49 @@ class RetrainBox(QGroupBox):
             self.progress.setRange(0, 1)
 
 
-def _retrain(checkpoint: Path, slide: str, config: TrainConfig, **predict: Any) -> Generator[Any, None, Any]:
-    """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), then the fine-tune run's
-    events; returns its result."""
+@dataclass(frozen=True)
+class Retrained:
+    result: RunResult
+    summary: list[str]  # what the retrain changed, line by line (`retrain_summary`)
+
+
+def _retrain(
+    checkpoint: Path, slide: str, config: TrainConfig, annotated: SlideTable, **predict: Any
+) -> Generator[Any, None, Retrained]:
+    """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), the attention inside the
+    outlines of the `annotated` slides, the fine-tune run's events, then the attention again."""
+    from bigslide.engine.events import Message
     from bigslide.engine.inference import predict_slide
     from bigslide.engine.loop import train
+    from bigslide.engine.retrain_report import retrain_summary
     from bigslide.napari._train_widget import _limit_torch_threads
 
     _limit_torch_threads()
     yield BEFORE, predict_slide(checkpoint, slide, **predict)
-    return (yield from train(config, processes=predict.get("processes")))
+    yield Message("Measuring the attention inside the outlines before retraining…")
+    before = _outline_shares(checkpoint, annotated, predict)
+    result = yield from train(config, processes=predict.get("processes"))
+    after = []
+    if result.checkpoint is not None:
+        yield Message("Measuring the attention inside the outlines after retraining…")
+        after = _outline_shares(result.checkpoint, annotated, predict)
+    end_val = result.history[-1].get("val") if result.history else None
+    return Retrained(result, retrain_summary(before, after, result.start_val, end_val))
+
+
+def _outline_shares(checkpoint: Path, annotated: SlideTable, predict: dict[str, Any]) -> list[OutlineShares]:
+    from bigslide.annotations import read_annotations
+    from bigslide.engine.inference import predict_slides
+    from bigslide.engine.retrain_report import outline_shares
+
+    if not annotated.entries:
+        return []
+    preds, _ = predict_slides(
+        checkpoint,
+        annotated,
+        device=predict.get("device", "auto"),
+        slide_mpp=predict.get("slide_mpp"),
+        processes=predict.get("processes"),
+    )
+    drawn = {str(e.path): read_annotations(e.annotations) for e in annotated.entries if e.annotations}
+    return outline_shares(preds, drawn)
