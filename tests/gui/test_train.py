@@ -202,3 +202,29 @@ def test_a_method_registered_by_a_script_gets_its_form_and_trains(
     config = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
     assert config.method.name == "toy_tile_mean"
     assert config.method.params["width"] == 4
+
+
+def test_the_metrics_plot_keeps_its_legend_off_the_lines_and_says_what_it_leaves_out(dock: Any) -> None:
+    """A 3-epoch run: the x axis reads 1, 2, 3 (the test split, scored after the last epoch, is drawn at 3,
+    not at a 4th epoch); the legend lies below the axes; a validation AUC that cannot be computed is named
+    with its reason instead of silently missing."""
+    from bigslide.engine.events import Metrics
+    from bigslide.napari._plot import whole_ticks
+
+    widget = dock("Train")
+    plot = widget.metric_plot
+    plot.clear()
+    for epoch in range(3):
+        widget._on_event(Metrics(epoch, "train", {"accuracy": 0.5 + 0.1 * epoch, "auc": 0.6}))
+        widget._on_event(Metrics(epoch, "val", {"accuracy": 0.5, "auc": float("nan")}))
+    widget._on_event(Metrics(3, "test", {"accuracy": 0.75, "auc": 0.8}))  # the engine's epoch count
+    assert [x for x, _ in plot.series["test accuracy"]] == [3.0]
+    assert max(x for values in plot.series.values() for x, _ in values) == 3.0
+    assert whole_ticks(1.0, 3.0) == [1.0, 2.0, 3.0]
+    assert "val auc" not in plot.series
+    lines = [text for text, _colour in plot.legend_lines()]
+    assert "val auc: not shown: the validation slides are all of one class" in lines
+    assert {"train accuracy", "val accuracy", "test accuracy"} <= set(lines)
+    assert "nan" not in widget.status.text()
+    plot.grab()  # drawn: the plot grows a row for each legend line, below the axes
+    assert plot.minimumHeight() >= 150 + 15 * len(lines)

@@ -23,10 +23,17 @@ SHOWN = {
 }
 """The validation figures the summary names, in a pathologist's words (the others are in metrics.json)."""
 WHY_MISSING = {
-    "auc": "the validation slides are all of one class",
-    "pearson_r": "the validation targets (or predictions) are all the same",
-    "c_index": "no two validation cases can be ordered by their times",
+    "auc": "the {split} slides are all of one class",
+    "pearson_r": "the {split} targets (or predictions) are all the same",
+    "c_index": "no two {split} cases can be ordered by their times",
 }
+SPLIT_WORDS = {"val": "validation", "train": "training"}
+
+
+def why_missing(key: str, split: str = "val") -> str:
+    """Why metric `key` of `split` ("train", "val", "test") cannot be computed, in words."""
+    words = SPLIT_WORDS.get(split, split)
+    return WHY_MISSING.get(key, "it cannot be computed on these {split} slides").format(split=words)
 
 
 @dataclass(frozen=True)
@@ -94,9 +101,7 @@ def _validation(start: Mapping[str, float], end: Mapping[str, float]) -> str:
         if math.isfinite(a) and math.isfinite(b):
             shown.append(f"{words} {a:.3f} → {b:.3f}")
         else:
-            missing.append(
-                f"{words} left out: {WHY_MISSING.get(key, 'it cannot be computed on these slides')}"
-            )
+            missing.append(f"{words} left out: {why_missing(key)}")
     text = "Validation, same slides, before → after: " + ("; ".join(shown) if shown else "no figure")
     return text + (f" ({'; '.join(missing)})" if missing else "") + "."
 

@@ -16,15 +16,22 @@ PALETTE = ("#4cc9f0", "#f72585", "#ffd60a", "#80ed99", "#b388eb", "#ff9f1c")
 IDLE = "no data yet — press Start"
 
 
-class LinePlot(QWidget):
-    """Named series of (x, y) points on one pair of axes, with a legend; `add_point` repaints. Without
-    points it shows `placeholder`: what the plot is waiting for."""
+LEGEND_ROW = 15
+"""Pixels per line of the legend and notes, drawn below the axes so they never cover a line."""
 
-    def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
+
+class LinePlot(QWidget):
+    """Named series of (x, y) points on one pair of axes, with a legend and notes below them; `add_point`
+    repaints. Without points it shows `placeholder`: what the plot is waiting for. `whole_x`: the x axis
+    counts whole units (epochs), its ticks at whole numbers."""
+
+    def __init__(self, title: str = "", parent: QWidget | None = None, *, whole_x: bool = False) -> None:
         super().__init__(parent)
         self.title = title
         self.placeholder = IDLE
+        self.whole_x = whole_x
         self.series: dict[str, list[tuple[float, float]]] = {}
+        self.notes: dict[str, str] = {}  # why a series has no point, by series name
         self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
@@ -33,10 +40,28 @@ class LinePlot(QWidget):
             self.series.setdefault(name, []).append((float(x), float(y)))
             self.update()
 
+    def note(self, name: str, why: str) -> None:
+        """Say, below the plot, why series `name` has no point (once per series)."""
+        self.notes[name] = why
+        self.update()
+
+    def last_x(self) -> float | None:
+        xs = [x for values in self.series.values() for x, _y in values]
+        return max(xs) if xs else None
+
     def clear(self, placeholder: str = IDLE) -> None:
         self.series.clear()
+        self.notes.clear()
         self.placeholder = placeholder
         self.update()
+
+    def legend_lines(self) -> list[tuple[str, QColor]]:
+        """The legend and notes, a line each, in the colour they are drawn."""
+        lines = [(name, QColor(PALETTE[i % len(PALETTE)])) for i, name in enumerate(self.series)]
+        note = QColor("#a0a3aa")
+        return lines + [
+            (f"{name}: {why}", note) for name, why in self.notes.items() if name not in self.series
+        ]
 
     def set_placeholder(self, text: str) -> None:
         self.placeholder = text
@@ -46,16 +71,25 @@ class LinePlot(QWidget):
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.fillRect(self.rect(), QColor("#262930"))
-        area = QRectF(self.rect()).adjusted(44, 22, -10, -22)
+        legend = self.legend_lines()
+        area = QRectF(self.rect()).adjusted(44, 22, -10, -22 - LEGEND_ROW * len(legend))
+        self.setMinimumHeight(150 + LEGEND_ROW * len(legend))
         text = QColor("#d1d2d4")
         painter.setPen(text)
         painter.drawText(QRectF(0, 2, self.width(), 18), Qt.AlignmentFlag.AlignHCenter, self.title)
+        for index, (line, colour) in enumerate(legend):
+            painter.setPen(colour)
+            row = QRectF(area.left(), area.bottom() + 20 + LEGEND_ROW * index, area.width(), LEGEND_ROW)
+            painter.drawText(row, Qt.AlignmentFlag.AlignLeft, line)
+        painter.setPen(text)
         points = [p for values in self.series.values() for p in values]
         if not points:
             painter.drawText(area, Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap, self.placeholder)
             painter.end()
             return
         x_lo, x_hi = _span(p[0] for p in points)
+        if self.whole_x and x_hi - x_lo < 1:  # one epoch: centred between its neighbours
+            x_lo, x_hi = x_lo - 1, x_hi + 1
         y_ticks = nice_ticks(*_span(p[1] for p in points))
         y_lo, y_hi = y_ticks[0], y_ticks[-1]
         painter.setPen(QPen(QColor("#5a5d66"), 1))
@@ -67,8 +101,12 @@ class LinePlot(QWidget):
             painter.drawLine(QPointF(area.left(), y), QPointF(area.right(), y))
             painter.setPen(text)
             painter.drawText(QRectF(0, y - 8, 40, 16), Qt.AlignmentFlag.AlignRight, label)
-        for value, x in ((x_lo, area.left()), (x_hi, area.right() - 40)):
-            painter.drawText(QRectF(x, area.bottom() + 2, 40, 16), Qt.AlignmentFlag.AlignLeft, f"{value:g}")
+        x_ticks = whole_ticks(x_lo, x_hi) if self.whole_x else [x_lo, x_hi]
+        for value in x_ticks:
+            x = area.left() + (value - x_lo) / (x_hi - x_lo) * area.width()
+            painter.drawText(
+                QRectF(x - 20, area.bottom() + 2, 40, 16), Qt.AlignmentFlag.AlignHCenter, f"{value:g}"
+            )
 
         def to_screen(x: float, y: float) -> QPointF:
             return QPointF(
@@ -76,7 +114,7 @@ class LinePlot(QWidget):
                 area.bottom() - (y - y_lo) / (y_hi - y_lo) * area.height(),
             )
 
-        for index, (name, values) in enumerate(self.series.items()):
+        for index, values in enumerate(self.series.values()):
             colour = QColor(PALETTE[index % len(PALETTE)])
             painter.setPen(QPen(colour, 2))
             if len(values) == 1:
@@ -86,8 +124,14 @@ class LinePlot(QWidget):
                 for x, y in values[1:]:
                     path.lineTo(to_screen(x, y))
                 painter.drawPath(path)
-            painter.drawText(QPointF(area.left() + 6, area.top() + 14 + 15 * index), name)
         painter.end()
+
+
+def whole_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """Whole numbers from lo to hi, at most about `count` of them (every k-th)."""
+    first, last = math.ceil(lo), math.floor(hi)
+    step = max(1, math.ceil((last - first + 1) / count))
+    return [float(v) for v in range(first, last + 1, step)]
 
 
 def nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:

@@ -7,6 +7,7 @@ generator is closed (in the worker thread, so the GUI stays live) and writes `ch
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
+from bigslide.engine.retrain_report import why_missing
 from bigslide.napari._number import NumberField
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import combo_box, set_items
@@ -152,7 +154,7 @@ class TrainWidget(Panel):
         self.status = QLabel()
         self.status.setWordWrap(True)
         self.loss_plot = LinePlot("training loss")
-        self.metric_plot = LinePlot("metrics per epoch")
+        self.metric_plot = LinePlot("metrics per epoch", whole_x=True)
 
         out_row = QHBoxLayout()
         out_row.addWidget(self.out_dir)
@@ -417,10 +419,18 @@ class TrainWidget(Panel):
         elif kind == "Loss":
             self.loss_plot.add_point("loss", event.step, event.value)
         elif kind == "Metrics":
+            # the test split is scored once, after the last epoch: drawn at that epoch
+            x = event.epoch + 1 if event.split != "test" else (self.metric_plot.last_x() or event.epoch)
             for key in PLOTTED_METRICS:
                 if key in event.values:
-                    self.metric_plot.add_point(f"{event.split} {key}", event.epoch + 1, event.values[key])
-            shown = ", ".join(f"{k} {v:.3f}" for k, v in event.values.items() if k in PLOTTED_METRICS)
+                    name = f"{event.split} {key}"
+                    if math.isfinite(event.values[key]):
+                        self.metric_plot.add_point(name, x, event.values[key])
+                    else:
+                        self.metric_plot.note(name, f"not shown: {why_missing(key, event.split)}")
+            shown = ", ".join(
+                f"{k} {v:.3f}" for k, v in event.values.items() if k in PLOTTED_METRICS and math.isfinite(v)
+            )
             self.status.setText(f"epoch {event.epoch + 1} {event.split}: {shown}")
         elif kind == "CheckpointSaved":
             self.last_checkpoint = Path(event.path)
