@@ -168,7 +168,7 @@ class RetrainBox(QGroupBox):
             regions=row.regions if row is not None else None,
             device=panel.device.currentText(),
             slide_mpp=panel.session.slide_mpp,
-            processes=panel.session.run_processes(config),
+            session=panel.session,
         )
         from bigslide.napari._run import drive
 
@@ -271,10 +271,16 @@ class Retrained:
 
 
 def _retrain(
-    checkpoint: Path, slide: str, config: TrainConfig, annotated: SlideTable, **predict: Any
+    checkpoint: Path,
+    slide: str,
+    config: TrainConfig,
+    annotated: SlideTable,
+    session: Session,
+    **predict: Any,
 ) -> Generator[Any, None, Retrained]:
     """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), the attention inside the
-    outlines of the `annotated` slides, the fine-tune run's events, then the attention again."""
+    outlines of the `annotated` slides, the fine-tune run's events, then the attention again; on the
+    session's decode workers, started (on first use) by the thread running this."""
     from bigslide.engine.events import Message
     from bigslide.engine.inference import predict_slide
     from bigslide.engine.loop import train
@@ -282,6 +288,7 @@ def _retrain(
     from bigslide.napari._train_widget import _limit_torch_threads
 
     _limit_torch_threads()
+    predict["processes"] = session.run_processes(config)
     yield BEFORE, predict_slide(checkpoint, slide, **predict)
     yield Message("Measuring the attention inside the outlines before retraining…")
     before = _outline_shares(checkpoint, annotated, predict)

@@ -5,6 +5,7 @@ napari builds each dock widget on its own; they meet here, one `Session` per vie
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +17,16 @@ from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     import napari
 
     from bigslide.data.processes import DecodeProcesses
     from bigslide.data.slides import SlideCache
     from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
+    from bigslide.engine.events import Event
+    from bigslide.engine.loop import RunResult
 
 SPLIT_CHOICES = ("", "train", "val", "test")  # "" = decided at training time (stratified)
 
@@ -66,18 +71,22 @@ class Session:
         self.table_path: Path | None = None  # and where it is (teaching annotations are saved beside it)
         self._problems: dict[str, str] = {}  # refused inputs of the panels, by field
         self._processes: DecodeProcesses | None = None
+        self._processes_lock = threading.Lock()  # runs start them on their own thread
 
     def decode_processes(self) -> DecodeProcesses:
         """The decode worker processes this viewer's runs, maps, tile previews and counts share: started
         (from the fork server) on first use and kept while the viewer lives, so no run or map waits for
-        workers to start, and the viewer's process never decodes a tile."""
-        if self._processes is None:
-            from bigslide.data.loader import default_workers
-            from bigslide.data.processes import DecodeProcesses
+        workers to start, and the viewer's process never decodes a tile. A run asks for them on its own
+        thread (`run_processes`): the first start waits for the fork server, which may still be importing
+        torch a moment after the viewer opened."""
+        with self._processes_lock:
+            if self._processes is None:
+                from bigslide.data.loader import default_workers
+                from bigslide.data.processes import DecodeProcesses
 
-            n = default_workers()
-            self._processes = DecodeProcesses(n, buffers=n + 1)
-        return self._processes
+                n = default_workers()
+                self._processes = DecodeProcesses(n, buffers=n + 1)
+            return self._processes
 
     def close_processes(self) -> None:
         """Stop the decode workers (the viewer's window is gone); a later use starts new ones."""
@@ -88,6 +97,13 @@ class Session:
     def run_processes(self, config: TrainConfig) -> DecodeProcesses | None:
         """The decode workers a run of `config` shares with the viewer (none when it reads in-process)."""
         return None if config.data.workers == 0 else self.decode_processes()
+
+    def train(self, config: TrainConfig) -> Generator[Event, None, RunResult]:
+        """`bigslide.engine.loop.train` on this viewer's decode workers, started (on first use) by the
+        thread that runs the generator, never the viewer's."""
+        from bigslide.engine.loop import train
+
+        return (yield from train(config, processes=self.run_processes(config)))
 
     def slides(self) -> SlideCache:
         """Slides read as the panels say (the fallback µm/px), tiled in the decode workers."""

@@ -354,7 +354,6 @@ class TrainWidget(Panel):
 
     def start(self) -> Any:
         """Start training in a worker thread; returns the worker, or None when the setup is wrong."""
-        from bigslide.engine.loop import train
         from bigslide.errors import BigslideError
         from bigslide.napari._gc import settle_imports
         from bigslide.napari._run import drive
@@ -376,7 +375,7 @@ class TrainWidget(Panel):
             return None
         _limit_torch_threads()
         settle_imports()
-        self.run_gen = train(config, processes=self.session.run_processes(config))
+        self.run_gen = self.session.train(config)  # its decode workers start on the run's thread
         self.stopped = False
         self.last_checkpoint = None
         worker = create_worker(drive, self.run_gen, _start_thread=False, _ignore_errors=True)
