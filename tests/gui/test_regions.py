@@ -91,6 +91,11 @@ def test_an_area_to_leave_out_is_saved_as_qupaths_ignore_class_and_read_back(
     assert layer.mode == "add_polygon"
     square = np.array([[100.0, 100.0], [100.0, 400.0], [400.0, 400.0], [400.0, 100.0]])  # level-0 (row, col)
     layer.add_polygons([square])
+    # drawn so it reads on H&E: a wide cyan outline over a dark veil, unlike the green sampling regions
+    np.testing.assert_allclose(layer.edge_color[0], [0, 229 / 255, 1, 1], atol=1e-3)
+    assert 0 < layer.face_color[0][3] < 0.5
+    assert layer.edge_width[0] >= 6
+    assert viewer.scale_bar.visible  # sizes read off the bar from the first slide on
     saved = panel.save_geojson(tmp_path / "left-out.geojson")
     assert saved is not None
     [region] = load_regions(saved)

@@ -127,18 +127,21 @@ def _ellipse_outline(corners: np.ndarray, n: int = 64) -> np.ndarray:
 def regions_layer_kwargs(
     slide_layer: napari.layers.Image, name: str, *, role: str = "regions"
 ) -> dict[str, Any]:
-    """Shapes-layer keyword arguments placing vertices (level-0 positions) exactly on the slide."""
-    colour = "#39ff14" if role == "regions" else "#ff2d55"
+    """Shapes-layer keyword arguments placing vertices (level-0 positions) exactly on the slide. Areas to
+    leave out ("exclusions") are drawn in cyan, twice as wide, over a dark veil: no colour H&E shows, and
+    the area reads as put aside; the others as bright outlines."""
     placement = placement_of(slide_layer)
     scale, translate = placement.vertices()
+    width = outline_width(slide_layer.metadata.get("level_dimensions"))
+    leave_out = role == "exclusions"
     return {
         "name": name,
         "scale": scale,
         "translate": translate,
         "units": WORLD_UNITS,
-        "edge_color": colour,
-        "face_color": "transparent",
-        "edge_width": outline_width(slide_layer.metadata.get("level_dimensions")),
+        "edge_color": "#00e5ff" if leave_out else "#39ff14",
+        "face_color": "#0000004d" if leave_out else "transparent",
+        "edge_width": 2 * width if leave_out else width,
         "metadata": {ROLE: role, "slide": slide_layer.metadata.get("path"), "shapes": True},
     }
 

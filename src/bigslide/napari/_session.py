@@ -272,6 +272,7 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
     from bigslide.napari._reader import prefer_this_reader
 
     prefer_this_reader()
+    viewer.scale_bar.visible = True  # slides are laid out in µm: sizes read off the bar
     ref = weakref.ref(viewer)
     window = getattr(viewer.window, "_qt_window", None)
     if window is not None:  # the viewer's decode workers end with its window
