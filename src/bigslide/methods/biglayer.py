@@ -119,7 +119,8 @@ class BigLayerMILParams(MILParams):
     stages: int = field(default=2, metadata=_STAGES)
     budget_mb: float = field(default=1024.0, metadata=_BUDGET)
     bn_mode: Literal["eval", "frozen", "batch"] = field(
-        default="eval", metadata={"label": "encoder BatchNorm", "choices": BN_WORDS, "help": _MIL_BN_HELP}
+        default="eval",
+        metadata={"label": "tile encoder normalisation", "choices": BN_WORDS, "help": _MIL_BN_HELP},
     )
 
 
@@ -127,7 +128,9 @@ class BigLayerMILParams(MILParams):
 class BigLayerImageParams(MethodParams):
     stages: int = field(default=2, metadata=_STAGES)
     budget_mb: float = field(default=1024.0, metadata=_BUDGET)
-    bn_mode: ImageBnMode = field(default="batch", metadata={"label": "BatchNorm", "help": IMAGE_BN_MODE_HELP})
+    bn_mode: ImageBnMode = field(
+        default="batch", metadata={"label": "encoder normalisation", "help": IMAGE_BN_MODE_HELP}
+    )
 
 
 def _to_host(x: torch.Tensor, colour: RowColour | None, model: nn.Module) -> torch.Tensor:

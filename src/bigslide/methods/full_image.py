@@ -49,7 +49,9 @@ class FullImageParams(MethodParams):
         default=True,
         metadata={"label": "channels-last memory", "help": "Feed images in channels-last memory format."},
     )
-    bn_mode: ImageBnMode = field(default="batch", metadata={"label": "BatchNorm", "help": IMAGE_BN_MODE_HELP})
+    bn_mode: ImageBnMode = field(
+        default="batch", metadata={"label": "encoder normalisation", "help": IMAGE_BN_MODE_HELP}
+    )
 
 
 @register

@@ -96,7 +96,7 @@ class MILParams(MethodParams):
     aggregator: Literal["abmil", "abmil_gated", "transmil", "dtfd"] = field(
         default="abmil",
         metadata={
-            "label": "MIL head",
+            "label": "tile pooling (MIL head)",
             "choices": AGGREGATOR_WORDS,
             "help": "MIL head: ABMIL, gated ABMIL, TransMIL or DTFD-MIL",
         },
@@ -173,7 +173,7 @@ class EndToEndParams(MILParams):
     bn_mode: Literal["eval", "frozen", "batch"] = field(
         default="eval",
         metadata={
-            "label": "encoder BatchNorm",
+            "label": "tile encoder normalisation",
             "choices": BN_WORDS,
             "help": "encoder BatchNorm: eval (exact), frozen (exact, no BN updates), batch (inexact)",
         },

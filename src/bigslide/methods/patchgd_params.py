@@ -90,14 +90,14 @@ class PatchGDParams(MethodParams):
     fill_bn_mode: Literal["eval", "train"] = field(
         default="eval",
         metadata={
-            "label": "encoder BatchNorm filling Z",
+            "label": "encoder normalisation, filling the map",
             "help": "Encoder mode while filling Z (eval: exact per-patch encodings).",
         },
     )
     encoder_bn: Literal["train", "frozen"] = field(
         default="train",
         metadata={
-            "label": "encoder BatchNorm in inner steps",
+            "label": "encoder normalisation, inner steps",
             "help": "Encoder BatchNorm in inner iterations; 'frozen' for small B·k.",
         },
     )
