@@ -1,5 +1,6 @@
 """A slide's levels as arrays a viewer slices: each slice decodes the file tiles it covers, keeps the most
-recent ones, and draws a tile that will not decode as background instead of failing the whole view.
+recent ones, and draws a tile that will not decode as grey stripes (`DAMAGED`: never mistaken for glass or
+tissue) instead of failing the whole view.
 
 A real scanner's file can hold a few damaged tiles; a viewer reading through zarr or dask raises the
 decoder's error from its first draw and shows nothing. Here the error goes to `on_error` (once per tile)
@@ -35,6 +36,9 @@ class Slide(Protocol):
 CACHE_BYTES = 96 << 20
 """Decoded tiles kept across slices (panning back over a region decodes nothing again)."""
 BACKGROUND = 255  # as bigslide.slide's: glass
+DAMAGED = (96, 160)
+"""Grey levels of the diagonal stripes a tile that will not decode is drawn with."""
+STRIPE_PX = 8
 OnError = Callable[[SlideError], None]
 
 
@@ -119,13 +123,20 @@ class TileLevel:
         for row in range(y0 // th, -(-y1 // th)):
             for col in range(x0 // tw, -(-x1 // tw)):
                 tile = self.cache.tile(self.level, row, col)
-                if tile is None:
-                    continue
                 ty, tx = row * th, col * tw
+                if tile is None:
+                    tile = _stripes(min(th, self.shape[0] - ty), min(tw, self.shape[1] - tx), ty, tx)
                 ay0, ay1 = max(ty, y0), min(ty + tile.shape[0], y1)
                 ax0, ax1 = max(tx, x0), min(tx + tile.shape[1], x1)
                 out[ay0 - y0 : ay1 - y0, ax0 - x0 : ax1 - x0] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
         return out
+
+
+def _stripes(height: int, width: int, y0: int, x0: int) -> np.ndarray:
+    """A damaged tile's picture: diagonal grey stripes, continuous across neighbouring damaged tiles."""
+    yy, xx = np.ogrid[y0 : y0 + height, x0 : x0 + width]
+    grey = np.where(((yy + xx) // STRIPE_PX) % 2 == 0, DAMAGED[0], DAMAGED[1]).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=2)
 
 
 def tile_levels(slide: Slide, on_error: OnError | None = None) -> list[TileLevel]:

@@ -104,8 +104,8 @@ def test_huge_slide_opens_lazily(viewer: Any, qtbot: Any, huge_slide: Path) -> N
     assert decoded[0] == 0
 
 
-def test_a_tile_that_will_not_decode_is_blank_and_named_once(
-    viewer: Any, qtbot: Any, tmp_path: Path, notifications: list[Any]
+def test_a_tile_that_will_not_decode_is_striped_named_once_and_marked_in_the_slides_table(
+    viewer: Any, dock: Any, qtbot: Any, tmp_path: Path, notifications: list[Any]
 ) -> None:
     rng = np.random.default_rng(4)
     image = np.clip(rng.normal(170, 40, (768, 1024, 3)), 0, 255).astype(np.uint8)
@@ -118,11 +118,14 @@ def test_a_tile_that_will_not_decode_is_blank_and_named_once(
     with path.open("r+b") as f:
         f.seek(offset + 2)
         f.write(bytes([0xFF, 0xC4, 0x00, 0x01]) * ((count - 4) // 4))
+    slides = dock("Slides")
     [layer] = viewer.open(path, plugin="bigslide")  # no exception from napari's first draw
     viewer.window._qt_window.show()
     qtbot.wait(300)
     coarsest = np.asarray(layer.data[-1])
-    np.testing.assert_array_equal(coarsest[:128, 128:256], 255)  # the damaged tile: blank glass
+    damaged = coarsest[:128, 128:256].astype(int)  # grey stripes: never read as glass (255) or tissue
+    assert set(np.unique(damaged)) == {96, 160}
+    assert (damaged[:, :, 0] == 96).mean() == pytest.approx(0.5, abs=0.05)
     rest = np.abs(coarsest[128:].astype(float) - levels[-1][128:])  # the rest: the file's pixels (JPEG)
     assert rest.mean() < 10
     qtbot.waitUntil(lambda: any("unreadable.svs" in str(n.message) for n in notifications), timeout=5000)
@@ -131,7 +134,14 @@ def test_a_tile_that_will_not_decode_is_blank_and_named_once(
     told = [str(n.message) for n in notifications if "unreadable.svs" in str(n.message)]
     assert len(told) == 1, told
     assert "cannot decode file tile (row 0, col 1) of level 2" in told[0]
-    assert "shown blank" in told[0]
+    assert "unreadable.svs is damaged" in told[0]
+    assert "grey stripes" in told[0]
+    # its row in the Slides table says so, and the panel's status line names it
+    qtbot.waitUntil(lambda: "damaged" in slides.table.item(0, slides.column("Slide")).text(), timeout=5000)
+    assert slides.table.item(0, slides.column("Slide")).text() == "unreadable.svs — damaged"
+    assert "cannot decode file tile" in slides.table.item(0, slides.column("Slide")).toolTip()
+    assert "Damaged (some tiles will not decode" in slides.status.text()
+    assert "unreadable.svs" in slides.status.text()
 
 
 def test_bigslide_is_the_reader_napari_picks_for_slide_files(

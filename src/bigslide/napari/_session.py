@@ -45,6 +45,7 @@ class SlideRow:
     target: float | None = None  # regression
     annotations: Path | None = None  # teaching annotations (QuPath GeoJSON)
     annotated: int | None = None  # tiles inside them, once counted
+    damaged: str | None = None  # why some of its tiles will not decode (seen while drawing it)
 
 
 class Session:
@@ -133,6 +134,13 @@ class Session:
         if value != self._slide_mpp:
             self._slide_mpp = value
             self.slide_mpp_changed.emit(value)
+
+    def mark_damaged(self, path: str | Path, why: str) -> None:
+        """A slide of the table has tiles that will not decode: its row says so."""
+        row = self.row(path)
+        if row is not None and row.damaged is None:
+            row.damaged = why
+            self.changed.emit()
 
     def row(self, path: str | Path) -> SlideRow | None:
         key = Path(path).resolve()
@@ -249,6 +257,11 @@ class Session:
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+
+
+def sessions() -> list[Session]:
+    """Every open viewer's session."""
+    return list(_SESSIONS.values())
 
 
 def session_for(viewer: napari.Viewer) -> Session:

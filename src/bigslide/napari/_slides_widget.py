@@ -220,7 +220,7 @@ class SlidesWidget(Panel):
                     editable = name in EDIT_TIPS or name == "Split"
                     tip = EDIT_TIPS.get(name, SPLIT_TIP if name == "Split" else "")
                     if name == "Slide":
-                        tip = str(row.path)
+                        tip = str(row.path) + (f"\ndamaged: {row.damaged}" if row.damaged else "")
                     elif name == "Regions":
                         tip = str(row.regions or "whole slide")
                     elif name == "µm/px":
@@ -237,7 +237,7 @@ class SlidesWidget(Panel):
 
     def _cells(self, row: SlideRow) -> dict[str, str]:
         cells = {
-            "Slide": row.path.name,
+            "Slide": row.path.name + (" — damaged" if row.damaged else ""),
             "Label": row.label,
             "Time": "" if row.time is None else f"{row.time:g}",
             "Event": "" if row.event is None else str(row.event),
@@ -282,7 +282,14 @@ class SlidesWidget(Panel):
             if missing
             else ""
         )
-        return f"{self.session.describe()}: {what}.{unstated}"
+        damaged = [r.path.name for r in rows if r.damaged]
+        broken = (
+            f" Damaged (some tiles will not decode; training stops on them unless bad slides are left out): "
+            f"{', '.join(damaged)}."
+            if damaged
+            else ""
+        )
+        return f"{self.session.describe()}: {what}.{unstated}{broken}"
 
     def _set_item(self, row: int, column: int, text: str, *, editable: bool, tip: str = "") -> None:
         item = QTableWidgetItem(text)

@@ -1,5 +1,6 @@
 """Tiles of an open slide that will not decode, told once per slide as a notification on the GUI thread,
-whichever thread napari read them on (the slide is drawn; those tiles are blank)."""
+whichever thread napari read them on (the slide is drawn; those tiles are striped grey), and marked on the
+slide's row in the Slides table."""
 
 from __future__ import annotations
 
@@ -22,9 +23,16 @@ class _Reporter(QObject):
     def _tell(self, path: str, message: str) -> None:
         from napari.utils.notifications import show_warning
 
+        from bigslide.napari._session import sessions
+
+        for session in sessions():
+            session.mark_damaged(path, message)
         if path not in self.told:
             self.told.add(path)
-            show_warning(f"{message}. Such tiles are shown blank; the rest of {Path(path).name} is drawn.")
+            show_warning(
+                f"{Path(path).name} is damaged: {message}. Such tiles are drawn as grey stripes; the rest "
+                "of the slide is drawn."
+            )
 
 
 _reporter: _Reporter | None = None
