@@ -243,14 +243,14 @@ class Session:
     def describe(self) -> str:
         """What the training set holds, in words: slides, cases, the columns read and the task."""
         n_cases = len({r.case or str(r.path) for r in self.rows})
-        cases = f" in {n_cases} cases" if any(r.case for r in self.rows) else ""
+        cases = f" in {counted(n_cases, 'case')}" if any(r.case for r in self.rows) else ""
         read = f"columns {', '.join(self.columns)} of {self.table_name}; " if self.columns else ""
         what = {
             "classification": "classes",
             "survival": "survival (time to event, censored)",
             "regression": "regression (a number per slide)",
         }[self.task]
-        return f"{len(self.rows)} slides{cases}; {read}task: {what}"
+        return f"{counted(len(self.rows), 'slide')}{cases}; {read}task: {what}"
 
     def save_csv(self, path: str | Path) -> Path:
         return self.table().to_csv(path)
@@ -259,9 +259,9 @@ class Session:
 _SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
 
 
-def sessions() -> list[Session]:
-    """Every open viewer's session."""
-    return list(_SESSIONS.values())
+def counted(n: int, noun: str) -> str:
+    """'1 slide', '2 slides': a count with its noun in the right number."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def session_for(viewer: napari.Viewer) -> Session:
@@ -283,8 +283,10 @@ def session_for(viewer: napari.Viewer) -> Session:
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from bigslide.napari._placement import set_fallback_mpp
     from bigslide.napari._reader import prefer_this_reader
+    from bigslide.napari._tile_errors import on_damaged
 
     prefer_this_reader()
+    on_damaged(session.mark_damaged)  # its rows say which slides have tiles that will not decode
     viewer.scale_bar.visible = True  # slides are laid out in µm: sizes read off the bar
     ref = weakref.ref(viewer)
     window = getattr(viewer.window, "_qt_window", None)

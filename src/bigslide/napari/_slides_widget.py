@@ -31,6 +31,7 @@ from qtpy.QtWidgets import (
 from bigslide.napari._number import NumberField, parse_number
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled
+from bigslide.napari._session import counted
 from bigslide.tissue import PEN_FLATNESS
 
 if TYPE_CHECKING:
@@ -375,7 +376,7 @@ class SlidesWidget(Panel):
             self.status.setText(f"Not loaded: {err}")
             show_error(str(err))
             return
-        self.status.setText(f"Loaded {count} slides. {self.describe()}")
+        self.status.setText(f"Loaded {counted(count, 'slide')}. {self.describe()}")
 
     def save_csv(self, path: str | Path | None = None) -> Path | None:
         from bigslide.errors import BigslideError
@@ -392,7 +393,7 @@ class SlidesWidget(Panel):
             self.status.setText(f"Not saved: {err}")
             show_error(str(err))
             return None
-        self.status.setText(f"Saved {len(self.session.rows)} slides to {saved}.")
+        self.status.setText(f"Saved {counted(len(self.session.rows), 'slide')} to {saved}.")
         return saved
 
     # -- tiles ---------------------------------------------------------------------------------------
@@ -453,9 +454,9 @@ class SlidesWidget(Panel):
             self.status.setText(self.count_error)
             return
         total, slides = sum(r.tiles or 0 for r in self.session.rows), len(self.session.rows)
-        counted = f"{total} tile{'s' if total != 1 else ''} in {slides} slide{'s' if slides != 1 else ''}"
-        self.status.setText(f"{counted}.")
-        show_info(counted)
+        tiles = f"{counted(total, 'tile')} in {counted(slides, 'slide')}"
+        self.status.setText(f"{tiles}.")
+        show_info(tiles)
 
 
 @thread_worker(ignore_errors=True)

@@ -4,6 +4,7 @@ slide's row in the Slides table."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,10 +24,12 @@ class _Reporter(QObject):
     def _tell(self, path: str, message: str) -> None:
         from napari.utils.notifications import show_warning
 
-        from bigslide.napari._session import sessions
-
-        for session in sessions():
-            session.mark_damaged(path, message)
+        for listener in list(_listeners):
+            mark = listener()
+            if mark is None:
+                _listeners.remove(listener)
+            else:
+                mark(path, message)
         if path not in self.told:
             self.told.add(path)
             show_warning(
@@ -36,6 +39,13 @@ class _Reporter(QObject):
 
 
 _reporter: _Reporter | None = None
+_listeners: list[weakref.WeakMethod[Callable[[str, str], None]]] = []
+
+
+def on_damaged(mark: Callable[[str, str], None]) -> None:
+    """Call the bound method `mark(path, what failed)` (on the GUI thread) whenever a slide shows a tile
+    that will not decode; held weakly, so its owner (a viewer's session) may go."""
+    _listeners.append(weakref.WeakMethod(mark))  # type: ignore[arg-type]
 
 
 def tile_error_reporter(path: str | Path) -> Callable[[SlideError], None]:
