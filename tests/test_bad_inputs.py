@@ -168,7 +168,11 @@ def _patch_step(step: Callable[..., StepResult]) -> Callable[[pytest.MonkeyPatch
 
 CASES = [
     Case("truncated-tiff", truncated, r"truncated\.svs: .*(truncated|not a readable TIFF)"),
-    Case("non-tiff-named-svs", not_a_tiff, r"scan\.svs: not a readable TIFF slide"),
+    Case(
+        "non-tiff-named-svs",
+        not_a_tiff,
+        r"scan\.svs: not a readable TIFF slide \(it does not begin as a TIFF file does: damaged, cut short",
+    ),
     Case(
         "slide-smaller-than-tile",
         lambda b, f: ["--set", "data.tile_size=1024"],

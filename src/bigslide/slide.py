@@ -234,6 +234,16 @@ class Slide:
         return f"Slide({str(self.path)!r}, dimensions={self.dimensions}, levels={self.level_count})"
 
 
+def _in_words(exc: Exception) -> str:
+    """Why a file would not open as a TIFF slide, without the decoder's bytes and exception names."""
+    text = str(exc)
+    if "not a TIFF file" in text or "not a BigTIFF" in text:
+        return "it does not begin as a TIFF file does: damaged, cut short, or not a slide"
+    if isinstance(exc, KeyError | IndexError) or not text:
+        return "a part of its pyramid is missing or damaged"
+    return text
+
+
 def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     """Open a slide; raise `SlideError` naming `path` on failure.
 
@@ -269,7 +279,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
         if out_of_files(exc):
             raise SlideError(f"{path}: {too_many_open_files()}") from exc
-        raise SlideError(f"{path}: not a readable TIFF slide ({exc}){reader_conflict()}") from exc
+        raise SlideError(f"{path}: not a readable TIFF slide ({_in_words(exc)}){reader_conflict()}") from exc
     try:
         check_complete(path, handle)
         return Slide(path, handle)

@@ -77,13 +77,17 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "unsupported global" not in str(err).lower():  # not a pickle of ours at all
-            raise TrainingError(f"{path}: not a readable bigslide checkpoint (UnpicklingError)") from None
+            raise TrainingError(
+                f"{path}: not a readable bigslide checkpoint (damaged, cut short, or not a checkpoint file)"
+            ) from None
         raise TrainingError(
             f"{path}: refused: it holds Python objects besides tensors and plain data, which could run "
             "code when loaded; bigslide checkpoints never do"
         ) from None
-    except Exception as err:
-        raise TrainingError(f"{path}: not a readable bigslide checkpoint ({type(err).__name__})") from None
+    except Exception:
+        raise TrainingError(
+            f"{path}: not a readable bigslide checkpoint (damaged, cut short, or not a checkpoint file)"
+        ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise TrainingError(f"{path}: not a bigslide checkpoint (no format field)")
     if state["format"] != FORMAT:
