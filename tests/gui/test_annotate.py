@@ -243,3 +243,78 @@ def test_outlines_without_area_are_named_at_save_and_the_message_counts_what_was
     assert box.save() is None
     assert box.status.text().startswith("Nothing saved: 2 outlines have no area and were not saved")
     assert len(read_annotations(saved)) == 2  # the last good file is kept
+
+
+def _pump(qtbot: Any, ms: int = 60) -> None:
+    qtbot.wait(ms)
+
+
+def test_outlines_drawn_with_the_mouse_keep_every_corner_and_are_saved(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path
+) -> None:
+    """A person's mouse, not `add_polygons`: four clicks closed by a double-click on the last corner (a
+    double-click is press, release, double-click, release) and a box dragged with the rectangle tool.
+    Both keep four corners, in their class's colour, and Save writes both."""
+    from qtpy.QtCore import QPoint
+    from qtpy.QtTest import QTest
+
+    slides = dock("Slides")
+    slides.load_csv(tiny_set)
+    [slide] = viewer.open(tiny_set.parent / "slide_000.svs", plugin="bigslide")
+    viewer.window._qt_window.show()
+    panel = dock("Results")
+    panel.slide_box.setCurrentText(slide.name)
+    box = panel.annotate
+    viewer.reset_view()
+    _pump(qtbot, 300)
+    canvas = viewer.window._qt_viewer.canvas.native
+    cx, cy = canvas.width() // 2, canvas.height() // 2
+    left, none = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+
+    box.class_box.setCurrentText("tumor")
+    box.draw_button.click()
+    layer = box.layer()
+    corners = [
+        QPoint(cx - 60, cy - 40),
+        QPoint(cx + 60, cy - 40),
+        QPoint(cx + 60, cy + 40),
+        QPoint(cx - 60, cy + 40),
+    ]
+    for corner in corners:
+        QTest.mouseMove(canvas, corner)
+        _pump(qtbot)
+        QTest.mouseClick(canvas, left, none, corner)
+        _pump(qtbot)
+    QTest.mouseDClick(canvas, left, none, corners[-1])  # the double-click's second press
+    QTest.mouseRelease(canvas, left, none, corners[-1])
+    _pump(qtbot, 200)
+    assert len(layer.data) == 1, layer.data
+    assert len(layer.data[0]) == 4, layer.data[0]  # no corner dropped: a box, not a triangle
+
+    box.class_box.setCurrentText(NOT_LESION)
+    box.draw_button.click()
+    layer.mode = "add_rectangle"  # the rectangle tool of the layer controls
+    start, end = QPoint(cx - 150, cy + 60), QPoint(cx - 70, cy + 120)
+    QTest.mousePress(canvas, left, none, start)
+    for k in range(1, 9):
+        QTest.mouseMove(canvas, start + (end - start) * k / 8)
+        _pump(qtbot, 20)
+    QTest.mouseRelease(canvas, left, none, end)
+    _pump(qtbot, 200)
+    assert len(layer.data) == 2, layer.data
+    assert len(layer.data[1]) == 4
+    assert list(layer.features["class"]) == ["tumor", NOT_LESION]
+    colours = [tuple(np.round(c[:3] * 255).astype(int)) for c in layer.edge_color]
+    assert colours == [
+        class_colour("tumor", ["normal", "tumor"]),
+        class_colour(NOT_LESION, ["normal", "tumor"]),
+    ]
+
+    box.save_button.click()
+    saved = annotations_path(tiny_set, (tiny_set.parent / "slide_000.svs").resolve())
+    annotations = read_annotations(saved)
+    assert [a.name for a in annotations] == ["tumor", NOT_LESION]
+    for annotation in annotations:
+        assert len(annotation.geometry.exterior.coords) == 5  # four corners, closed
+        assert annotation.geometry.area > 0
+    assert box.status.text().startswith("Saved 2 annotations"), box.status.text()
