@@ -6,6 +6,12 @@ predicted (`slide_rows`); a rerun keeps the slides already done (`--overwrite` p
 `predictions.csv` is rebuilt from every slide's row at the end. A slide that fails (a file that does not
 open, a tile that does not decode) gets its error in the CSV and on stderr while the others go on; the exit
 status is then 1 (0: every slide predicted; 2: bad input before any slide, e.g. the table or checkpoint).
+
+Under `torchrun` (`torchrun --nproc_per_node N -m bigslide predict ...`, or several nodes through its
+rendezvous) the slides still to predict are shared across the ranks, a case's slides on one rank, each
+rank reading with its own decode workers on its own device; once every rank has written its slides, rank 0
+builds `predictions.csv` from all of them, as one process would have. A rerun with any number of ranks
+predicts only what is missing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
+from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
 from bigslide.errors import ConfigError, DataError
 from bigslide.explain.tissue_check import FOLDER, warning
@@ -45,7 +52,8 @@ class CohortRun:
     failed: int
     tiles: int
     seconds: float
-    csv: Path | None  # None when stopped before the end
+    csv: Path | None  # None when stopped before the end, or on a rank other than 0
+    stopped: bool = False
 
     def line(self) -> str:
         rate = (self.predicted + self.failed) / self.seconds if self.seconds else 0.0
@@ -70,23 +78,33 @@ def run_predict(args: argparse.Namespace) -> int:
     )
     if args.workers is not None and args.workers < 0:
         raise ConfigError(f"--workers {args.workers}: must be >= 0")
-    trained = load_trained(args.checkpoint, device=args.device or "auto")
-    run = predict_to(
-        Path(args.out),
-        trained,
-        table,
-        checkpoint=args.checkpoint,
-        workers=args.workers,
-        repeats=args.repeats,
-        slide_mpp=args.slide_mpp,
-        heatmaps=not args.no_heatmaps,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-    )
-    print(run.line())
-    if run.csv is None:
+    config = state.get("config") or {}
+    timeout = float(config.get("run", {}).get("dist_timeout", 1800.0))
+    ranks = from_environment(args.device or "auto", timeout_s=timeout)  # one rank unless under torchrun
+    try:
+        device = str(ranks.device) if ranks.device is not None else args.device or "auto"
+        trained = load_trained(args.checkpoint, device=device)
+        run = predict_to(
+            Path(args.out),
+            trained,
+            table,
+            checkpoint=args.checkpoint,
+            workers=args.workers,
+            repeats=args.repeats,
+            slide_mpp=args.slide_mpp,
+            heatmaps=not args.no_heatmaps,
+            overwrite=args.overwrite,
+            quiet=args.quiet or not ranks.is_main,
+            ranks=ranks,
+        )
+    finally:
+        ranks.close()
+    print(f"rank {ranks.rank}: {run.line()}" if ranks.active else run.line())
+    if run.stopped:
         print("bigslide: stopped; the slides predicted so far are kept: run again to go on", file=sys.stderr)
         return 130
+    if run.csv is None:  # another rank builds the table
+        return 1 if run.failed else 0
     if endpoint.task == "classification":
         print(trained.decision.describe(classes))
     print(f"predictions: {run.csv}")
@@ -111,10 +129,14 @@ def predict_to(
     heatmaps: bool = True,
     overwrite: bool = False,
     quiet: bool = False,
+    ranks: DistContext | None = None,
 ) -> CohortRun:
     """Predict `table`'s slides into `out` (per-slide outputs, then `predictions.csv`), keeping the slides
     an earlier run predicted with the same settings unless `overwrite`. Ctrl-C stops after the slide
-    being predicted (its outputs and those waiting are written whole); the run then returns with no CSV."""
+    being predicted (its outputs and those waiting are written whole); the run then returns with no CSV.
+    `ranks` (torchrun): this rank predicts its share of the slides to do (`rank_share`); rank 0 writes the
+    CSV once every rank is done."""
+    ranks = ranks or DistContext()
     start = time.perf_counter()
     fallback_mpp = slide_mpp if slide_mpp is not None else trained.config.data.slide_mpp
     settings = {
@@ -128,6 +150,7 @@ def predict_to(
         if overwrite or not slide_rows.kept(out, e.path, settings, heatmaps=heatmaps)
     ]
     skipped = len(table) - len(todo)
+    todo = rank_share(table, todo, ranks.rank, ranks.world)
     tally = _Tally(start, tqdm(total=len(todo), unit="slide", dynamic_ncols=True, disable=quiet or not todo))
     tile_cache = tile_cache_for(trained.config.data.tile_cache, out)
     # one set of decode workers tiles, reads and draws every slide's maps
@@ -181,6 +204,8 @@ def predict_to(
     predicted, failed, tiles = tally.predicted, tally.failed, tally.tiles
     csv = None
     if not stopped:
+        ranks.barrier()  # every rank's slides are written
+    if not stopped and ranks.is_main:
         method = trained.method
         csv = slide_rows.assemble_predictions(
             out,
@@ -191,7 +216,17 @@ def predict_to(
             epochs=trained.epochs,
             decision=trained.decision,
         )
-    return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv)
+    return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv, stopped)
+
+
+def rank_share(table: SlideTable, todo: list[int], rank: int, world: int) -> list[int]:
+    """The rows of `todo` rank `rank` of `world` predicts: the cases with a slide to do, dealt in turn (a
+    case's slides stay together: they are one bag)."""
+    if world <= 1:
+        return todo
+    wanted = set(todo)
+    cases = [rows for rows in table.cases().values() if wanted.intersection(rows)]
+    return sorted(row for rows in cases[rank::world] for row in rows if row in wanted)
 
 
 WRITES_AHEAD = 1

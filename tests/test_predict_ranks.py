@@ -1,0 +1,81 @@
+"""`bigslide predict` under torchrun (gloo on CPU): the slides to do are shared across the ranks, a case's
+slides on one rank, and rank 0 writes the same `predictions.csv` one process writes; a rerun with another
+number of ranks predicts only what is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigslide.cli.predict import rank_share
+from bigslide.data.table import SlideTable
+from bigslide.synthetic.slide_set import make_slide_set
+from tests.test_predict_cohort import make_checkpoint
+
+
+def _predict(ranks: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    # one thread per process, as torchrun gives each rank: the same sums in the same order everywhere
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    prefix = [sys.executable, "-m", "bigslide"]
+    if ranks > 1:
+        prefix = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+        ]
+        prefix += ["-m", "bigslide"]
+    command = [*prefix, "predict", "--device", "cpu", "--quiet", "--workers", "1", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_cases_stay_on_one_rank_and_every_slide_to_do_is_dealt_once(tmp_path: Path) -> None:
+    csv = tmp_path / "t.csv"
+    csv.write_text("slide,label,case\n" + "".join(f"s{i}.svs,a,c{i // 2}\n" for i in range(7)))
+    table = SlideTable.from_csv(csv, labels_required=False, check_files=False)
+    todo = [0, 1, 2, 4, 5, 6]  # row 3 done; its case-mate (2) still to do
+    shares = [rank_share(table, todo, r, 3) for r in range(3)]
+    assert sorted(row for share in shares for row in share) == todo
+    for share in shares:
+        cases = {table.entries[row].case for row in share}
+        assert all(
+            table.entries[row].case not in cases for other in shares if other is not share for row in other
+        )
+    assert rank_share(table, todo, 0, 1) == todo
+
+
+@pytest.mark.slow
+def test_two_and_three_ranks_write_what_one_process_writes_and_resume_what_is_missing(tmp_path: Path) -> None:
+    cohort = make_slide_set(tmp_path / "slides", n_slides=5, size=(512, 512), seed=8)
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    outs = {n: tmp_path / f"ranks{n}" for n in (1, 2, 3)}
+    for n, out in outs.items():
+        done = _predict(n, ["--slides", str(cohort), "--checkpoint", str(ckpt), "--out", str(out)])
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = (outs[1] / "predictions.csv").read_text()
+    assert one.count("\n") == 6  # header and 5 slides
+    for n in (2, 3):
+        assert (outs[n] / "predictions.csv").read_text() == one, n  # order and values
+        assert (outs[n] / "tissue_check.csv").read_text() == (outs[1] / "tissue_check.csv").read_text()
+    said = _predict(2, ["--slides", str(cohort), "--checkpoint", str(ckpt), "--out", str(outs[3])]).stdout
+    assert said.count("0 slides predicted") == 2  # both ranks: nothing left to do
+
+    # a run stopped part way (two slides' rows gone): 2 ranks predict those two only
+    rows = sorted((outs[3] / "slides").glob("*.json"))
+    for row in rows[1:3]:
+        row.unlink()
+    done = _predict(2, ["--slides", str(cohort), "--checkpoint", str(ckpt), "--out", str(outs[3])])
+    assert done.returncode == 0, done.stderr[-3000:]
+    predicted = [
+        int(line.split("slides predicted")[0].split(":")[-1])
+        for line in done.stdout.splitlines()
+        if "slides predicted" in line
+    ]
+    assert sorted(predicted) == [1, 1], done.stdout
+    assert (outs[3] / "predictions.csv").read_text() == one
