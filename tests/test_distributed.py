@@ -153,3 +153,38 @@ def test_parameters_without_gradients_stay_untouched_across_ranks(tmp_path: Path
         assert torch.equal(first, torch.full((3,), 1.5))
         assert torch.equal(some, torch.full((3,), 2.0))  # DDP's average: the missing rank counts zero
         assert none is None  # as in one process: weight decay and momentum leave it alone
+
+
+@pytest.mark.slow
+def test_ranks_validate_and_score_their_shares_and_rank_0_reports_what_one_process_does(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    """Each rank predicts its share of the validation and test slides; rank 0 gathers them and computes the
+    metrics and the decision threshold: metrics.json equal to one process's on the same weights."""
+    import json
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each rank: the same sums everywhere
+    records = {}
+    for name, ranks in (("single", 1), ("ddp", 2)):
+        config = config_for(slide_csv, tmp_path / name, accumulate=1, max_steps=2)
+        config.optim.lr = 1e-12  # no weight moves visibly: both runs validate the same model
+        config.run.tensorboard = False
+        cfg = config.to_yaml(tmp_path / f"{name}.yaml")
+        prefix = [sys.executable]
+        if ranks > 1:
+            prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+        done = subprocess.run(
+            [*prefix, "-m", "bigslide", "train", str(cfg), "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        records[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    single, ddp = records["single"], records["ddp"]
+    assert [r["epoch"] for r in single if "val" in r] == [r["epoch"] for r in ddp if "val" in r] == [0]
+    assert {"accuracy", "auc", "chosen_threshold"} <= set(single[0]["val"])
+    assert ddp[0]["val"] == single[0]["val"]  # both validation slides, one on each rank
+    assert ddp[-1]["test"] == single[-1]["test"]

@@ -130,7 +130,7 @@ class RunConfig:
         default=1800.0,
         metadata={
             "help": "seconds a rank waits for the others (torchrun) before the run stops on every rank; "
-            "must exceed rank 0's validation time"
+            "must exceed a rank's share of validation plus rank 0's checkpoint and map"
         },
     )
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from bigslide.errors import ConfigError, TrainingError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,6 +74,19 @@ class DistContext:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone() if count > 0 else None
             offset += n
+
+    def share(self, n: int) -> np.ndarray:
+        """This rank's items of `n` (every world-th from its rank; none repeated, unlike `shard`)."""
+        return np.arange(n)[self.rank :: self.world] if self.active else np.arange(n)
+
+    def gather(self, value: T, what: str) -> list[T] | None:
+        """Every rank's `value` (picklable), in rank order, on rank 0; None on the others."""
+        if not self.active:
+            return [value]
+        gathered: list[T] = [value] * self.world
+        with self.collective(what):
+            dist.all_gather_object(gathered, value)
+        return gathered if self.is_main else None
 
     def barrier(self) -> None:
         if self.active:

@@ -41,7 +41,7 @@ from bigslide.engine.decision import Decision, choose_threshold
 from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.features import attach_feature_store
-from bigslide.engine.inference import predict_dataset
+from bigslide.engine.inference import DatasetPredictions, predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
 from bigslide.engine.tissue_report import write_tissue_check
@@ -112,8 +112,8 @@ def train(
             if resumed:
                 yield run.restore()
             run.open_logs(resumed)
-            if not resumed and config.model.init_from and run.val is not None:
-                yield run.validate_start()
+            if not resumed and config.model.init_from:
+                yield from run.validate_start()
             try:
                 while run.state["epoch"] < config.optim.epochs and run.state["step"] < run.total:
                     yield from run.epoch()
@@ -121,9 +121,9 @@ def train(
                 if run.state["step"] != run.saved_at:
                     run.save()
                 raise
+            test = yield from run.score_test()  # the ranks share it: before their group closes
         finally:
             run.close()
-        test = yield from run.score_test()
     finally:
         if own and processes is not None:
             processes.close()
@@ -171,8 +171,8 @@ def _start(
     if (taught := setup.annotations_taught(method, data.train)) is not None:
         yield Message(taught)
     ranks.broadcast_module(method.model)
-    # rank 0 validates and saves; the others only train
-    val, test = (data.val, data.test) if ranks.is_main else (None, None)
+    # every rank validates and scores its share of the slides; rank 0 gathers them, computes and saves
+    val, test = data.val, data.test
     yield Message(
         f"{method.title()} on {device.type}: {len(data.train)} train / {len(val) if val is not None else 0} "
         f"val items, {predicts(endpoint)}"
@@ -347,8 +347,8 @@ class _Run:
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
         yield Metrics(epoch, "train", record["train"])
         outputs, split = np.array(seen_p), "train"
-        if self.val is not None:
-            preds = predict_dataset(method, self.val, repeats=config.data.inference_repeats)
+        preds = self.predict_shared(self.val, config.data.inference_repeats, "validating")
+        if preds is not None:
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
             outputs, split = preds.probs, "validation"
             if self.endpoint.task == "classification":
@@ -366,14 +366,33 @@ class _Run:
             state["batch"] = 0
         yield self.save()
 
-    def validate_start(self) -> Message:
+    def validate_start(self) -> Generator[Event, None, None]:
         """Validate the weights the run starts from (a checkpoint's, model.init_from): what its training
         then changes on the same validation slides is read against this."""
-        assert self.val is not None
-        preds = predict_dataset(self.method, self.val, repeats=self.config.data.inference_repeats)
+        preds = self.predict_shared(self.val, self.config.data.inference_repeats, "validating")
+        if preds is None:
+            return
         self.start_val = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
         shown = ", ".join(f"{k} {v:.3f}" for k, v in self.start_val.items() if math.isfinite(v))
-        return Message(f"validation of the starting weights: {shown}")
+        yield Message(f"validation of the starting weights: {shown}")
+
+    def predict_shared(
+        self, dataset: setup.TrainData | None, repeats: int, what: str
+    ) -> DatasetPredictions | None:
+        """Every item of `dataset` predicted, each rank its share (`DistContext.share`): all of them, in
+        order, on rank 0 (what one process predicts); None on the other ranks, or without a dataset."""
+        if dataset is None:
+            return None
+        mine = self.ranks.share(len(dataset))
+        preds = predict_dataset(self.method, dataset, repeats=repeats, items=[int(i) for i in mine])
+        parts = self.ranks.gather((mine, preds.labels, preds.probs), f"{what} (gathering the predictions)")
+        if parts is None or len(parts) == 1:
+            return preds if parts is not None else None
+        order = np.concatenate([items for items, _labels, _probs in parts])
+        at = np.argsort(order, kind="stable")
+        labels = np.concatenate([np.asarray(lab) for _items, lab, _probs in parts if len(lab)])[at]
+        probs = np.concatenate([np.asarray(pr) for _items, _labels, pr in parts if len(pr)])[at]
+        return DatasetPredictions(labels, probs)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches of training items (this rank's share), in the order they are trained."""
@@ -438,9 +457,9 @@ class _Run:
     def score_test(self) -> Generator[Event, None, dict[str, float] | None]:
         """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
         reproduces from the CLI); a survival run also draws its Kaplan-Meier plot."""
-        if self.test is None:
+        preds = self.predict_shared(self.test, 0, "scoring the test split")
+        if preds is None:
             return None
-        preds = predict_dataset(self.method, self.test, repeats=0)
         decision = self.decision if self.endpoint.task == "classification" else None
         test = endpoint_metrics(self.endpoint, preds.labels, preds.probs, decision)
         if decision is not None:

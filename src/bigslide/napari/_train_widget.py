@@ -32,7 +32,6 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from bigslide.engine.retrain_report import why_missing
 from bigslide.napari._number import NumberField
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import combo_box, set_items
@@ -418,6 +417,8 @@ class TrainWidget(Panel):
         elif kind == "Loss":
             self.loss_plot.add_point("loss", event.step, event.value)
         elif kind == "Metrics":
+            from bigslide.engine.retrain_report import why_missing  # loaded: a run is under way
+
             # the test split is scored once, after the last epoch: drawn at that epoch
             x = event.epoch + 1 if event.split != "test" else (self.metric_plot.last_x() or event.epoch)
             for key in PLOTTED_METRICS:
