@@ -19,6 +19,10 @@ with no model ("reading" rows), and the model step alone is timed on tiles in me
 Targets (exit status 1 when one is missed; `--no-targets` only reports): predict (and reading) at w
 workers >= 0.8 x w x the 1-process decode floor, as the median over repeats of each timing against the
 floor timed around it.
+
+`--ranks 1,2` times the whole `bigslide predict` command (a process of its own, its start included, the
+tile cache cold) with one process, then under `torchrun --nproc_per_node r`, each rank with one decode
+worker; target: r ranks >= 0.8 x r x one rank's slides/s (median over repeats of paired ratios).
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-heatmaps", action="store_true", help="as `predict --no-heatmaps`")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument(
+        "--ranks",
+        default="",
+        help="also time the predict command under torchrun at these rank counts (e.g. 1,2)",
+    )
     add_target_argument(parser)
     parser.add_argument(
         "--cache", default=str(Path(tempfile.gettempdir()) / "bigslide-bench"), help="folder for the slides"
@@ -165,12 +174,74 @@ def run(args: argparse.Namespace) -> int:
         f"{model_alone / one:.0%} of predict at {counts[0]} worker{'s' if counts[0] > 1 else ''}"
     )
     targets = Targets.from_args(args)
+    if args.ranks:
+        _time_ranks(args, cache, table, ckpt, n_tiles, targets)
     if failed:
         targets.fail(f"predict: {failed} slide reads or predictions failed")
     for name, (w, _fn) in runs.items():
         what = f"{name} >= 0.8 x {w} x decode floor (median; min {min(paired[name]):.2f})"
         targets.check(what, statistics.median(paired[name]), 0.8, at_most=False)
     return targets.exit_code()
+
+
+RANK_SCRIPT = """import sys
+from bigslide.bench.predict import register_16_pixels
+register_16_pixels()  # the bench's encoder, known to this process too
+from bigslide.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _time_ranks(
+    args: argparse.Namespace, cache: Path, table: Any, ckpt: Path, n_tiles: int, targets: Targets
+) -> None:
+    """`bigslide predict` as a command, one process and under torchrun, one decode worker per rank."""
+    import subprocess
+    import sys
+
+    counts = [int(r) for r in args.ranks.split(",")]
+    script = cache / "predict_rank.py"
+    script.write_text(RANK_SCRIPT)
+    csv = table.to_csv(cache / "predict_cohort.csv")
+    times: dict[int, list[float]] = {r: [] for r in counts}
+    for _ in range(args.repeats):  # interleaved, so the machine's load hits every count alike
+        for r in counts:
+            out = Path(tempfile.mkdtemp(prefix="bench-ranks-", dir=cache))  # a cold tile cache
+            launch = [sys.executable]
+            if r > 1:
+                launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(r)]
+            command = [*launch, str(script), "predict", "--slides", str(csv), "--checkpoint", str(ckpt)]
+            command += ["--out", str(out), "--workers", "1", "--device", args.device, "--quiet"]
+            command += ["--no-heatmaps"] if args.no_heatmaps else []
+            start = time.perf_counter()
+            done = subprocess.run(
+                command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            )
+            times[r].append(time.perf_counter() - start)
+            shutil.rmtree(out, ignore_errors=True)
+            if done.returncode != 0:
+                targets.fail(f"predict with {r} rank(s) failed: {done.stderr.strip().splitlines()[-1:]}")
+    header = "predict command (its start included, tile cache cold)"
+    print(f"\n| {header} | slides/s, min | slides/s, median | tiles/s, median | x 1 rank (median) |")
+    print("|---|---|---|---|---|")
+    first = statistics.median(times[counts[0]])
+    for r in counts:
+        rates = [args.slides / t for t in times[r]]
+        median = statistics.median(times[r])
+        name = f"{r} rank{'s' if r > 1 else ''} x 1 worker"
+        print(
+            f"| {name} | {min(rates):.2f} | {statistics.median(rates):.2f} | {n_tiles / median:.0f} | "
+            f"{first / median:.2f}x |"
+        )
+    base = times[counts[0]]
+    for r in counts[1:]:
+        paired = [b / (r * t) for b, t in zip(base, times[r])]
+        targets.check(
+            f"predict, {r} ranks >= 0.8 x {r} x 1 rank (median of paired repeats; min {min(paired):.2f})",
+            statistics.median(paired),
+            0.8,
+            at_most=False,
+        )
 
 
 FLOOR_ROW = "decode floor (1 process)"
