@@ -79,3 +79,21 @@ def test_two_and_three_ranks_write_what_one_process_writes_and_resume_what_is_mi
     ]
     assert sorted(predicted) == [1, 1], done.stdout
     assert (outs[3] / "predictions.csv").read_text() == one
+
+
+@pytest.mark.slow
+def test_the_predict_bench_times_the_command_under_torchrun(tmp_path: Path) -> None:
+    """`bench predict --ranks 1,2` runs the predict command as one process and as two ranks, both through to
+    their CSV, and reports each against one rank."""
+    command = [sys.executable, "-m", "bigslide", "bench", "predict", "--slides", "2", "--width", "1024"]
+    command += ["--height", "1024", "--workers", "1", "--repeats", "1", "--ranks", "1,2", "--no-targets"]
+    done = subprocess.run(
+        [*command, "--cache", str(tmp_path)], capture_output=True, text=True, timeout=600, env=os.environ
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "x 1 worker" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1 rank x 1 worker", "| 2 ranks x 1 worker"], (
+        done.stdout
+    )
+    assert "failed" not in done.stdout
+    assert "target predict, 2 ranks >= 0.8 x 2 x 1 rank" in done.stdout
