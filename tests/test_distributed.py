@@ -160,13 +160,14 @@ def test_ranks_validate_and_score_their_shares_and_rank_0_reports_what_one_proce
     slide_csv: Path, tmp_path: Path
 ) -> None:
     """Each rank predicts its share of the validation and test slides; rank 0 gathers them and computes the
-    metrics and the decision threshold: metrics.json equal to one process's on the same weights."""
+    metrics and the decision threshold: metrics.json equal to one process's on the same weights, with 2 and
+    with 3 ranks."""
     import json
     import os
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each rank: the same sums everywhere
     records = {}
-    for name, ranks in (("single", 1), ("ddp", 2)):
+    for name, ranks in (("single", 1), ("ddp", 2), ("ddp3", 3)):  # 3 ranks: one has no validation slide
         config = config_for(slide_csv, tmp_path / name, accumulate=1, max_steps=2)
         config.optim.lr = 1e-12  # no weight moves visibly: both runs validate the same model
         config.run.tensorboard = False
@@ -183,8 +184,10 @@ def test_ranks_validate_and_score_their_shares_and_rank_0_reports_what_one_proce
         )
         assert done.returncode == 0, done.stderr[-3000:]
         records[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    single, ddp = records["single"], records["ddp"]
-    assert [r["epoch"] for r in single if "val" in r] == [r["epoch"] for r in ddp if "val" in r] == [0]
+    single = records["single"]
     assert {"accuracy", "auc", "chosen_threshold"} <= set(single[0]["val"])
-    assert ddp[0]["val"] == single[0]["val"]  # both validation slides, one on each rank
-    assert ddp[-1]["test"] == single[-1]["test"]
+    for name in ("ddp", "ddp3"):
+        ddp = records[name]
+        assert [r["epoch"] for r in single if "val" in r] == [r["epoch"] for r in ddp if "val" in r] == [0]
+        assert ddp[0]["val"] == single[0]["val"], name  # the two validation slides, on two of the ranks
+        assert ddp[-1]["test"] == single[-1]["test"], name
