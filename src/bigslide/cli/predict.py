@@ -37,6 +37,7 @@ from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
+from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.inference import SlideFailure, Trained, load_trained
 from bigslide.errors import ConfigError, DataError
@@ -78,9 +79,9 @@ def run_predict(args: argparse.Namespace) -> int:
     )
     if args.workers is not None and args.workers < 0:
         raise ConfigError(f"--workers {args.workers}: must be >= 0")
-    config = state.get("config") or {}
-    timeout = float(config.get("run", {}).get("dist_timeout", 1800.0))
-    ranks = from_environment(args.device or "auto", timeout_s=timeout)  # one rank unless under torchrun
+    config = TrainConfig.from_dict(state["config"], source=f"{args.checkpoint}: config")
+    # one rank unless under torchrun
+    ranks = from_environment(args.device or "auto", timeout_s=config.run.dist_timeout)
     try:
         device = str(ranks.device) if ranks.device is not None else args.device or "auto"
         trained = load_trained(args.checkpoint, device=device)

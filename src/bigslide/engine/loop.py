@@ -385,9 +385,11 @@ class _Run:
             return None
         mine = self.ranks.share(len(dataset))
         preds = predict_dataset(self.method, dataset, repeats=repeats, items=[int(i) for i in mine])
+        if not self.ranks.active:
+            return preds
         parts = self.ranks.gather((mine, preds.labels, preds.probs), f"{what} (gathering the predictions)")
-        if parts is None or len(parts) == 1:
-            return preds if parts is not None else None
+        if parts is None:  # not rank 0
+            return None
         order = np.concatenate([items for items, _labels, _probs in parts])
         at = np.argsort(order, kind="stable")
         labels = np.concatenate([np.asarray(lab) for _items, lab, _probs in parts if len(lab)])[at]

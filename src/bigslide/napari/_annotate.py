@@ -29,6 +29,7 @@ from bigslide.annotations import (
 from bigslide.errors import BigslideError
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
 from bigslide.napari._roles import layers_with_role
+from bigslide.napari._session import counted
 
 if TYPE_CHECKING:
     import napari
@@ -221,7 +222,7 @@ class AnnotateBox(QGroupBox):
             return None
         row = self.session.row(path) or self.session.add(path, from_layer=True)
         self.session.update(row.path, annotations=saved, annotated=None)
-        written = f"Saved {len(annotations)} annotation{'s' if len(annotations) != 1 else ''} to {saved}"
+        written = f"Saved {counted(len(annotations), 'annotation')} to {saved}"
         self.status.setText(f"{written}{f'; {unsaved}' if flat else ''}; counting annotated tiles…")
         if flat:
             show_warning(f"{slide.name}: {unsaved} (an outline needs three corners around an area).")

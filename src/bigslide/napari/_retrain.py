@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
     from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
+    from bigslide.engine.inference import SlidePrediction
     from bigslide.engine.loop import RunResult
-    from bigslide.engine.retrain_report import OutlineShares
     from bigslide.napari._session import Session
 
 BEFORE = "before retraining"
@@ -281,30 +281,35 @@ def _retrain(
     """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), the attention inside the
     outlines of the `annotated` slides, the fine-tune run's events, then the attention again; on the
     session's decode workers, started (on first use) by the thread running this."""
+    from bigslide.annotations import read_annotations
     from bigslide.engine.events import Message
     from bigslide.engine.inference import predict_slide
     from bigslide.engine.loop import train
-    from bigslide.engine.retrain_report import retrain_summary
+    from bigslide.engine.retrain_report import outline_shares, retrain_summary
     from bigslide.napari._train_widget import _limit_torch_threads
 
     _limit_torch_threads()
     predict["processes"] = session.run_processes(config)
-    yield BEFORE, predict_slide(checkpoint, slide, **predict)
-    yield Message("Measuring the attention inside the outlines before retraining…")
-    before = _outline_shares(checkpoint, annotated, predict)
-    result = yield from train(config, processes=predict.get("processes"))
+    drawn = {str(e.path): read_annotations(e.annotations) for e in annotated.entries if e.annotations}
+    yield Message("Drawing the annotated slides' maps before retraining…")
+    first = _annotated_predictions(checkpoint, annotated, predict)
+    # the chosen slide is most often annotated: its map is drawn already
+    chosen = next((p for p in first if Path(p.slide).resolve() == Path(slide).resolve()), None)
+    yield BEFORE, chosen if chosen is not None else predict_slide(checkpoint, slide, **predict)
+    before = outline_shares(first, drawn)
+    result = yield from train(config, processes=predict["processes"])
     after = []
     if result.checkpoint is not None:
         yield Message("Measuring the attention inside the outlines after retraining…")
-        after = _outline_shares(result.checkpoint, annotated, predict)
+        after = outline_shares(_annotated_predictions(result.checkpoint, annotated, predict), drawn)
     end_val = result.history[-1].get("val") if result.history else None
     return Retrained(result, retrain_summary(before, after, result.start_val, end_val))
 
 
-def _outline_shares(checkpoint: Path, annotated: SlideTable, predict: dict[str, Any]) -> list[OutlineShares]:
-    from bigslide.annotations import read_annotations
+def _annotated_predictions(
+    checkpoint: Path, annotated: SlideTable, predict: dict[str, Any]
+) -> list[SlidePrediction]:
     from bigslide.engine.inference import predict_slides
-    from bigslide.engine.retrain_report import outline_shares
 
     if not annotated.entries:
         return []
@@ -315,5 +320,4 @@ def _outline_shares(checkpoint: Path, annotated: SlideTable, predict: dict[str, 
         slide_mpp=predict.get("slide_mpp"),
         processes=predict.get("processes"),
     )
-    drawn = {str(e.path): read_annotations(e.annotations) for e in annotated.entries if e.annotations}
-    return outline_shares(preds, drawn)
+    return preds
