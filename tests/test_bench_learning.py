@@ -171,3 +171,46 @@ def test_epochs_to_the_goal_count_the_first_reach_and_the_last_fall() -> None:
     assert never["epochs_to_goal"] == 2.0
     assert np.isnan(never["epochs_to_stay"])
     assert goal_epochs([0.9, 0.91])["epochs_to_stay"] == 1.0
+
+
+def test_the_suggest_parts_oracle_answers_from_the_lesion_masks_and_stops_at_k_answers(
+    tmp_path: Path,
+) -> None:
+    from bigslide.annotations import NOT_LESION, read_annotations
+    from bigslide.bench.learning_suggest import answered_table, oracle
+    from bigslide.data.table import SlideTable
+    from bigslide.synthetic.slide_set import load_lesions
+
+    lesion = shapely.box(0, 0, 100, 100)
+    tiles = np.array([[x + 16, y + 16] for y in range(0, 192, 32) for x in range(0, 192, 32)], float)
+    assert oracle(shapely.box(0, 0, 96, 96), [lesion], tiles) == "lesion"  # 9 of 9 tiles in it
+    assert oracle(shapely.box(96, 96, 192, 192), [lesion], tiles) == NOT_LESION  # none
+    assert oracle(shapely.box(64, 64, 160, 160), [lesion], tiles) is None  # 1 of 9: mixed, skipped
+    assert oracle(shapely.box(500, 500, 596, 596), [lesion], tiles) is None  # no tile: skipped
+    assert oracle(shapely.box(0, 0, 96, 96), [], tiles) == NOT_LESION  # a slide without lesions
+
+    csv_path = make_slide_set(
+        tmp_path / "subtle", n_slides=8, size=(512, 512), seed=2, lesion_kind="subtle", lesion_count=(2, 2)
+    )
+    table = SlideTable.from_csv(csv_path)
+    lesions = load_lesions(csv_path.parent / "lesions.json")
+    positive = next(e for e in table.entries if e.split == "train" and lesions[e.path.name])
+    negative = next(e for e in table.entries if e.split == "train" and not lesions[e.path.name])
+    grid = np.array([[x + 16, y + 16] for y in range(0, 512, 32) for x in range(0, 512, 32)], float)
+    in_lesion = shapely.contains_xy(shapely.Polygon(lesions[positive.path.name][0]), grid[:, 0], grid[:, 1])
+    x, y = grid[np.flatnonzero(in_lesion)[0]]
+    places = [
+        (negative.path, shapely.box(0, 0, 96, 96)),
+        (positive.path, shapely.box(x - 16, y - 16, x + 16, y + 16)),  # one tile, in a lesion
+        (positive.path, shapely.box(1000, 1000, 1096, 1096)),  # off the slide: skipped
+        (negative.path, shapely.box(200, 200, 296, 296)),
+        (negative.path, shapely.box(300, 300, 396, 396)),  # beyond k = 3 answers
+    ]
+    tiles = {e.path: grid for e in table.entries}
+    out, counts = answered_table(csv_path, tmp_path / "answered", places, 3, tiles)
+    assert counts == {"answered_lesion": 1.0, "answered_not_lesion": 2.0, "skipped": 1.0}
+    answered = SlideTable.from_csv(out)
+    drawn = {e.path: read_annotations(e.annotations) for e in answered.entries if e.annotations}
+    assert [a.name for a in drawn[positive.path]] == [positive.label]
+    assert [a.name for a in drawn[negative.path]] == [NOT_LESION, NOT_LESION]
+    assert {e.path for e in answered.entries} == {e.path for e in table.entries}  # the test slides too

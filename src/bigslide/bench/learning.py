@@ -65,6 +65,8 @@ from bigslide.bench.learning_stain import (
     wanted_keys,
 )
 from bigslide.bench.learning_study import STUDY_KINDS, STUDY_METHODS, study_run, study_set
+from bigslide.bench.learning_suggest import ARMS as SUGGEST_ARMS
+from bigslide.bench.learning_suggest import CONTROLS, arm_run, control_run, start_scores
 from bigslide.bench.learning_tables import render_tables, write_docs
 from bigslide.bench.learning_ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
 from bigslide.synthetic.slide_set import make_slide_set
@@ -97,6 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--annotated-epochs", type=int, default=60, help="epochs of the annotations part (subtle slides)"
     )
+    parser.add_argument(
+        "--suggest-start-epochs",
+        type=int,
+        default=30,
+        help="suggest part: epochs of the checkpoint the places are picked from",
+    )
+    parser.add_argument(
+        "--suggest-epochs", type=int, default=20, help="suggest part: epochs of each retrain on the answers"
+    )
+    parser.add_argument("--suggest-k", default="8,16", help="suggest part: answered areas per retrain")
     parser.add_argument(
         "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"
     )
@@ -202,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         sets = stain_sets(labs)
         state = _update(path, stain_labs={**labs, "described": described(labs)})
         runs = state["runs"]
-    if "annotations" in parts:
+    if {"annotations", "suggest"} & set(parts):
         annotated = annotated_set(csvs["subtle"], args.subtle_tile, SUBTLE_MPP)
     for seed in [int(s) for s in args.seeds.split(",")]:
         jobs: list[tuple[str, str, Any]] = []
@@ -226,6 +238,15 @@ def run(args: argparse.Namespace) -> int:
         if "annotations" in parts:
             jobs += [
                 ("annotations", arm, partial(annotation_run, args, annotated, arm, seed)) for arm in ARMS
+            ]
+        if "suggest" in parts:
+            subtle = csvs["subtle"]
+            jobs.append(("suggest", "start", partial(start_scores, args, subtle, seed)))
+            jobs += [("suggest", c, partial(control_run, args, subtle, annotated, c, seed)) for c in CONTROLS]
+            jobs += [
+                ("suggest", f"{arm}-k{k}", partial(arm_run, args, subtle, arm, int(k), seed))
+                for k in args.suggest_k.split(",")
+                for arm in SUGGEST_ARMS
             ]
         if "stain" in parts:
             jobs += [("stain", name, partial(stain_run, args, sets, labs, name, seed)) for name in STAIN_RUNS]
@@ -313,5 +334,5 @@ def merge_parts(path: Path, other: Path, parts: list[str]) -> None:
 
 def _needs(kind: str, parts: list[str]) -> bool:
     if kind == "subtle":
-        return bool({"subtle", "annotations"} & set(parts))
+        return bool({"subtle", "annotations", "suggest"} & set(parts))
     return bool({"tumour_mil", "tumour_image"} & set(parts))

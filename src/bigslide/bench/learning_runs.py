@@ -35,6 +35,14 @@ PART_SETTINGS = {
     "tumour_image": ("slides", "image_epochs", "image_size"),
     "subtle": ("subtle_slides", "subtle_epochs", "subtle_tile", "subtle_bag", "tile_label_epochs"),
     "annotations": ("subtle_slides", "subtle_tile", "subtle_bag", "annotated_epochs"),
+    "suggest": (
+        "subtle_slides",
+        "subtle_tile",
+        "subtle_bag",
+        "suggest_start_epochs",
+        "suggest_epochs",
+        "suggest_k",
+    ),
     "stain": ("stain_epochs",),
     "study": ("study_slides", "study_epochs", "study_bag"),
     "ultramnist": (
@@ -46,7 +54,7 @@ PART_SETTINGS = {
         "ultramnist_k",
     ),
 }
-PARTS = ("tumour_mil", "tumour_image", "subtle", "annotations", "stain", "study", "ultramnist")
+PARTS = ("tumour_mil", "tumour_image", "subtle", "annotations", "suggest", "stain", "study", "ultramnist")
 BEGIN, END = "<!-- bench learning: begin -->", "<!-- bench learning: end -->"
 
 

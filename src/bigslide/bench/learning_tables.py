@@ -55,6 +55,40 @@ def _annotation_table(runs: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def _suggest_table(runs: dict[str, dict[str, float]]) -> list[str]:
+    """The suggest part: the slide columns and the answers each arm got, then suggested against random
+    and top attention, seed by seed, at each k."""
+    columns = {
+        "auc": "test AUC",
+        "balanced_accuracy": "balanced accuracy",
+        "cell_auc": "attention cell AUC",
+        "answered_lesion": "lesion answers",
+        "answered_not_lesion": "Not-lesion answers",
+        "skipped": "skipped (mixed)",
+    }
+    lines = _table(runs, "suggest", columns)
+    if len(lines) < 3:
+        return lines
+    by_seed: dict[str, dict[str, float]] = {}
+    for key, value in runs.items():
+        part, name, seed = key.split("/")
+        if part == "suggest" and "cell_auc" in value:
+            by_seed.setdefault(name, {})[seed] = value["cell_auc"]
+    ks = sorted({int(n.rsplit("-k", 1)[1]) for n in by_seed if n.startswith("suggested-k")})
+    for k in ks:
+        for other in ("random", "top_attention"):
+            mine, theirs = by_seed.get(f"suggested-k{k}", {}), by_seed.get(f"{other}-k{k}", {})
+            seeds = sorted(set(mine) & set(theirs))
+            if seeds:
+                gaps = [mine[s] - theirs[s] for s in seeds]
+                lines.append(
+                    f"- k = {k}: suggested − {other}, attention cell AUC, seed by seed: "
+                    + ", ".join(f"{g:+.3f}" for g in gaps)
+                    + f" (mean {statistics.mean(gaps):+.3f})"
+                )
+    return [*lines, ""]
+
+
 def _stain_runs(runs: dict[str, dict[str, float]]) -> dict[str, list[dict[str, float]]]:
     names: dict[str, list[dict[str, float]]] = {}
     for key, value in runs.items():
@@ -190,6 +224,18 @@ def render_tables(state: dict[str, Any]) -> str:
         f"{AUC_GOAL} or above to the last epoch: mean ± sd over the seeds that get there, how many do)",
         "",
         *_annotation_table(runs),
+        f"### Where to teach next, subtle lesions (ABMIL-ACC from random weights for "
+        f"{meta.get('suggest_start_epochs')} epochs without annotations (*start*), then from that checkpoint "
+        f"{meta.get('suggest_epochs')} more epochs (data.instance_weight 1) on k areas of 3 x 3 tiles "
+        "answered by an oracle from the lesion masks (the lesion class when at least half the area's tiles "
+        "lie in a lesion, 'Not lesion' when none does, skipped otherwise; each arm takes areas in its order "
+        "until it has k answers). *suggested*: `bigslide suggest`'s order; *random*: random tissue areas; "
+        "*top_attention*: the highest attention relative to its slide's mean. Controls from the same "
+        "checkpoint and epochs: *none*, no annotations; *outlines*, the annotations part's outlines of a "
+        "quarter of the training lesions and normal squares. Attention cell AUC on the test slides, which "
+        "carry no annotations)",
+        "",
+        *_suggest_table(runs),
         *_stain_tables(runs, state.get("stain_labs", {}), meta),
         f"### Studies ({meta.get('study_slides')} slides of 1024² per set, tiles of 32 px at 1 µm/px, bag "
         f"{meta.get('study_bag')}, {meta.get('study_epochs')} epochs; test split, per case for *cases*; "

@@ -116,6 +116,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return run_predict(args)
 
 
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from bigslide.cli.suggest import run_suggest
+
+    return run_suggest(args)
+
+
 def cmd_heatmap(args: argparse.Namespace) -> int:
     from bigslide.cli.report import write_heatmaps
     from bigslide.engine import predict_slide
@@ -219,6 +225,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_mpp_flags(p)
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "suggest", help="where an answer would teach the model most: places to review, as QuPath GeoJSON"
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--slides", required=True, help="slide table (CSV) of the slides to look at")
+    p.add_argument("--count", type=int, default=20, help="places to suggest (at most)")
+    p.add_argument("--out", default="suggestions.geojson", help="GeoJSON of every suggestion")
+    p.add_argument(
+        "--split",
+        default="train",
+        choices=["train", "all"],
+        help="the table's rows to look at: train (rows of the training split, or without a split; the "
+        "default) or all",
+    )
+    p.add_argument(
+        "--normal-class",
+        help="the class of slides that hold no lesion, where high attention is a false alarm (default: the "
+        "class named normal, negative, benign, ...)",
+    )
+    p.add_argument("--area", type=int, default=3, help="an area's side, in the model's tiles")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    add_mpp_flags(p)
+    p.set_defaults(func=cmd_suggest)
 
     p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
     p.add_argument("--checkpoint", required=True)

@@ -33,6 +33,7 @@ from bigslide.engine.features import attach_feature_store
 from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
+from bigslide.methods.mil import MILMethod
 
 Mpp = tuple[float, float] | None
 SlideDataset = BagDataset | SlideImageDataset | UltraMNIST | ArrayImageDataset
@@ -302,6 +303,7 @@ def predict_slides(
     tiles: TileCache | None = None,
     max_tiles: int | None = None,
     processes: DecodeProcesses | None = None,
+    attention_samples: int = 0,
 ) -> tuple[list[SlidePrediction], DatasetPredictions]:
     """Predict every slide of `table` with a trained checkpoint; bags use every tile when repeats = 0.
     The slides of a case are one bag: each gets the case's prediction and its own heatmaps.
@@ -313,9 +315,13 @@ def predict_slides(
     regular lattice) and its map drawn in cells of s tiles, `SlidePrediction.thinned` = s.
     Slides are tiled and read in `processes` (e.g. a napari session's, kept between predictions), else in
     decode workers started for the call (the checkpoint's data.workers).
+    `attention_samples` > 0 adds the "attention_spread" map of attention-MIL methods
+    (`MILMethod.attention_spread`).
     """
     trained = load_trained(checkpoint, device=device)
     method, config, classes, epochs = trained.method, trained.config, trained.classes, trained.epochs
+    if isinstance(method, MILMethod):
+        method.attention_samples = attention_samples
     reference = trained.risk_reference
     endpoint = method.spec.endpoint or Endpoint(classes=classes)
     decision = trained.decision if endpoint.task == "classification" else None

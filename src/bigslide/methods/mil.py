@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -206,6 +207,7 @@ class MILMethod(Method[P]):
         "lesion": "tile classifier: lesion",
     }
     Params: ClassVar[type[MethodParams]] = MILParams
+    attention_samples = 0  # > 0: predictions add the "attention_spread" map (`attention_spread`)
 
     @property
     def mil_model(self) -> MILModel:
@@ -257,11 +259,28 @@ class MILMethod(Method[P]):
         if self.explains_score and contributions is not None:
             with torch.no_grad():
                 maps[self.score_map] = contributions(z, self.score).float().cpu().numpy()
+        if self.attention_samples and attention is not None:
+            maps["attention_spread"] = self.attention_spread(z, self.attention_samples)
         if self.mil_model.tiles is not None:  # what the tile classifier calls each tile
             with torch.no_grad():
                 not_lesion = torch.softmax(self.mil_model.tiles(z).float(), dim=1)[:, -1]
             maps["lesion"] = (1 - not_lesion).cpu().numpy()
         return Prediction(probs=probs.cpu().numpy(), instance_scores=scores, instance_maps=maps)
+
+    def attention_spread(self, z: torch.Tensor, samples: int, drop: float = 0.25) -> np.ndarray:
+        """How unsure the head is where to look: over `samples` draws of dropout on the tile features
+        (a fixed seed, so a slide always gets the same map), the standard deviation of each tile's
+        attention rank as a fraction of the bag (0: always ranked alike; about 0.29: anywhere)."""
+        generator = torch.Generator(device=z.device).manual_seed(0)
+        ranks = []
+        with torch.no_grad():
+            for _ in range(samples):
+                keep = torch.rand(z.shape, generator=generator, device=z.device) >= drop
+                _, attention = split_head_output(self.mil_model.aggregator(z * keep / (1 - drop)))
+                assert attention is not None
+                order = attention.float().reshape(-1).argsort().argsort()
+                ranks.append(order.float() / max(1, order.numel() - 1))
+        return torch.stack(ranks).std(dim=0, correction=0).cpu().numpy()
 
     @property
     def score_map(self) -> str:

@@ -1,0 +1,291 @@
+"""Where to teach next: the few places on the training slides whose answer (lesion, Not lesion) would
+teach an attention-MIL model most, each with the reason it was chosen.
+
+Three kinds of place, mixed so that no one kind or slide takes every place:
+- *false alarm*: high attention on a slide labelled with the class whose slides hold no lesion (the
+  normal class). Such a slide has nothing to find, so every tile it attends to strongly is a mistake the
+  answer corrects.
+- *uncertain*: on the other slides, tiles whose attention rank moves most when dropout is drawn on the
+  tile features (`MILMethod.attention_spread`): where the model is guessing.
+- *looked at*: the strongest attention on the other slides: is it really the lesion?
+
+A suggestion is a square of `area_tiles` x `area_tiles` tiles of the model's grid around the chosen
+tile, on tissue, clear of the others and of the slide's teaching annotations. Suggestions are written as
+QuPath GeoJSON of class `REVIEW_CLASS`, which ends in "*": bigslide does not train on it. An answer
+turns a suggestion into a teaching annotation (`save_answer`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import shapely
+from shapely.geometry import Polygon, box, mapping
+
+from bigslide.annotations import (
+    Annotation,
+    class_index,
+    instance_classes,
+    read_annotations,
+    write_annotations,
+)
+from bigslide.errors import DataError
+from bigslide.explain.heatmap import ScoreGrid
+from bigslide.files import atomic_write_text
+from bigslide.regions import plain_geojson, read_features
+
+REVIEW_CLASS = "Suggestion*"
+"""The class suggestions are written with: QuPath shows it, bigslide trains only on answered ones."""
+REVIEW_COLOUR = (255, 0, 255)
+KINDS = ("false_alarm", "uncertain", "looked_at")
+# Of every four places: two false alarms (an answer known to correct the model), one uncertain, one
+# looked at; a kind with nothing left gives its turn to the next.
+TURNS = ("false_alarm", "uncertain", "false_alarm", "looked_at")
+NORMAL_NAMES = ("normal", "negative", "benign", "healthy", "no", "0", "none", "absent", "no lesion")
+DROPOUT_SAMPLES = 16
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A place to answer on `slide`: a level-0 box (x0, y0, x1, y1), why it was chosen, and its rank
+    (1 = answer first)."""
+
+    slide: Path
+    box: tuple[float, float, float, float]
+    kind: str
+    reason: str
+    score: float
+    rank: int = 0
+
+    @property
+    def polygon(self) -> Polygon:
+        return box(*self.box)
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        x0, y0, x1, y1 = self.box
+        return (x0 + x1) / 2, (y0 + y1) / 2
+
+
+@dataclass
+class SlideScores:
+    """What suggestions are drawn from for one slide: its attention map (and spread map), its label in
+    the table (None: unlabelled) and its teaching annotations (areas to skip)."""
+
+    slide: Path
+    attention: ScoreGrid
+    label: str | None = None
+    spread: ScoreGrid | None = None
+    annotations: Sequence[Annotation] = field(default_factory=list)
+
+
+def normal_class(classes: Sequence[str]) -> str | None:
+    """The class whose slides hold no lesion, by its name (normal, negative, benign, ...); None when no
+    class is named so (pass it explicitly)."""
+    for name in classes:
+        if " ".join(name.split()).casefold() in NORMAL_NAMES:
+            return name
+    return None
+
+
+def suggest(
+    slides: Sequence[SlideScores],
+    count: int,
+    *,
+    normal: str | None,
+    area_tiles: int = 3,
+) -> list[Suggestion]:
+    """Up to `count` places, ranked (see the module); `normal` is the class of lesion-free slides (None:
+    no false alarms are sought)."""
+    if count < 1:
+        raise DataError(f"count: {count} suggestions asked; ask for at least 1")
+    if area_tiles < 1:
+        raise DataError(f"area_tiles: {area_tiles}; an area is at least 1 tile")
+    pools: dict[str, list[tuple[float, int, int, int, str]]] = {kind: [] for kind in KINDS}
+    for index, s in enumerate(slides):
+        for kind, score, row, col, reason in _candidates(s, normal):
+            pools[kind].append((score, index, row, col, reason))
+    for pool in pools.values():
+        pool.sort(key=lambda c: -c[0])
+    with_places = {c[1] for pool in pools.values() for c in pool}
+    cap = max(1, math.ceil(2 * count / max(1, len(with_places))))
+    unions = {
+        i: shapely.union_all([a.geometry for a in s.annotations])
+        for i, s in enumerate(slides)
+        if s.annotations
+    }
+    taken: dict[int, list[tuple[int, int]]] = {}
+    per_slide: Counter[int] = Counter()
+    chosen: list[Suggestion] = []
+    cursor = dict.fromkeys(KINDS, 0)
+    for kind in itertools.cycle(TURNS):
+        if len(chosen) >= count or all(cursor[k] >= len(pools[k]) for k in KINDS):
+            break
+        pool = pools[kind]
+        while cursor[kind] < len(pool):
+            score, index, row, col, reason = pool[cursor[kind]]
+            cursor[kind] += 1
+            s = slides[index]
+            if per_slide[index] >= cap or overlaps(taken.get(index, []), row, col, area_tiles):
+                continue
+            area = area_box(s.attention, row, col, area_tiles)
+            if index in unions and _covered(area, unions[index]):
+                continue
+            taken.setdefault(index, []).append((row, col))
+            per_slide[index] += 1
+            chosen.append(Suggestion(s.slide, area.bounds, kind, reason, score, len(chosen) + 1))
+            break
+    return chosen
+
+
+def _candidates(s: SlideScores, normal: str | None) -> list[tuple[str, float, int, int, str]]:
+    scores = s.attention.scores
+    rows, cols = np.nonzero(np.isfinite(scores))
+    if not len(rows):
+        return []
+    values = scores[rows, cols].astype(np.float64)
+    values = values - min(0.0, values.min())  # raw scores below zero counted from the lowest
+    mean = values.mean()
+    relative = values / mean if mean > 0 else np.zeros_like(values)
+    out = []
+    labelled = f"a slide labelled {s.label}" if s.label is not None else "an unlabelled slide"
+    negative = normal is not None and s.label is not None and s.label == normal
+    kind = "false_alarm" if negative else "looked_at"
+    for r, c, v in zip(rows, cols, relative):
+        if v > 1:  # above the slide's mean: a place the model looks
+            question = "" if negative else ": is it the lesion?"
+            out.append(
+                (
+                    kind,
+                    float(v),
+                    int(r),
+                    int(c),
+                    f"high attention ({v:.2f}x the slide's mean) on {labelled}{question}",
+                )
+            )
+    if s.spread is not None and not negative:
+        spread = _on_grid(s.spread, s.attention, rows, cols)
+        for r, c, v in zip(rows, cols, spread):
+            if np.isfinite(v) and v > 0:
+                out.append(
+                    (
+                        "uncertain",
+                        float(v),
+                        int(r),
+                        int(c),
+                        f"uncertain: its attention rank moves by {v:.0%} of the slide across dropout samples",
+                    )
+                )
+    return out
+
+
+def _on_grid(values: ScoreGrid, like: ScoreGrid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """`values` at the cells (rows, cols) of `like` (two maps of one prediction share a grid)."""
+    x = like.origin[0] + (cols + 0.5) * like.cell_size_level0
+    y = like.origin[1] + (rows + 0.5) * like.cell_size_level0
+    c = np.floor((x - values.origin[0]) / values.cell_size_level0).astype(int)
+    r = np.floor((y - values.origin[1]) / values.cell_size_level0).astype(int)
+    inside = (r >= 0) & (c >= 0) & (r < values.scores.shape[0]) & (c < values.scores.shape[1])
+    out = np.full(len(rows), np.nan)
+    out[inside] = values.scores[r[inside], c[inside]]
+    return out
+
+
+def overlaps(taken: list[tuple[int, int]], row: int, col: int, side: int) -> bool:
+    """Whether an area around (row, col) would overlap one already taken on the slide."""
+    return any(abs(row - r) < side and abs(col - c) < side for r, c in taken)
+
+
+def area_box(grid: ScoreGrid, row: int, col: int, side: int) -> Polygon:
+    cell = grid.cell_size_level0
+    x0 = grid.origin[0] + (col - side // 2) * cell
+    y0 = grid.origin[1] + (row - side // 2) * cell
+    return box(x0, y0, x0 + side * cell, y0 + side * cell)
+
+
+def _covered(area: Polygon, annotated: shapely.Geometry) -> bool:
+    """Whether a slide's teaching annotations already cover the area's centre, or half of it."""
+    return bool(annotated.contains(area.centroid) or annotated.intersection(area).area >= area.area / 2)
+
+
+def write_suggestions(suggestions: Sequence[Suggestion], path: str | Path) -> list[Path]:
+    """Write every suggestion to `path` (each feature names its slide), and, for QuPath (which imports a
+    file onto the image open), each slide's to `<path without suffix>/<slide name>.suggestions.geojson`.
+    Returns the files written, `path` first."""
+    path = Path(path)
+    written = [atomic_write_text(path, _collection(suggestions))]
+    by_slide: dict[Path, list[Suggestion]] = {}
+    for s in suggestions:
+        by_slide.setdefault(s.slide, []).append(s)
+    folder = path.with_suffix("")
+    for slide, some in by_slide.items():
+        written.append(atomic_write_text(folder / f"{slide.name}.suggestions.geojson", _collection(some)))
+    return written
+
+
+def _collection(suggestions: Sequence[Suggestion]) -> str:
+    features = [
+        {
+            "type": "Feature",
+            "id": str(uuid.uuid4()),
+            "geometry": plain_geojson(mapping(s.polygon)),
+            "properties": {
+                "objectType": "annotation",
+                "name": f"{s.rank}. {s.reason}",
+                "classification": {"name": REVIEW_CLASS, "color": list(REVIEW_COLOUR)},
+                "measurements": {"rank": s.rank, "score": s.score},
+                "slide": str(s.slide),
+                "kind": s.kind,
+                "reason": s.reason,
+            },
+        }
+        for s in suggestions
+    ]
+    return json.dumps({"type": "FeatureCollection", "features": features})
+
+
+def read_suggestions(path: str | Path) -> list[Suggestion]:
+    """The suggestions of a file `write_suggestions` wrote (or QuPath saved back), in rank order."""
+    path = Path(path)
+    out = []
+    for index, feature in enumerate(read_features(path, "suggestions", DataError)):
+        where = f"{path}: feature {index}"
+        props = feature.get("properties") if isinstance(feature, dict) else None
+        if not isinstance(props, dict) or not isinstance(props.get("slide"), str):
+            raise DataError(f"{where}: not a bigslide suggestion (no 'slide' property)")
+        try:
+            polygon = shapely.geometry.shape(feature["geometry"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise DataError(f"{where}: no valid geometry ({err})") from None
+        measurements = props.get("measurements") or {}
+        out.append(
+            Suggestion(
+                Path(props["slide"]),
+                tuple(float(v) for v in polygon.bounds),  # type: ignore[arg-type]
+                str(props.get("kind", "")),
+                str(props.get("reason", "")),
+                float(measurements.get("score", 0.0)),
+                int(measurements.get("rank", index + 1)),
+            )
+        )
+    return sorted(out, key=lambda s: s.rank)
+
+
+def save_answer(
+    suggestion: Suggestion, answer: str, annotations_file: str | Path, classes: Sequence[str] = ()
+) -> Path:
+    """Add the answered suggestion to a slide's teaching annotations (the file is created when
+    missing; written atomically): its area, classed `answer` (a task class or "Not lesion")."""
+    annotations_file = Path(annotations_file)
+    if classes:
+        class_index(answer, instance_classes(classes), "answer")
+    saved = read_annotations(annotations_file) if annotations_file.is_file() else []
+    return write_annotations([*saved, Annotation(suggestion.polygon, answer)], annotations_file, classes)
