@@ -4,6 +4,7 @@ number of ranks predicts only what is missing."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -95,3 +96,63 @@ def test_the_predict_bench_times_the_command_under_torchrun(tmp_path: Path) -> N
     )
     assert "failed" not in done.stdout
     assert "target predict, 2 ranks >= 0.8 x 2 x 1 rank" in done.stdout
+
+
+DYING_RANK = """
+import os, sys
+from bigslide.cli import slide_rows
+from bigslide.errors import DataError
+
+if os.environ["RANK"] == "1":
+    original = slide_rows.write_slide_outputs
+
+    def write_then_end(*args, **kwargs):
+        written = original(*args, **kwargs)
+        if sys.argv[1] == "raise":
+            raise DataError("injected fault after one slide")
+        os._exit(9)  # killed: no message, no clean-up
+
+    slide_rows.write_slide_outputs = write_then_end
+from bigslide.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "killed"])
+def test_a_rank_that_fails_or_dies_ends_the_run_and_a_rerun_predicts_only_the_rest(
+    tmp_path: Path, fault: str
+) -> None:
+    cohort = make_slide_set(tmp_path / "slides", n_slides=6, size=(512, 512), seed=8)
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    argv = ["--slides", str(cohort), "--checkpoint", str(ckpt)]
+    assert _predict(1, [*argv, "--out", str(clean)]).returncode == 0
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_RANK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [str(script), fault, "predict", "--device", "cpu", "--quiet", "--workers", "1", *argv]
+    done = subprocess.run(
+        [*command, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode != 0
+    assert not (out / "predictions.csv").exists()  # no table from part of the cohort
+    ours = [line for line in done.stderr.splitlines() if line.startswith("bigslide:")]
+    if fault == "raise":
+        assert "bigslide: error: rank 1: injected fault after one slide" in ours, done.stderr[-3000:]
+    assert "[rank0]: Traceback" not in done.stderr
+    written = sorted((out / "slides").glob("*.json"))
+    assert 1 <= len(written) < 6  # rank 1 wrote one slide; rank 0 was stopped or finished its own
+    for row in written:  # every slide written is whole
+        json.loads(row.read_text())
+    rerun = _predict(1, [*argv, "--out", str(out)])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (
+        f"{6 - len(written)} slides predicted" in rerun.stdout
+        or f"{6 - len(written)} slide predicted" in rerun.stdout
+    ), rerun.stdout
+    assert (out / "predictions.csv").read_text() == (clean / "predictions.csv").read_text()
