@@ -3,7 +3,7 @@
 - `tissue_preview.png`: the napari window, 1600 x 1000, with a marked slide (pen strokes of blue and red
   ink around, onto and across H&E-like tissue, dust, bubble rims, a blurred, a pale and a fatty patch) and
   the Sampling regions panel's tile preview: kept tiles yellow, tiles left out for ink magenta, out of
-  focus orange; an area to leave out (QuPath's `Ignore*`) drawn in red;
+  focus orange; an area to leave out (QuPath's `Ignore*`) as a wide cyan outline over a dark veil;
 - `tissue_check_before.png` / `tissue_check.png`: the tissue-check thumbnails a run writes for that
   slide with the greyscale rule (the earlier default) and with the stain rule (the default);
 - `tissue_preview_pens_off.png` / `tissue_preview_pens.png`: the tile preview of a slide of the tissue

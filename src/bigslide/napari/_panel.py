@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     import napari
 
 LOADING = "Loading PyTorch and the training methods…"
+PANEL_WIDTH = 440
+"""Every panel's least width: napari docks a panel at its least width, and narrower ones cut off their
+rows of buttons and their status lines."""
 
 
 class Panel(QWidget):
@@ -27,6 +30,7 @@ class Panel(QWidget):
         super().__init__()
         self.viewer = napari_viewer
         self.ready = False
+        self.setMinimumWidth(PANEL_WIDTH)
         self._outer = QVBoxLayout(self)
         self._outer.setContentsMargins(0, 0, 0, 0)
         self._loading = QLabel(LOADING)

@@ -14,9 +14,6 @@ from bigslide.napari._train_widget import TrainWidget
 if TYPE_CHECKING:
     import napari
 
-PANEL_WIDTH = 440
-
-
 class BigslidePanels(QWidget):
     """Slides, Regions, Train and Results as tabs of one dock widget (they share the viewer's session)."""
 
@@ -39,7 +36,6 @@ class BigslidePanels(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tabs)
-        self.setMinimumWidth(PANEL_WIDTH)
         self.setMinimumHeight(0)
 
     @property
