@@ -14,6 +14,7 @@ from bigslide.napari._train_widget import TrainWidget
 if TYPE_CHECKING:
     import napari
 
+
 class BigslidePanels(QWidget):
     """Slides, Regions, Train and Results as tabs of one dock widget (they share the viewer's session)."""
 

@@ -27,6 +27,7 @@ from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
+from bigslide.napari._suggest_queue import SuggestBox
 
 if TYPE_CHECKING:
     from bigslide.napari._session import Session
@@ -124,7 +125,9 @@ class ResultsWidget(Panel):
         layout.addLayout(exports)
         self.annotate = AnnotateBox(self.viewer, self.session, self.slide_layer)
         self.retrain = RetrainBox(self)
+        self.suggest = SuggestBox(self)
         layout.addWidget(self.annotate)
+        layout.addWidget(self.suggest)
         layout.addWidget(self.retrain)
         layout.addStretch()
 

@@ -9,9 +9,9 @@ if TYPE_CHECKING:
 
 ROLE = "bigslide_role"
 """Metadata key telling our layers apart: "slide", "regions", "exclusions" (areas to leave out),
-"lesions", "tiles", "heatmap", "annotations" (teaching annotations) or "comparison" (a slide and map shown
-beside it, for comparing)."""
-OVERLAY_ROLES = ("regions", "exclusions", "lesions", "tiles", "heatmap", "annotations")
+"lesions", "tiles", "heatmap", "annotations" (teaching annotations), "suggestion" (the place the queue
+asks about) or "comparison" (a slide and map shown beside it, for comparing)."""
+OVERLAY_ROLES = ("regions", "exclusions", "lesions", "tiles", "heatmap", "annotations", "suggestion")
 
 
 def slide_layers(viewer: napari.Viewer) -> list[napari.layers.Image]:
