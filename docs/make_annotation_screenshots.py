@@ -27,13 +27,13 @@ import shapely
 from make_screenshots import IMAGES, dismiss_toasts, process, wait_until
 from PIL import Image
 
-from bigslide.annotations import NOT_LESION
 from bigslide.data.table import SlideTable
 from bigslide.engine import predict_slides
 from bigslide.explain.localisation import cell_lesion_fraction, lesion_cell_auc
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
-from bigslide.regions import load_regions
 from bigslide.synthetic.slide_set import load_lesions
+from bigslide.tiling.annotations import NOT_LESION
+from bigslide.tiling.regions import load_regions
 
 MAX_BYTES = 900_000
 

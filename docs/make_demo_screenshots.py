@@ -36,7 +36,7 @@ def main(run: Path) -> None:
     from bigslide.explain.heatmap import ScoreGrid
     from bigslide.napari._layers import add_heatmap, slide_layer_data
     from bigslide.napari._sample_data import _lesion_layer
-    from bigslide.slide import open_slide
+    from bigslide.wsi.slide import open_slide
 
     npz = sorted((run / "heatmaps").glob("*.attention.npz"))[0]
     stem = npz.name.split(".")[0]

@@ -67,8 +67,8 @@ def wait_until(condition: Any, timeout: float = 600) -> None:
 
 def unstated_copy(source: Path, out: Path) -> Path:
     """The slide's pyramid written again as a TIFF that states no pixel size."""
-    from bigslide.slide import open_slide
     from bigslide.synthetic.pyramid import write_pyramid
+    from bigslide.wsi.slide import open_slide
 
     with open_slide(source) as slide:
         levels = [

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 from make_screenshots import IMAGES, dismiss_toasts, process, save, wait_until
 
 
@@ -29,11 +28,11 @@ def main() -> None:
     import napari
 
     from bigslide.explain.tissue_check import check_image
-    from bigslide.grid import TileGrid
-    from bigslide.slide import open_slide
     from bigslide.synthetic.marks import synthesize_marked_slide
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.tissue import GREYSCALE_RULE
+    from bigslide.tiling.grid import TileGrid
+    from bigslide.tiling.tissue import GREYSCALE_RULE
+    from bigslide.wsi.slide import open_slide
 
     work = Path(tempfile.mkdtemp(prefix="bigslide-tissue-shots-"))
     marked = synthesize_marked_slide((1024, 1024), seed=5001, mpp=2.0, lab="B", inks=("blue", "red"))

@@ -10,16 +10,6 @@ import numpy as np
 import pytest
 import shapely
 
-from bigslide.annotations import (
-    NOT_LESION,
-    UNLABELLED,
-    Annotation,
-    annotations_path,
-    instance_classes,
-    label_tiles,
-    read_annotations,
-    write_annotations,
-)
 from bigslide.data.bags import BagDataset
 from bigslide.data.sources import slide_dataset
 from bigslide.data.table import SlideTable
@@ -29,6 +19,16 @@ from bigslide.engine.events import Message
 from bigslide.engine.finetune import write_finetune_folder
 from bigslide.errors import ConfigError, DataError
 from bigslide.synthetic.slides import make_synthetic_slide
+from bigslide.tiling.annotations import (
+    NOT_LESION,
+    UNLABELLED,
+    Annotation,
+    annotations_path,
+    instance_classes,
+    label_tiles,
+    read_annotations,
+    write_annotations,
+)
 from tests.test_engine import drain, small_config
 
 CLASSES = instance_classes(["normal", "tumor"])  # normal 0, tumor 1, Not lesion 2

@@ -24,12 +24,12 @@ from bigslide.data.table import SlideEntry
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.errors import SlideError
-from bigslide.grid import TileGrid
 from bigslide.methods.base import StepResult
-from bigslide.slide import WHOLE_READ_PIXELS, open_slide
 from bigslide.synthetic.pyramid import LazyLevel, downsample_pyramid, write_pyramid
 from bigslide.synthetic.slide_set import make_slide_set
-from bigslide.tissue import tissue_mask
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import tissue_mask
+from bigslide.wsi.slide import WHOLE_READ_PIXELS, open_slide
 
 
 @dataclass(frozen=True)

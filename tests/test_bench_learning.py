@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import shapely
 
-from bigslide.bench import learning, learning_runs
+from bigslide.bench import learning
 from bigslide.bench.learning import _update, render_tables
+from bigslide.bench.learning import runs as learning_runs
 from bigslide.data.slides import SlideCache
 from bigslide.engine import CheckpointSaved, TrainConfig, train
 from bigslide.engine.checkpoint import load_checkpoint
@@ -108,7 +109,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint_only_under_the_same_se
 def test_a_study_run_is_scored_on_its_test_split_beside_the_oracle(kind: str, tmp_path: Path) -> None:
     from scipy.stats import pearsonr
 
-    from bigslide.bench.learning_study import study_run
+    from bigslide.bench.learning.study import study_run
     from bigslide.synthetic.study import make_study_set
 
     csv_path = make_study_set(tmp_path / "set", kind, n=12, size=(512, 512), seed=4)  # type: ignore[arg-type]
@@ -132,10 +133,10 @@ def test_a_study_run_is_scored_on_its_test_split_beside_the_oracle(kind: str, tm
 def test_the_annotations_part_draws_a_quarter_of_the_training_lesions_and_normal_squares(
     tmp_path: Path,
 ) -> None:
-    from bigslide.annotations import NOT_LESION, read_annotations
-    from bigslide.bench.learning_annotations import annotated_set
+    from bigslide.bench.learning.annotations import annotated_set
     from bigslide.data.table import SlideTable
     from bigslide.synthetic.slide_set import load_lesions
+    from bigslide.tiling.annotations import NOT_LESION, read_annotations
 
     csv_path = make_slide_set(
         tmp_path / "subtle", n_slides=8, size=(512, 512), seed=2, lesion_kind="subtle", lesion_count=(2, 2)
@@ -160,7 +161,7 @@ def test_the_annotations_part_draws_a_quarter_of_the_training_lesions_and_normal
 
 
 def test_epochs_to_the_goal_count_the_first_reach_and_the_last_fall() -> None:
-    from bigslide.bench.learning_annotations import goal_epochs
+    from bigslide.bench.learning.annotations import goal_epochs
 
     assert goal_epochs([0.5, 0.95, 0.8, 0.92, 0.93]) == {
         "epochs_to_goal": 2.0,
@@ -176,10 +177,10 @@ def test_epochs_to_the_goal_count_the_first_reach_and_the_last_fall() -> None:
 def test_the_suggest_parts_oracle_answers_from_the_lesion_masks_and_stops_at_k_answers(
     tmp_path: Path,
 ) -> None:
-    from bigslide.annotations import NOT_LESION, read_annotations
-    from bigslide.bench.learning_suggest import answered_table, oracle
+    from bigslide.bench.learning.suggest import answered_table, oracle
     from bigslide.data.table import SlideTable
     from bigslide.synthetic.slide_set import load_lesions
+    from bigslide.tiling.annotations import NOT_LESION, read_annotations
 
     lesion = shapely.box(0, 0, 100, 100)
     tiles = np.array([[x + 16, y + 16] for y in range(0, 192, 32) for x in range(0, 192, 32)], float)

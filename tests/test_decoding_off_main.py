@@ -16,8 +16,8 @@ from bigslide.cli.main import main
 from bigslide.data import processes as processes_module
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.inference import predict_slide
-from bigslide.slide import Slide
 from bigslide.synthetic.slide_set import make_slide_set
+from bigslide.wsi.slide import Slide
 
 
 @pytest.fixture(scope="module")

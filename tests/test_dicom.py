@@ -22,11 +22,11 @@ from bigslide.cli.main import main
 from bigslide.data.bags import BagDataset
 from bigslide.data.loader import BatchLoader
 from bigslide.data.table import SlideTable
-from bigslide.dicom_series import series_file
 from bigslide.errors import DataError, SlideError
-from bigslide.slide import open_slide
 from bigslide.synthetic.dicom import make_dicom_slide, write_dicom_pyramid
 from bigslide.synthetic.pyramid import downsample_pyramid
+from bigslide.wsi.dicom_series import series_file
+from bigslide.wsi.slide import open_slide
 from tests.conftest import textured_image
 
 MPP = 0.25

@@ -24,10 +24,10 @@ from bigslide.engine import Loss, Message, Metrics, TrainConfig, predict_slide, 
 from bigslide.engine.checkpoint import load_checkpoint, save_checkpoint
 from bigslide.engine.features import weights_fingerprint
 from bigslide.errors import ConfigError, DataError
-from bigslide.grid import TileGrid
 from bigslide.nn.backbones import create_encoder
-from bigslide.slide import open_slide
 from bigslide.synthetic.slide_set import make_slide_set
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 
 TILE = 64
 BAG = 6

@@ -11,13 +11,13 @@ import pytest
 import tifffile
 from scipy import ndimage
 
-from bigslide.blur import sharpness_level, tile_sharpness
-from bigslide.grid import TileGrid
-from bigslide.slide import Slide, open_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
-from bigslide.tissue import TissueSettings, greyscale
-from bigslide.tissue_measure import footprints, measure_level
+from bigslide.tiling.blur import sharpness_level, tile_sharpness
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import TissueSettings, greyscale
+from bigslide.tiling.tissue_measure import footprints, measure_level
+from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 64  # grid tiles at 0.5 µm/px, the slide's own pixel size
 FILE_TILE = 64  # the file's tiles: on the focus level (32 px per grid tile) each holds 2 x 2 grid tiles

@@ -9,7 +9,7 @@ import pytest
 from shapely.geometry import MultiPolygon, Point, Polygon, box
 
 from bigslide.errors import RegionError
-from bigslide.regions import (
+from bigslide.tiling.regions import (
     EXCLUDE_CLASS,
     Region,
     centres_inside,

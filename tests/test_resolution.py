@@ -19,9 +19,9 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.config import DataConfig
 from bigslide.errors import ConfigError
-from bigslide.resolution import plan_read, resize_square
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
+from bigslide.wsi.resolution import plan_read, resize_square
 
 BASE_MPP = 0.25
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import shapely
 
-from bigslide.annotations import Annotation
 from bigslide.engine import train
 from bigslide.engine.events import Message
 from bigslide.engine.inference import SlidePrediction
@@ -17,6 +16,7 @@ from bigslide.engine.retrain_report import OutlineShares, outline_shares, retrai
 from bigslide.explain.attention_share import attention_share
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.synthetic.slides import make_synthetic_slide
+from bigslide.tiling.annotations import Annotation
 from tests.test_engine import drain, small_config
 
 # 3 x 4 cells of 100 level-0 px from (1000, 2000); one cell unscored

@@ -11,8 +11,8 @@ from typing import Any
 
 SCRIPT = """
 from bigslide.data.processes import DecodeProcesses, fork_from_server
-from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 
 print("the script ran", flush=True)
 fork_from_server()

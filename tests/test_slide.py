@@ -10,7 +10,7 @@ import tifffile
 import tiffslide
 
 from bigslide.errors import SlideError
-from bigslide.slide import open_slide
+from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide, WrittenSlide, textured_image
 
 FLAVOURS = ["svs_slide", "tiff_slide", "ome_slide"]
@@ -239,7 +239,7 @@ def test_openslide_and_tiffslide_give_the_same_pixels(svs_slide: WrittenSlide) -
 
 
 def test_openslide_formats_are_opened_with_openslide_when_it_is_installed(tmp_path: Path) -> None:
-    from bigslide.openslide_backend import openslide_available
+    from bigslide.wsi.openslide_backend import openslide_available
 
     fake = tmp_path / "case.mrxs"
     fake.write_bytes(b"not a slide")

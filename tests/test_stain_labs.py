@@ -15,8 +15,8 @@ import torch
 from skimage import color
 
 from bigslide.bench.learning import merge_parts
-from bigslide.bench.learning_stain import described, stain_labs, wanted_keys
-from bigslide.bench.learning_tables import render_tables
+from bigslide.bench.learning.stain import described, stain_labs, wanted_keys
+from bigslide.bench.learning.tables import render_tables
 from bigslide.data.colour import SampleStain, row_colour
 from bigslide.data.config import DataConfig
 from bigslide.data.sample import Sample, as_float

@@ -11,7 +11,6 @@ import pytest
 import shapely
 import torch
 
-from bigslide.annotations import Annotation, label_tiles, read_annotations, write_annotations
 from bigslide.cli.main import main
 from bigslide.engine import train
 from bigslide.errors import DataError
@@ -26,8 +25,9 @@ from bigslide.explain.suggest import (
     suggest,
     write_suggestions,
 )
-from bigslide.regions import read_features
 from bigslide.synthetic.slides import make_synthetic_slide
+from bigslide.tiling.annotations import Annotation, label_tiles, read_annotations, write_annotations
+from bigslide.tiling.regions import read_features
 from tests.test_engine import drain, small_config
 
 CELL = 64.0

@@ -15,7 +15,6 @@ from skimage import draw
 
 from bigslide.data.ultramnist import UltraMNIST
 from bigslide.errors import DataError
-from bigslide.regions import load_regions
 from bigslide.synthetic import (
     SlideInfo,
     he,
@@ -29,6 +28,7 @@ from bigslide.synthetic import (
     synthesize_slide,
     ultramnist_label,
 )
+from bigslide.tiling.regions import load_regions
 
 
 @pytest.mark.parametrize(("flavour", "suffix"), [("svs", ".svs"), ("tiff", ".tiff"), ("ome", ".ome.tif")])

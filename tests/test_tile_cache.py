@@ -29,9 +29,9 @@ from bigslide.data.tile_cache import TileCache, tile_cache_for
 from bigslide.engine import Message, TrainConfig, train
 from bigslide.engine.cv import prepare_folds
 from bigslide.files import too_many_open_files
-from bigslide.grid import TileGrid
-from bigslide.regions import Region, save_regions
 from bigslide.synthetic.slide_set import make_slide_set
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.regions import Region, save_regions
 
 
 @pytest.fixture(scope="module")

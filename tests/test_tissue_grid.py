@@ -7,10 +7,10 @@ import pytest
 from shapely.geometry import Polygon, box
 
 from bigslide.errors import ConfigError, RegionError
-from bigslide.grid import TileGrid
-from bigslide.regions import Region, load_regions, save_regions
-from bigslide.slide import open_slide
-from bigslide.tissue import TissueSettings, tile_tissue_fraction, tissue_mask
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.regions import Region, load_regions, save_regions
+from bigslide.tiling.tissue import TissueSettings, tile_tissue_fraction, tissue_mask
+from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide, WrittenSlide
 
 PINK = (200, 100, 150)

@@ -7,8 +7,8 @@ import numpy as np
 from skimage import data as skdata
 
 from bigslide.explain.tissue_check import warning
-from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide
 
 

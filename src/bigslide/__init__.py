@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from bigslide.errors import BigslideError, ConfigError, DataError, RegionError, SlideError, TrainingError
 
 if TYPE_CHECKING:
-    from bigslide.grid import TileGrid
-    from bigslide.regions import Region, load_regions, save_regions
-    from bigslide.slide import Slide, open_slide
-    from bigslide.tissue import TissueSettings, tissue_mask
+    from bigslide.tiling.grid import TileGrid
+    from bigslide.tiling.regions import Region, load_regions, save_regions
+    from bigslide.tiling.tissue import TissueSettings, tissue_mask
+    from bigslide.wsi.slide import Slide, open_slide
 
 __version__ = "0.1.0"
 
@@ -37,14 +37,14 @@ __all__ = [
 # Slide reading pulls in tiffslide, scikit-image and shapely: load it on first use, so the command line
 # (`bigslide --help`) and the error classes import in a blink.
 _LAZY = {
-    "TileGrid": "bigslide.grid",
-    "Region": "bigslide.regions",
-    "load_regions": "bigslide.regions",
-    "save_regions": "bigslide.regions",
-    "Slide": "bigslide.slide",
-    "open_slide": "bigslide.slide",
-    "tissue_mask": "bigslide.tissue",
-    "TissueSettings": "bigslide.tissue",
+    "TileGrid": "bigslide.tiling.grid",
+    "Region": "bigslide.tiling.regions",
+    "load_regions": "bigslide.tiling.regions",
+    "save_regions": "bigslide.tiling.regions",
+    "Slide": "bigslide.wsi.slide",
+    "open_slide": "bigslide.wsi.slide",
+    "tissue_mask": "bigslide.tiling.tissue",
+    "TissueSettings": "bigslide.tiling.tissue",
 }
 
 

@@ -14,11 +14,17 @@ import shapely
 import yaml
 from qtpy.QtCore import Qt
 
-from bigslide.annotations import NOT_LESION, annotated_count, annotations_path, class_colour, read_annotations
 from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
-from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
+from bigslide.tiling.annotations import (
+    NOT_LESION,
+    annotated_count,
+    annotations_path,
+    class_colour,
+    read_annotations,
+)
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 from tests.gui.test_results import tiny_checkpoint
 from tests.gui.test_typed_numbers import type_into
 

@@ -19,7 +19,7 @@ from PIL import Image
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.napari._placement import placement_of
 from bigslide.napari._roles import slide_layers
-from bigslide.slide import open_slide
+from bigslide.wsi.slide import open_slide
 from tests.gui.test_results import tiny_checkpoint  # imports torch before any viewer exists (Mesa/triton)
 
 CELL = 48  # level-0 px per heatmap cell

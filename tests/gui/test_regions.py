@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import shapely
 
-from bigslide.grid import TileGrid
-from bigslide.regions import load_regions
-from bigslide.slide import open_slide
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.regions import load_regions
+from bigslide.wsi.slide import open_slide
 
 
 def test_sample_slide_and_lesions(viewer: Any) -> None:
@@ -66,7 +66,7 @@ def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> Non
     )
     tiles = next(lay for lay in viewer.layers if lay.metadata.get("bigslide_role") == "tiles")
     with open_slide(slide.metadata["path"]) as s:
-        from bigslide.regions import Region
+        from bigslide.tiling.regions import Region
 
         polygon = shapely.Polygon(box[:, ::-1])
         grid = TileGrid.from_slide(s, 128, min_tissue=panel.session.min_tissue, regions=[Region(polygon)])

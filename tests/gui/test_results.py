@@ -13,9 +13,9 @@ import shapely
 from bigslide.engine import run_to_end, train
 from bigslide.engine.config import DataConfig, MethodConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from bigslide.explain.heatmap import ScoreGrid
-from bigslide.grid import TileGrid
-from bigslide.regions import load_regions
-from bigslide.slide import open_slide
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.regions import load_regions
+from bigslide.wsi.slide import open_slide
 from tests.gui.test_train import LoopGaps
 
 TILE = 32

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from bigslide.data.table import SlideTable
-from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 
 
 def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
@@ -125,7 +125,7 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
 
     from bigslide.synthetic.marks import Pen, synthesize_marked_slide
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.tissue import PEN_FLATNESS, TissueSettings
+    from bigslide.tiling.tissue import PEN_FLATNESS, TissueSettings
 
     violet = Pen("violet", (118, 96, 182))  # hematoxylin's hue: colour alone keeps it as tissue
     marked = synthesize_marked_slide((768, 768), seed=17, mpp=2.0, inks=(violet,))

@@ -12,11 +12,11 @@ import numpy as np
 import shapely
 from qtpy.QtCore import Qt
 
-from bigslide.annotations import NOT_LESION, annotated_count, annotations_path, read_annotations
 from bigslide.explain.suggest import REVIEW_COLOUR
-from bigslide.grid import TileGrid
 from bigslide.napari._suggest_queue import ROLE, answer_keys
-from bigslide.slide import open_slide
+from bigslide.tiling.annotations import NOT_LESION, annotated_count, annotations_path, read_annotations
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 from tests.gui.test_results import tiny_checkpoint
 from tests.gui.test_typed_numbers import type_into
 

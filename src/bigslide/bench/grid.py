@@ -23,11 +23,11 @@ import numpy as np
 
 from bigslide.bench import grid_svs
 from bigslide.bench.targets import Targets, add_target_argument, machine_line, min_median
-from bigslide.grid import TileGrid
-from bigslide.slide import Slide, open_slide
 from bigslide.synthetic.pyramid import LazyLevel, write_pyramid
-from bigslide.tissue import tile_tissue_fraction, tissue_mask
-from bigslide.tissue_measure import measure_level
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import tile_tissue_fraction, tissue_mask
+from bigslide.tiling.tissue_measure import measure_level
+from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 256
 FACTOR = 4

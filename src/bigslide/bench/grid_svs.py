@@ -22,10 +22,10 @@ import numpy as np
 
 from bigslide.bench.io_slide import DecodeFloor
 from bigslide.bench.targets import Targets, min_median
-from bigslide.blur import sharpness_level, tile_sharpness
-from bigslide.grid import TileGrid
-from bigslide.slide import Slide, open_slide
 from bigslide.synthetic.pyramid import downsample_pyramid
+from bigslide.tiling.blur import sharpness_level, tile_sharpness
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 256
 QUALITY = 80

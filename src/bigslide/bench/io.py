@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from bigslide.data.bags import BagDataset
     from bigslide.data.loader import BatchLoader, default_workers
     from bigslide.data.table import SlideEntry, SlideTable
-    from bigslide.slide import open_slide
+    from bigslide.wsi.slide import open_slide
 
     path = ensure_slide(Path(args.cache), args.width, args.height)
     print(machine_line(), flush=True)

@@ -42,12 +42,12 @@ from PIL import Image
 from scipy import ndimage
 
 from bigslide.bench.targets import Targets, add_target_argument, machine_line
-from bigslide.grid import TileGrid
-from bigslide.slide import open_slide
 from bigslide.synthetic.marks import FAMILIES, MarkedSlide, random_pen, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-from bigslide.tissue import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
-from bigslide.tissue_measure import box_means, footprints
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
+from bigslide.tiling.tissue_measure import box_means, footprints
+from bigslide.wsi.slide import open_slide
 
 INK_ON_GLASS_TARGET = 0.05
 TISSUE_TARGET = 0.95

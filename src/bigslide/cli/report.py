@@ -17,7 +17,7 @@ from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
 from bigslide.files import atomic_path, atomic_write_text
-from bigslide.slide import open_slide, slide_stem
+from bigslide.wsi.slide import open_slide, slide_stem
 
 
 def write_heatmaps(pred: SlidePrediction, out: Path, slides: SlideCache | None = None) -> list[Path]:

@@ -26,7 +26,7 @@ from bigslide.engine.decision import Decision
 from bigslide.engine.inference import SlideFailure, SlidePrediction
 from bigslide.explain.tissue_check import CSV_NAME, check_row, write_check_csv
 from bigslide.files import atomic_write_text
-from bigslide.grid import TileGrid
+from bigslide.tiling.grid import TileGrid
 
 ROWS = "slides"
 HEATMAPS = "heatmaps"

@@ -18,9 +18,9 @@ from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_slide_stain
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError, RegionError, SlideError
-from bigslide.grid import TileGrid
-from bigslide.resolution import DEFAULT_MPP
-from bigslide.tissue import TissueSettings
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import TissueSettings
+from bigslide.wsi.resolution import DEFAULT_MPP
 
 
 def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:

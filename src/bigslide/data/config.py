@@ -7,8 +7,8 @@ from typing import Literal
 
 from bigslide.coerce import check_ranges
 from bigslide.errors import ConfigError
-from bigslide.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
-from bigslide.tissue import TissueSettings
+from bigslide.tiling.tissue import TissueSettings
+from bigslide.wsi.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
 
 @dataclass
@@ -337,7 +337,7 @@ class DataConfig:
 
     @property
     def tissue(self) -> TissueSettings:
-        """What the tile grids count as tissue and leave out (`bigslide.tissue.TissueSettings`)."""
+        """What the tile grids count as tissue and leave out (`bigslide.tiling.tissue.TissueSettings`)."""
         return TissueSettings(
             reject_ink=self.reject_ink,
             ink_blue_green=self.ink_blue_green,

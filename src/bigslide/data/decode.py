@@ -24,8 +24,8 @@ from concurrent.futures import Executor
 import numpy as np
 
 from bigslide.errors import SlideError
-from bigslide.resolution import ReadPlan, resize_square
-from bigslide.slide import BACKGROUND, Slide
+from bigslide.wsi.resolution import ReadPlan, resize_square
+from bigslide.wsi.slide import BACKGROUND, Slide
 
 FileTile = tuple[int, int]
 CHUNK_TILES = 16  # file tiles per task on a thread pool: fewer hand-overs, still balanced

@@ -28,7 +28,7 @@ import torch
 from bigslide.data.decode import read_squares
 from bigslide.data.slides import process_slides
 from bigslide.errors import DataError
-from bigslide.resolution import ReadPlan
+from bigslide.wsi.resolution import ReadPlan
 
 # In a worker process: the shared buffers it was given, by number (holding one keeps it mapped: torch finds
 # it again when the buffer next comes). Its slides are `process_slides`: the least recently read is closed

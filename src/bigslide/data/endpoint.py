@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from bigslide.annotations import instance_classes
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError
+from bigslide.tiling.annotations import instance_classes
 
 Target = int | float | tuple[float, float, float]
 """A sample's target: the class index, the number, or (time, event, interval index)."""

@@ -28,9 +28,9 @@ from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
-from bigslide.grid import TileGrid
-from bigslide.resolution import DEFAULT_MPP
-from bigslide.tissue import TissueSettings
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue import TissueSettings
+from bigslide.wsi.resolution import DEFAULT_MPP
 
 
 class FeatureBagDataset(BagDataset):

@@ -28,7 +28,7 @@ from bigslide.errors import DataError
 
 FORMAT = "bigslide-features"
 FORMAT_VERSION = 1
-MAGNIFICATION_UM = 10.0  # 20x = 0.5 µm/px, as `bigslide.resolution` converts
+MAGNIFICATION_UM = 10.0  # 20x = 0.5 µm/px, as `bigslide.wsi.resolution` converts
 REMEDY = "use another data.features folder, or delete the file to extract it again"
 
 

@@ -16,10 +16,10 @@ from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
-from bigslide.regions import Region, load_regions, split_regions
-from bigslide.resolution import DEFAULT_MPP, plan_read
-from bigslide.slide import Slide
-from bigslide.tissue import TissueMask, TissueSettings
+from bigslide.tiling.regions import Region, load_regions, split_regions
+from bigslide.tiling.tissue import TissueMask, TissueSettings
+from bigslide.wsi.resolution import DEFAULT_MPP, plan_read
+from bigslide.wsi.slide import Slide
 
 IMAGE_CACHE_BYTES = 1 << 30
 """Decoded images a dataset keeps for later epochs; beyond, an image is read again each epoch (a cohort of

@@ -1,8 +1,9 @@
 """Tile labels from teaching annotations, for the tiles of a bag dataset's slides.
 
-Each slide's grid is labelled once (`bigslide.annotations.label_tiles`); a training bag then holds every
-annotated tile of its case, up to half the bag, so a bag still shows the rest of the slide (a tumour
-slide's bag made only of tiles annotated "Not lesion" would teach its slide label to normal tissue).
+Each slide's grid is labelled once (`bigslide.tiling.annotations.label_tiles`); a training bag then
+holds every annotated tile of its case, up to half the bag, so a bag still shows the rest of the slide
+(a tumour slide's bag made only of tiles annotated "Not lesion" would teach its slide label to normal
+tissue).
 Above half, a fresh draw of the annotated tiles each epoch; the rest of the bag is drawn from all the
 other tiles as without annotations.
 """
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigslide.annotations import UNLABELLED, label_tiles, read_annotations
 from bigslide.data.table import SlideEntry, SlideTable
-from bigslide.grid import TileGrid
+from bigslide.tiling.annotations import UNLABELLED, label_tiles, read_annotations
+from bigslide.tiling.grid import TileGrid
 
 
 @dataclass

@@ -55,7 +55,7 @@ from bigslide.data.decode_worker import Returned, Unreceived, serve
 from bigslide.data.slides import SlideCache
 from bigslide.errors import DataError
 from bigslide.files import open_files_limit, out_of_files, too_many_open_files
-from bigslide.resolution import ReadPlan
+from bigslide.wsi.resolution import ReadPlan
 
 # How decode workers start: forked from this process (default), or from a server process
 # (`fork_from_server`, for multi-threaded GUI processes).

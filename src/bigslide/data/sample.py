@@ -34,7 +34,7 @@ class Sample:
     stain: SampleStain | None = None  # the slide's stain fit and perturbation (`bigslide.data.colour`)
     features: bool = False  # bags of stored features: `x` is (N, D) float32, one encoder row per tile
     parts: tuple[SlidePart, ...] = ()
-    # bags: each tile's label from teaching annotations (`bigslide.annotations`), -1 where none; None
+    # bags: each tile's label from teaching annotations (`bigslide.tiling.annotations`), -1 where none; None
     # when the bag's slides are not annotated or annotations are not asked for
     instance_labels: np.ndarray | None = None
 

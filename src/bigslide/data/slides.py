@@ -25,11 +25,11 @@ from bigslide.data.table import SlideEntry
 from bigslide.data.tile_cache import TileCache
 from bigslide.errors import RegionError
 from bigslide.files import open_files_limit
-from bigslide.grid import TileGrid
-from bigslide.regions import Region, load_regions
-from bigslide.resolution import check_mpp, slide_mpp
-from bigslide.slide import Slide, open_slide
-from bigslide.tissue import TissueMask, TissueSettings, tissue_mask
+from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.regions import Region, load_regions
+from bigslide.tiling.tissue import TissueMask, TissueSettings, tissue_mask
+from bigslide.wsi.resolution import check_mpp, slide_mpp
+from bigslide.wsi.slide import Slide, open_slide
 
 MAX_OPEN_SLIDES = 32
 """Slides a process keeps open (each holds one or two file descriptors, and a decode worker's copy too),

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from bigslide.dicom_series import looks_like_dicom_folder
 from bigslide.errors import DataError
+from bigslide.wsi.dicom_series import looks_like_dicom_folder
 
 SPLITS = ("train", "val", "test")
 TASKS = ("classification", "survival", "regression")
@@ -24,7 +24,7 @@ TASK_COLUMNS = {"classification": ("label",), "survival": ("time", "event"), "re
 class SlideEntry:
     """One row of the slide table. `case` groups a patient's slides (None: the slide is its own case);
     `time`/`event` are the survival endpoint (event 1 = observed, 0 = censored), `target` a number;
-    `annotations` a QuPath GeoJSON of teaching annotations (`bigslide.annotations`)."""
+    `annotations` a QuPath GeoJSON of teaching annotations (`bigslide.tiling.annotations`)."""
 
     path: Path
     label: str

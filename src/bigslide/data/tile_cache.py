@@ -36,20 +36,20 @@ from typing import Any
 import numpy as np
 
 from bigslide.files import atomic_path
-from bigslide.grid import TILING_VERSION, TileGrid
-from bigslide.slide import slide_stem
-from bigslide.tissue import TissueMask, TissueSettings
+from bigslide.tiling.grid import TILING_VERSION, TileGrid
+from bigslide.tiling.tissue import TissueMask, TissueSettings
+from bigslide.wsi.slide import slide_stem
 
 TILING_MODULES = (
-    "bigslide.grid",
-    "bigslide.tissue",
-    "bigslide.tissue_measure",
-    "bigslide.blur",
-    "bigslide.resolution",
-    "bigslide.regions",
-    "bigslide.slide",
-    "bigslide.slide_view",
-    "bigslide.tiff_levels",
+    "bigslide.tiling.grid",
+    "bigslide.tiling.tissue",
+    "bigslide.tiling.tissue_measure",
+    "bigslide.tiling.blur",
+    "bigslide.wsi.resolution",
+    "bigslide.tiling.regions",
+    "bigslide.wsi.slide",
+    "bigslide.wsi.slide_view",
+    "bigslide.wsi.tiff_levels",
 )
 """Modules whose code decides a slide's tissue mask and grid: a change in any of them tiles anew."""
 

@@ -38,8 +38,8 @@ from bigslide.engine.inference import (
 )
 from bigslide.engine.tissue_report import draw_checks, slide_grids
 from bigslide.errors import BigslideError
-from bigslide.grid import TileGrid
 from bigslide.methods.base import Method
+from bigslide.tiling.grid import TileGrid
 
 
 @dataclass

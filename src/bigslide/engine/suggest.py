@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bigslide.annotations import annotations_path, read_annotations
 from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine.inference import predict_slides
 from bigslide.errors import DataError
 from bigslide.explain.suggest import DROPOUT_SAMPLES, SlideScores, Suggestion, normal_class, suggest
+from bigslide.tiling.annotations import annotations_path, read_annotations
 
 
 def annotations_file(entry: SlideEntry, table_csv: str | Path | None) -> Path | None:

@@ -22,7 +22,7 @@ from bigslide.explain.tissue_check import (
     write_check_csv,
     write_check_png,
 )
-from bigslide.grid import TileGrid
+from bigslide.tiling.grid import TileGrid
 
 
 def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[tuple[Path, TileGrid]]:

@@ -11,7 +11,7 @@ from PIL import Image
 from skimage.transform import resize
 
 from bigslide.explain.heatmap import Normalisation, ScoreGrid
-from bigslide.slide import Slide
+from bigslide.wsi.slide import Slide
 
 
 def colorize(values: np.ndarray, cmap: str = "inferno") -> np.ndarray:

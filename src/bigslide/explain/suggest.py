@@ -30,17 +30,17 @@ import numpy as np
 import shapely
 from shapely.geometry import Polygon, box, mapping
 
-from bigslide.annotations import (
+from bigslide.errors import DataError
+from bigslide.explain.heatmap import ScoreGrid
+from bigslide.files import atomic_write_text
+from bigslide.tiling.annotations import (
     Annotation,
     class_index,
     instance_classes,
     read_annotations,
     write_annotations,
 )
-from bigslide.errors import DataError
-from bigslide.explain.heatmap import ScoreGrid
-from bigslide.files import atomic_write_text
-from bigslide.regions import plain_geojson, read_features
+from bigslide.tiling.regions import plain_geojson, read_features
 
 REVIEW_CLASS = "Suggestion*"
 """The class suggestions are written with: QuPath shows it, bigslide trains only on answered ones."""

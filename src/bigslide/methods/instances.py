@@ -1,4 +1,4 @@
-"""The instance loss: tiles inside teaching annotations (`bigslide.annotations`) get labels beside the
+"""The instance loss: tiles inside teaching annotations (`bigslide.tiling.annotations`) get labels beside the
 slide's label, and the bag methods add a loss on them to the bag loss.
 
 Two forms (`data.instance_loss`):
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bigslide.annotations import UNLABELLED
 from bigslide.errors import ConfigError
 from bigslide.methods.replay import send
+from bigslide.tiling.annotations import UNLABELLED
 
 if TYPE_CHECKING:
     from bigslide.data.sample import Batch

@@ -17,7 +17,11 @@ from napari.qt.threading import create_worker
 from napari.utils.notifications import show_error, show_info, show_warning
 from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
-from bigslide.annotations import (
+from bigslide.errors import BigslideError
+from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
+from bigslide.napari._roles import layers_with_role
+from bigslide.napari._session import counted
+from bigslide.tiling.annotations import (
     LESION,
     NOT_LESION,
     Annotation,
@@ -26,17 +30,13 @@ from bigslide.annotations import (
     read_annotations,
     write_annotations,
 )
-from bigslide.errors import BigslideError
-from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
-from bigslide.napari._roles import layers_with_role
-from bigslide.napari._session import counted
 
 if TYPE_CHECKING:
     import napari
 
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
-    from bigslide.tissue import TissueSettings
+    from bigslide.tiling.tissue import TissueSettings
 
 ROLE = "annotations"
 CLASS = "class"  # the Shapes layer's feature holding each shape's class
@@ -304,8 +304,8 @@ def _count_annotated(
     min_tissue: float,
     tissue: TissueSettings,
 ) -> int:
-    from bigslide.annotations import annotated_count
     from bigslide.data.slides import tile_slide
+    from bigslide.tiling.annotations import annotated_count
 
     what = f"{path}: a worker died tiling it"
     grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, tissue, what=what)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import napari
 
     from bigslide.explain.heatmap import Normalisation, ScoreGrid
-    from bigslide.slide import Slide
+    from bigslide.wsi.slide import Slide
 
 
 HEATMAP_COLORMAPS = ("inferno", "viridis", "magma", "turbo", "plasma", "gray")

@@ -3,7 +3,7 @@ of one series, read through OpenSlide): a lazy multiscale RGB layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
 the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
-array per pyramid level (`bigslide.slide_view`), and nothing is decoded until napari draws the visible
+array per pyramid level (`bigslide.wsi.slide_view`), and nothing is decoded until napari draws the visible
 tiles of the level it needs; a tile that will not decode is drawn blank and named once in a notification.
 """
 
@@ -29,7 +29,7 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
 
     A file with a slide's name that is not a slide we can open still gets a reader: it shows why in one
     line and adds no layer, instead of napari's bare "failed" and its reader dialog."""
-    from bigslide.dicom_series import looks_like_dicom_folder
+    from bigslide.wsi.dicom_series import looks_like_dicom_folder
 
     if isinstance(path, list):
         if len(path) != 1:
@@ -40,7 +40,7 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
     if not (named or dicom_folder):
         return None  # other readers may know the file or folder
     from bigslide.errors import SlideError
-    from bigslide.slide import open_slide
+    from bigslide.wsi.slide import open_slide
 
     reason = None if dicom_folder else refusal(path)
     slide = None
@@ -84,7 +84,7 @@ def prefer_this_reader() -> None:
 
 def refusal(path: str | Path) -> str | None:
     """Why a file with a slide's name is no slide we can read (checks existence and magic bytes), or None."""
-    from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file
+    from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file
 
     path = Path(path)
     try:

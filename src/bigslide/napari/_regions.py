@@ -12,13 +12,13 @@ if TYPE_CHECKING:
     import napari
 
     from bigslide.napari._session import Session
-    from bigslide.regions import Region
+    from bigslide.tiling.regions import Region
 
 
 def layer_regions(viewer: napari.Viewer, slide_path: str | Path) -> list[Region] | None:
     """Polygons drawn in the slide's regions layer(s) (areas to sample from) and exclusions layer(s)
     (areas to leave out, classified as QuPath's "Ignore*"), or None when none is drawn."""
-    from bigslide.regions import EXCLUDE_CLASS, Region
+    from bigslide.tiling.regions import EXCLUDE_CLASS, Region
 
     found = []
     for role, name in (("regions", "sampling region"), ("exclusions", EXCLUDE_CLASS)):
@@ -29,7 +29,7 @@ def layer_regions(viewer: napari.Viewer, slide_path: str | Path) -> list[Region]
 
 def slide_regions(viewer: napari.Viewer, session: Session, slide_path: str | Path) -> list[Region] | None:
     """What restricts sampling for a slide: drawn regions first, else the table's regions file, else None."""
-    from bigslide.regions import load_regions
+    from bigslide.tiling.regions import load_regions
 
     drawn = layer_regions(viewer, slide_path)
     if drawn is not None:
@@ -42,7 +42,7 @@ def slide_regions(viewer: napari.Viewer, session: Session, slide_path: str | Pat
 
 def write_run_regions(viewer: napari.Viewer, session: Session, folder: Path) -> None:
     """Save drawn regions as GeoJSON in `folder` and point the table rows at them (the run's record)."""
-    from bigslide.regions import save_regions
+    from bigslide.tiling.regions import save_regions
 
     for row in session.rows:
         drawn = layer_regions(viewer, row.path)

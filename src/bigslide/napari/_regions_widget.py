@@ -34,7 +34,7 @@ from bigslide.napari._tile_check import add_rejected_tiles
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
-    from bigslide.tissue import TissueSettings
+    from bigslide.tiling.tissue import TissueSettings
 
 
 class RegionsWidget(Panel):
@@ -142,7 +142,7 @@ class RegionsWidget(Panel):
         return layer
 
     def load_geojson(self, path: str | Path | None = None) -> Any:
-        from bigslide.regions import load_regions, split_regions
+        from bigslide.tiling.regions import load_regions, split_regions
 
         if self._require_slide() is None:
             return None
@@ -190,7 +190,7 @@ class RegionsWidget(Panel):
 
     def save_geojson(self, path: str | Path | None = None) -> Path | None:
         """Write the drawn regions (level-0 px, QuPath convention) and use the file in the slide table."""
-        from bigslide.regions import save_regions
+        from bigslide.tiling.regions import save_regions
 
         slide = self._require_slide()
         if slide is None:

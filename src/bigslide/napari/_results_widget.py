@@ -350,7 +350,7 @@ class ResultsWidget(Panel):
     def export_png(self, path: str | Path | None = None) -> Path | None:
         from bigslide.errors import BigslideError
         from bigslide.explain.export import overlay_png
-        from bigslide.slide import open_slide
+        from bigslide.wsi.slide import open_slide
 
         target = self._export_target(path, ".png", "Save overlay")
         if target is None:

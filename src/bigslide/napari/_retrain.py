@@ -281,12 +281,12 @@ def _retrain(
     """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), the attention inside the
     outlines of the `annotated` slides, the fine-tune run's events, then the attention again; on the
     session's decode workers, started (on first use) by the thread running this."""
-    from bigslide.annotations import read_annotations
     from bigslide.engine.events import Message
     from bigslide.engine.inference import predict_slide
     from bigslide.engine.loop import train
     from bigslide.engine.retrain_report import outline_shares, retrain_summary
     from bigslide.napari._train_widget import _limit_torch_threads
+    from bigslide.tiling.annotations import read_annotations
 
     _limit_torch_threads()
     predict["processes"] = session.run_processes(config)

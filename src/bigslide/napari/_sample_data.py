@@ -36,8 +36,8 @@ def cache_dir() -> Path:
 
 def sample_slide_path() -> Path:
     """The synthetic sample slide (written on first use) with its `.lesions.geojson` beside it."""
-    from bigslide.regions import Region, save_regions
     from bigslide.synthetic.slides import make_synthetic_slide
+    from bigslide.tiling.regions import Region, save_regions
 
     path = cache_dir() / "sample_slide_he.svs"  # new name: a cached slide of an older generator stays unused
     lesions = lesions_path(path)
@@ -55,7 +55,7 @@ def lesions_path(slide_path: Path) -> Path:
 
 def load_sample_slide() -> list[LayerData]:
     """Sample data command: the synthetic slide plus a Shapes layer of its lesions (level-0 px)."""
-    from bigslide.slide import open_slide
+    from bigslide.wsi.slide import open_slide
 
     path = sample_slide_path()
     slide = open_slide(path)
@@ -71,8 +71,8 @@ def load_training_set() -> list[LayerData]:
     Each slide layer carries its label and split in its metadata, so the Slides panel lists them
     ready to train.
     """
-    from bigslide.slide import open_slide
     from bigslide.synthetic.slide_set import make_slide_set
+    from bigslide.wsi.slide import open_slide
 
     keep_current_viewer_in_place()
     csv_path = make_slide_set(cache_dir() / "training_set", n_slides=SET_SLIDES, size=SET_SIZE, seed=3)
@@ -103,7 +103,7 @@ def _lesion_layer(slide: Any, geojson: Path, name: str, offset: tuple[float, flo
     from bigslide.explain.placement import Placement
     from bigslide.napari._layers import outline_width
     from bigslide.napari._placement import WORLD_UNITS
-    from bigslide.regions import load_regions
+    from bigslide.tiling.regions import load_regions
 
     shapes = polygons_to_shapes([r.geometry for r in load_regions(geojson)])
     placement = Placement(slide.mpp, offset)

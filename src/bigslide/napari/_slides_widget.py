@@ -32,12 +32,12 @@ from bigslide.napari._number import NumberField, parse_number
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled
 from bigslide.napari._session import counted
-from bigslide.tissue import PEN_FLATNESS
+from bigslide.tiling.tissue import PEN_FLATNESS
 
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session, SlideRow
-    from bigslide.tissue import TissueSettings
+    from bigslide.tiling.tissue import TissueSettings
 
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
 MPP_TIPS = {
@@ -468,8 +468,8 @@ def _count_tiles(
     min_tissue: float,
     tissue: TissueSettings,
 ) -> Generator[tuple[Path, int, int | None], None, None]:
-    from bigslide.annotations import annotated_count, read_annotations
     from bigslide.data.slides import tile_slide
+    from bigslide.tiling.annotations import annotated_count, read_annotations
 
     for path, regions, taught_by in jobs:
         what = f"{path}: a worker died tiling it"

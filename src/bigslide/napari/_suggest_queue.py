@@ -20,7 +20,6 @@ from qtpy.QtCore import QEvent, QObject, Qt
 from qtpy.QtGui import QKeyEvent
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from bigslide.annotations import NOT_LESION, annotations_path, class_colour
 from bigslide.explain.suggest import REVIEW_COLOUR, Suggestion, normal_class, save_answer
 from bigslide.napari._annotate import CLASS, _count_annotated, annotation_layer, hex_colour, task_classes
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
@@ -28,6 +27,7 @@ from bigslide.napari._number import NumberField
 from bigslide.napari._placement import placement_of
 from bigslide.napari._roles import remove_layers, slide_layers
 from bigslide.napari._session import counted
+from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colour
 
 if TYPE_CHECKING:
     import napari

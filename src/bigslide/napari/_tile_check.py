@@ -12,7 +12,7 @@ from bigslide.napari._roles import ROLE
 if TYPE_CHECKING:
     import napari
 
-    from bigslide.grid import TileGrid
+    from bigslide.tiling.grid import TileGrid
 
 INK_LABEL, BLUR_LABEL = 1, 2
 COLOURS: dict[int | None, str] = {INK_LABEL: "#e600c8", BLUR_LABEL: "#ff8c00"}
@@ -22,7 +22,7 @@ COLOURS: dict[int | None, str] = {INK_LABEL: "#e600c8", BLUR_LABEL: "#ff8c00"}
 def left_out(grid: TileGrid) -> tuple[np.ndarray, np.ndarray]:
     """(coords, label) of the tiles left out for ink, and of those out of focus (left out or only
     flagged, per `data.exclude_blurred`)."""
-    from bigslide.grid import BLUR, INK
+    from bigslide.tiling.grid import BLUR, INK
 
     flagged = grid.coords[grid.sharpness < grid.tissue_settings.min_sharpness]
     ink = grid.rejected[grid.rejected_reason == INK]

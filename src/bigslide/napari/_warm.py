@@ -29,8 +29,8 @@ HEAVY_MODULES = (
     "bigslide.engine.inference",
     "bigslide.data.processes",
     "bigslide.explain.heatmap",
-    "bigslide.regions",
-    "bigslide.grid",
+    "bigslide.tiling.regions",
+    "bigslide.tiling.grid",
 )
 """What the panels use as they are built and as they run (a module imported on the GUI thread while the
 warm-up thread imports it would wait for it there)."""

@@ -14,10 +14,10 @@ import numpy as np
 import shapely
 
 from bigslide.errors import DataError
-from bigslide.regions import Region, save_regions
 from bigslide.synthetic.labs import LABS, lab_named
 from bigslide.synthetic.pyramid import Flavour
 from bigslide.synthetic.slides import LesionKind, SlideInfo, make_synthetic_slide
+from bigslide.tiling.regions import Region, save_regions
 
 _SUFFIX = {"svs": ".svs", "tiff": ".tiff", "ome": ".ome.tif"}
 _MANIFEST = "synthetic_set.json"

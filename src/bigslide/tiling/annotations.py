@@ -27,7 +27,7 @@ from shapely.geometry import MultiPolygon, Polygon, mapping, shape
 
 from bigslide.errors import DataError
 from bigslide.files import atomic_write_text
-from bigslide.regions import plain_geojson, read_features
+from bigslide.tiling.regions import plain_geojson, read_features
 
 Polygonal: TypeAlias = Polygon | MultiPolygon
 

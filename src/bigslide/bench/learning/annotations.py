@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import shapely
 
-from bigslide.annotations import NOT_LESION, Annotation, annotations_path, write_annotations
-from bigslide.bench.learning_runs import scored_on_test, slide_config, train_run
+from bigslide.bench.learning.runs import scored_on_test, slide_config, train_run
 from bigslide.data.bags import BagDataset
 from bigslide.data.table import SlideTable
 from bigslide.synthetic.slide_set import load_lesions
+from bigslide.tiling.annotations import NOT_LESION, Annotation, annotations_path, write_annotations
 
 ARMS = {"none": 0.0, "attention": 1.0, "tiles": 1.0}
 """data.instance_weight of each run; the name says what the annotations teach."""

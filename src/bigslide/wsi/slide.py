@@ -20,11 +20,11 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
-from bigslide.dicom_series import DICOM_SUFFIX, is_dicom_file, opens_as_dicom, series_file
 from bigslide.errors import SlideError
 from bigslide.files import out_of_files, too_many_open_files
-from bigslide.slide_view import OnError, TileLevel, tile_levels
-from bigslide.tiff_levels import check_complete, level_arrays, parse_mpp, tiled_pages
+from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file, opens_as_dicom, series_file
+from bigslide.wsi.slide_view import OnError, TileLevel, tile_levels
+from bigslide.wsi.tiff_levels import check_complete, level_arrays, parse_mpp, tiled_pages
 
 Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
@@ -249,11 +249,11 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
 
     backend "auto": OpenSlide for MRXS / SCN / BIF / VMS / NDPI when it is installed
     (`bigslide[openslide]`), else tiffslide (SVS, generic and OME pyramidal TIFF, NDPI).
-    DICOM — a .dcm file, or a folder holding one series — needs OpenSlide (see `bigslide.dicom_series`).
+    DICOM — a .dcm file, or a folder holding one series — needs OpenSlide (see `bigslide.wsi.dicom_series`).
     """
     import tiffslide
 
-    from bigslide.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
+    from bigslide.wsi.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
 
     path = Path(path)
     if not path.exists():
@@ -342,7 +342,7 @@ def slide_stem(path: str | Path) -> str:
 
 def _open_dicom(path: Path, backend: Backend) -> Slide:
     """A DICOM slide (a file, or a folder holding its series) through OpenSlide."""
-    from bigslide.openslide_backend import OpenSlideHandle, is_dicom_wsi, openslide_available
+    from bigslide.wsi.openslide_backend import OpenSlideHandle, is_dicom_wsi, openslide_available
 
     if path.is_dir():
         series_file(path)  # a folder without DICOM files is no slide, whatever is installed

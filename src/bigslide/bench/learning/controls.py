@@ -12,7 +12,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import StandardScaler
 
-from bigslide.bench.learning_runs import SUBTLE_MPP, slide_config, train_run
+from bigslide.bench.learning.runs import SUBTLE_MPP, slide_config, train_run
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
 from bigslide.data.sample import as_float

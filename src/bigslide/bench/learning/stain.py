@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigslide.bench.learning_runs import slide_config, train_run
+from bigslide.bench.learning.runs import slide_config, train_run
 from bigslide.data.sources import demo_dir
 from bigslide.data.table import SlideTable
 from bigslide.engine import predict_slides

@@ -1,9 +1,10 @@
 """A grid of non-overlapping tiles over a slide, in level-0 pixels (TRIDENT/CLAM convention).
 
 Tissue is measured on a low pyramid level, never by reading level 0 tile by tile: each tile's tissue
-fraction is the share of its footprint's low-level pixels that pass the filter (`bigslide.tissue_measure`).
-Kept tiles are then measured for focus (`bigslide.blur`). What was left out, and why, travels with the
-grid (`TileGrid.rejected`, `TileGrid.check`): the tissue check a person looks at.
+fraction is the share of its footprint's low-level pixels that pass the filter
+(`bigslide.tiling.tissue_measure`). Kept tiles are then measured for focus (`bigslide.tiling.blur`). What
+was left out, and why, travels with the grid (`TileGrid.rejected`, `TileGrid.check`): the tissue check a
+person looks at.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from bigslide.blur import tile_sharpness
 from bigslide.errors import ConfigError, SlideError
-from bigslide.regions import Region, centres_sampled, check_inside
-from bigslide.resolution import ReadPlan, plan_level, plan_read
-from bigslide.slide import Slide
-from bigslide.tissue import DEFAULT_MIN_TISSUE, GREYSCALE_RULE, TissueSettings, tissue_mask
-from bigslide.tissue_measure import TileMeasure, box_means, footprints, measure_tiles
+from bigslide.tiling.blur import tile_sharpness
+from bigslide.tiling.regions import Region, centres_sampled, check_inside
+from bigslide.tiling.tissue import DEFAULT_MIN_TISSUE, GREYSCALE_RULE, TissueSettings, tissue_mask
+from bigslide.tiling.tissue_measure import TileMeasure, box_means, footprints, measure_tiles
+from bigslide.wsi.resolution import ReadPlan, plan_level, plan_read
+from bigslide.wsi.slide import Slide
 
 TileFilter = Literal["rule", "otsu", "none"]
 TILING_VERSION = 1
@@ -125,8 +126,8 @@ class TileGrid:
         tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
     ) -> TileGrid:
         """Tile `slide` at `target_mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
-        >= `min_tissue` whose centre is sampled by `regions` (`bigslide.regions.centres_sampled`: inside
-        an area to sample from, outside every excluded one).
+        >= `min_tissue` whose centre is sampled by `regions` (`bigslide.tiling.regions.centres_sampled`:
+        inside an area to sample from, outside every excluded one).
 
         `tissue` says what tissue is (`TissueSettings`: stained tissue, not pen ink, marker or dust, by
         default; the Big-Layers greyscale rule [3, 230] with `GREYSCALE_RULE`) and whether blurred tiles

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from bigslide.bench.learning_annotations import AUC_GOAL, LESION_SHARE, NORMAL_SIDE
-from bigslide.bench.learning_runs import BEGIN, END, SUBTLE_LR, ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH
+from bigslide.bench.learning.annotations import AUC_GOAL, LESION_SHARE, NORMAL_SIDE
+from bigslide.bench.learning.runs import BEGIN, END, SUBTLE_LR, ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH
 
 
 def mean_sd(values: list[float]) -> str:

@@ -15,8 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bigslide.errors import SlideError
-from bigslide.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
-from bigslide.tissue import (
+from bigslide.tiling.tissue import (
     INK,
     MASK_SIZE,
     TISSUE,
@@ -25,6 +24,7 @@ from bigslide.tissue import (
     glass_od,
     textured_pixels,
 )
+from bigslide.wsi.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
 
 TEXTURE_STEP = 4
 """Cell texture (for the tissue check's warning, a slide-wide share) is judged on every fourth pixel and

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from bigslide.bench.learning_annotations import ARMS, annotated_set, annotation_run
-from bigslide.bench.learning_controls import frozen_probe_run, lesion_tiles, tile_label_run
-from bigslide.bench.learning_runs import (
+from bigslide.bench.learning.annotations import ARMS, annotated_set, annotation_run
+from bigslide.bench.learning.controls import frozen_probe_run, lesion_tiles, tile_label_run
+from bigslide.bench.learning.runs import (
     IMAGE_METHODS,
     MIL_METHODS,
     PART_SETTINGS,
@@ -54,7 +54,7 @@ from bigslide.bench.learning_runs import (
     slide_run,
     train_run,
 )
-from bigslide.bench.learning_stain import (
+from bigslide.bench.learning.stain import (
     HELD_OUT_LABS,
     STAIN_RUNS,
     TUNING_LABS,
@@ -64,11 +64,11 @@ from bigslide.bench.learning_stain import (
     stain_sets,
     wanted_keys,
 )
-from bigslide.bench.learning_study import STUDY_KINDS, STUDY_METHODS, study_run, study_set
-from bigslide.bench.learning_suggest import ARMS as SUGGEST_ARMS
-from bigslide.bench.learning_suggest import CONTROLS, arm_run, control_run, start_scores
-from bigslide.bench.learning_tables import render_tables, write_docs
-from bigslide.bench.learning_ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
+from bigslide.bench.learning.study import STUDY_KINDS, STUDY_METHODS, study_run, study_set
+from bigslide.bench.learning.suggest import ARMS as SUGGEST_ARMS
+from bigslide.bench.learning.suggest import CONTROLS, arm_run, control_run, start_scores
+from bigslide.bench.learning.tables import render_tables, write_docs
+from bigslide.bench.learning.ultramnist import matched_side, step_memory, ultramnist_config, ultramnist_run
 from bigslide.synthetic.slide_set import make_slide_set
 from bigslide.synthetic.slides import LesionKind
 

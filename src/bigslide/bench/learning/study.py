@@ -13,7 +13,7 @@ import numpy as np
 from scipy.stats import pearsonr
 from sksurv.metrics import concordance_index_censored
 
-from bigslide.bench.learning_runs import base_config, train_run
+from bigslide.bench.learning.runs import base_config, train_run
 from bigslide.engine import TrainConfig
 from bigslide.synthetic.study import StudyKind, make_study_set
 

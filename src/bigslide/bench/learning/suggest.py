@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import shapely
 
-from bigslide.annotations import NOT_LESION, Annotation, annotations_path, write_annotations
-from bigslide.bench.learning_runs import scored_on_test, slide_config, train_run
+from bigslide.bench.learning.runs import scored_on_test, slide_config, train_run
 from bigslide.data.table import SlideTable
 from bigslide.engine import RunResult
 from bigslide.engine.inference import predict_slides
@@ -37,6 +36,7 @@ from bigslide.explain.suggest import (
     suggest,
 )
 from bigslide.synthetic.slide_set import load_lesions
+from bigslide.tiling.annotations import NOT_LESION, Annotation, annotations_path, write_annotations
 
 ARMS = ("suggested", "random", "top_attention")
 CONTROLS = ("none", "outlines")

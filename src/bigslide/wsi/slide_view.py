@@ -20,7 +20,7 @@ from bigslide.errors import SlideError
 
 
 class Slide(Protocol):
-    """What a view reads of a slide (`bigslide.slide.Slide`)."""
+    """What a view reads of a slide (`bigslide.wsi.slide.Slide`)."""
 
     @property
     def level_count(self) -> int: ...
@@ -35,7 +35,7 @@ class Slide(Protocol):
 
 CACHE_BYTES = 96 << 20
 """Decoded tiles kept across slices (panning back over a region decodes nothing again)."""
-BACKGROUND = 255  # as bigslide.slide's: glass
+BACKGROUND = 255  # as bigslide.wsi.slide's: glass
 DAMAGED = (96, 160)
 """Grey levels of the diagonal stripes a tile that will not decode is drawn with."""
 STRIPE_PX = 8

@@ -39,7 +39,7 @@ from skimage.filters import threshold_otsu
 from skimage.morphology import remove_small_holes, remove_small_objects
 
 if TYPE_CHECKING:
-    from bigslide.slide import Slide
+    from bigslide.wsi.slide import Slide
 
 RULE_LOW = 3
 RULE_HIGH = 230
@@ -100,9 +100,9 @@ class TissueSettings:
     """How tissue is told from glass and from what lies on the glass (`data.*` settings of the same names).
 
     `reject_ink` False is the Big-Layers greyscale rule alone (the ink and hole fields are then
-    unused). `exclude_blurred`: tiles less sharp than `min_sharpness` are left out (`bigslide.blur`);
+    unused). `exclude_blurred`: tiles less sharp than `min_sharpness` are left out (`bigslide.tiling.blur`);
     they are measured either way. `exclude_classes`: regions of these classes (besides QuPath's ignored
-    classes, whose names end in "*") are areas to leave out (`bigslide.regions.centres_sampled`).
+    classes, whose names end in "*") are areas to leave out (`bigslide.tiling.regions.centres_sampled`).
     """
 
     reject_ink: bool = True

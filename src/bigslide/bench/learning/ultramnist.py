@@ -8,7 +8,7 @@ import gc
 
 import torch
 
-from bigslide.bench.learning_runs import ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH, base_config, train_run
+from bigslide.bench.learning.runs import ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH, base_config, train_run
 from bigslide.bench.memory import MEASURE_MEMORY, MEASURE_TIME, peak_rss_delta, set_mmap_threshold, trim_heap
 from bigslide.data.sample import Batch
 from bigslide.engine import TrainConfig

@@ -18,7 +18,7 @@ from PIL import Image
 from bigslide.errors import ConfigError, SlideError
 
 if TYPE_CHECKING:
-    from bigslide.slide import Slide
+    from bigslide.wsi.slide import Slide
 
 TOLERANCE = 0.1
 """A level whose mpp is within 10 % of the target is used without resampling."""
