@@ -31,7 +31,7 @@ def main() -> None:
     from bigslide.synthetic.marks import synthesize_marked_slide
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
     from bigslide.tiling.grid import TileGrid
-    from bigslide.tiling.tissue import GREYSCALE_RULE
+    from bigslide.tiling.pixel_classes import GREYSCALE_RULE
     from bigslide.wsi.slide import open_slide
 
     work = Path(tempfile.mkdtemp(prefix="bigslide-tissue-shots-"))

@@ -15,7 +15,7 @@ from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.blur import sharpness_level, tile_sharpness
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.tissue import TissueSettings, greyscale
+from bigslide.tiling.pixel_classes import TissueSettings, greyscale
 from bigslide.tiling.tissue_measure import footprints, measure_level
 from bigslide.wsi.slide import Slide, open_slide
 

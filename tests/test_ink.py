@@ -14,8 +14,9 @@ from bigslide.synthetic.marks import INKS, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.grid import BLUR, INK, TileGrid
-from bigslide.tiling.tissue import GLASS, GREYSCALE_RULE, TISSUE, TissueSettings, classify_pixels
-from bigslide.tiling.tissue import INK as INK_PIXEL
+from bigslide.tiling.pixel_classes import GLASS, GREYSCALE_RULE, TISSUE, TissueSettings
+from bigslide.tiling.pixel_classes import INK as INK_PIXEL
+from bigslide.tiling.tissue import classify_pixels
 from bigslide.tiling.tissue_measure import box_means, footprints
 from bigslide.wsi.slide import open_slide
 
@@ -203,7 +204,9 @@ def test_dye_films_measured_near_candidates_equal_the_whole_image_measure(mpp: f
     """Texture and votes are measured only around the pixels that could be ink, group by group: pixel for
     pixel what measuring the whole image gives, with stray candidates scattered in the tissue, strokes and
     the image's edges (a group's box cut off by them)."""
-    from bigslide.tiling.tissue import _films, colour_texture, dye_films, glass_od, optical_density
+    from bigslide.tiling.ink import _films, colour_texture, dye_films
+    from bigslide.tiling.pixel_classes import optical_density
+    from bigslide.tiling.tissue import glass_od
 
     slide = synthesize_marked_slide((640, 512), seed=29, mpp=mpp, aggregates=1)
     od = np.maximum(optical_density(slide.rgb) - glass_od(slide.rgb), 0)

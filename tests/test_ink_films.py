@@ -11,7 +11,8 @@ from scipy import ndimage
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
-from bigslide.tiling.tissue import INK, PEN_FLATNESS, TISSUE, TissueSettings, classify_pixels
+from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSettings
+from bigslide.tiling.tissue import classify_pixels
 
 FILMS = TissueSettings(ink_flatness=PEN_FLATNESS)
 NO_FILMS = TissueSettings()

@@ -8,8 +8,9 @@ from shapely.geometry import Polygon, box
 
 from bigslide.errors import ConfigError, RegionError
 from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.regions import Region, load_regions, save_regions
-from bigslide.tiling.tissue import TissueSettings, tile_tissue_fraction, tissue_mask
+from bigslide.tiling.tissue import tile_tissue_fraction, tissue_mask
 from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide, WrittenSlide
 

@@ -10,8 +10,9 @@ from bigslide.errors import BigslideError, ConfigError, DataError, RegionError, 
 
 if TYPE_CHECKING:
     from bigslide.tiling.grid import TileGrid
+    from bigslide.tiling.pixel_classes import TissueSettings
     from bigslide.tiling.regions import Region, load_regions, save_regions
-    from bigslide.tiling.tissue import TissueSettings, tissue_mask
+    from bigslide.tiling.tissue import tissue_mask
     from bigslide.wsi.slide import Slide, open_slide
 
 __version__ = "0.1.0"
@@ -44,7 +45,7 @@ _LAZY = {
     "Slide": "bigslide.wsi.slide",
     "open_slide": "bigslide.wsi.slide",
     "tissue_mask": "bigslide.tiling.tissue",
-    "TissueSettings": "bigslide.tiling.tissue",
+    "TissueSettings": "bigslide.tiling.pixel_classes",
 }
 
 

@@ -125,7 +125,7 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
 
     from bigslide.synthetic.marks import Pen, synthesize_marked_slide
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.tiling.tissue import PEN_FLATNESS, TissueSettings
+    from bigslide.tiling.pixel_classes import PEN_FLATNESS, TissueSettings
 
     violet = Pen("violet", (118, 96, 182))  # hematoxylin's hue: colour alone keeps it as tissue
     marked = synthesize_marked_slide((768, 768), seed=17, mpp=2.0, inks=(violet,))

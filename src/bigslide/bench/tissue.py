@@ -45,7 +45,7 @@ from bigslide.bench.targets import Targets, add_target_argument, machine_line
 from bigslide.synthetic.marks import FAMILIES, MarkedSlide, random_pen, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.tissue import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
+from bigslide.tiling.pixel_classes import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
 from bigslide.tiling.tissue_measure import box_means, footprints
 from bigslide.wsi.slide import open_slide
 

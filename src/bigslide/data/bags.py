@@ -19,7 +19,7 @@ from bigslide.data.stain_norm import StainFit, fit_slide_stain
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError, RegionError, SlideError
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.tissue import TissueSettings
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP
 
 
@@ -61,7 +61,7 @@ class BagDataset(Dataset[Sample]):
         target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
         augment: bool = False,
         seed: int = 0,
         slides: SlideCache | None = None,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from bigslide.coerce import check_ranges
 from bigslide.errors import ConfigError
-from bigslide.tiling.tissue import TissueSettings
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
 
@@ -337,7 +337,7 @@ class DataConfig:
 
     @property
     def tissue(self) -> TissueSettings:
-        """What the tile grids count as tissue and leave out (`bigslide.tiling.tissue.TissueSettings`)."""
+        """What the tile grids count as tissue and leave out (`TissueSettings`)."""
         return TissueSettings(
             reject_ink=self.reject_ink,
             ink_blue_green=self.ink_blue_green,

@@ -29,7 +29,7 @@ from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.tissue import TissueSettings
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP
 
 
@@ -51,7 +51,7 @@ class FeatureBagDataset(BagDataset):
         target_mpp: float = DEFAULT_MPP,
         bag_size: int = 32,
         min_tissue: float = 0.6,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
         seed: int = 0,
         slides: SlideCache | None = None,
         endpoint: Endpoint | None = None,

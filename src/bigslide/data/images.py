@@ -16,8 +16,9 @@ from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import StainFit, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.errors import DataError
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.regions import Region, load_regions, split_regions
-from bigslide.tiling.tissue import TissueMask, TissueSettings
+from bigslide.tiling.tissue import TissueMask
 from bigslide.wsi.resolution import DEFAULT_MPP, plan_read
 from bigslide.wsi.slide import Slide
 
@@ -67,7 +68,7 @@ class SlideImageDataset(Dataset[Sample]):
         endpoint: Endpoint | None = None,
         stain_augment: float = 0.0,
         stain_normalise: str = "none",
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
     ) -> None:
         several = table.case_of_several()
         if several is not None:

@@ -26,8 +26,9 @@ from bigslide.data.tile_cache import TileCache
 from bigslide.errors import RegionError
 from bigslide.files import open_files_limit
 from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.regions import Region, load_regions
-from bigslide.tiling.tissue import TissueMask, TissueSettings, tissue_mask
+from bigslide.tiling.tissue import TissueMask, tissue_mask
 from bigslide.wsi.resolution import check_mpp, slide_mpp
 from bigslide.wsi.slide import Slide, open_slide
 
@@ -157,7 +158,7 @@ class SlideCache:
         tile_size: int,
         target_mpp: float,
         min_tissue: float,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
     ) -> TileGrid:
         grid = self.grids([entry], tile_size, target_mpp, min_tissue, tissue)[0]
         if isinstance(grid, Exception):
@@ -170,7 +171,7 @@ class SlideCache:
         tile_size: int,
         target_mpp: float,
         min_tissue: float,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
     ) -> list[TileGrid | Exception]:
         """Each slide's tile grid (or the error that stopped it), made once per cache, on every worker at
         once when there are workers."""
@@ -223,7 +224,7 @@ class SlideCache:
     def tissue_mask(
         self,
         path: Path,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
     ) -> TissueMask:
         """`tissue_mask` of the slide, from the tile cache when there is one (made in a worker when there
         are workers)."""

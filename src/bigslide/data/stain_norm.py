@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bigslide.errors import ConfigError, DataError
-from bigslide.tiling.tissue import TissueSettings
+from bigslide.tiling.pixel_classes import TissueSettings
 
 NormaliseMethod = Literal["macenko", "reinhard"]
 NORMALISE_METHODS: tuple[str, ...] = ("macenko", "reinhard")

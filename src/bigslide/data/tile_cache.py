@@ -37,7 +37,8 @@ import numpy as np
 
 from bigslide.files import atomic_path
 from bigslide.tiling.grid import TILING_VERSION, TileGrid
-from bigslide.tiling.tissue import TissueMask, TissueSettings
+from bigslide.tiling.pixel_classes import TissueSettings
+from bigslide.tiling.tissue import TissueMask
 from bigslide.wsi.slide import slide_stem
 
 TILING_MODULES = (

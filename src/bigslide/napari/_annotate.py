@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
-    from bigslide.tiling.tissue import TissueSettings
+    from bigslide.tiling.pixel_classes import TissueSettings
 
 ROLE = "annotations"
 CLASS = "class"  # the Shapes layer's feature holding each shape's class

@@ -34,7 +34,7 @@ from bigslide.napari._tile_check import add_rejected_tiles
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
-    from bigslide.tiling.tissue import TissueSettings
+    from bigslide.tiling.pixel_classes import TissueSettings
 
 
 class RegionsWidget(Panel):

@@ -32,12 +32,12 @@ from bigslide.napari._number import NumberField, parse_number
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled
 from bigslide.napari._session import counted
-from bigslide.tiling.tissue import PEN_FLATNESS
+from bigslide.tiling.pixel_classes import PEN_FLATNESS
 
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session, SlideRow
-    from bigslide.tiling.tissue import TissueSettings
+    from bigslide.tiling.pixel_classes import TissueSettings
 
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
 MPP_TIPS = {

@@ -18,7 +18,8 @@ from bigslide.tiling.tissue_measure import apply_in_runs, footprints, level_span
 from bigslide.wsi.slide import Slide
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-"""`bigslide.tiling.tissue.greyscale`'s weights, as a matrix product (three times faster on uint8 RGB)."""
+"""`bigslide.tiling.pixel_classes.greyscale`'s weights, as a matrix product (three times faster on
+uint8 RGB)."""
 SHARPNESS_SPAN = 32
 """Pixels a tile spans on the level its sharpness is measured on (when the pyramid has such a level)."""
 

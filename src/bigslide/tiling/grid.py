@@ -20,8 +20,9 @@ import numpy as np
 
 from bigslide.errors import ConfigError, SlideError
 from bigslide.tiling.blur import tile_sharpness
+from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings
 from bigslide.tiling.regions import Region, centres_sampled, check_inside
-from bigslide.tiling.tissue import DEFAULT_MIN_TISSUE, GREYSCALE_RULE, TissueSettings, tissue_mask
+from bigslide.tiling.tissue import DEFAULT_MIN_TISSUE, tissue_mask
 from bigslide.tiling.tissue_measure import TileMeasure, box_means, footprints, measure_tiles
 from bigslide.wsi.resolution import ReadPlan, plan_level, plan_read
 from bigslide.wsi.slide import Slide
@@ -123,7 +124,7 @@ class TileGrid:
         *,
         filter: TileFilter = "rule",
         target_mpp: float | None = None,
-        tissue: TissueSettings = TissueSettings(),  # noqa: B008 (frozen)
+        tissue: TissueSettings = TissueSettings(),
     ) -> TileGrid:
         """Tile `slide` at `target_mpp` µm/px (else at pyramid `level` as stored); keep tiles with tissue
         >= `min_tissue` whose centre is sampled by `regions` (`bigslide.tiling.regions.centres_sampled`:

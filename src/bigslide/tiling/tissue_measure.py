@@ -15,15 +15,8 @@ from typing import NamedTuple
 import numpy as np
 
 from bigslide.errors import SlideError
-from bigslide.tiling.tissue import (
-    INK,
-    MASK_SIZE,
-    TISSUE,
-    TissueSettings,
-    classify_pixels,
-    glass_od,
-    textured_pixels,
-)
+from bigslide.tiling.pixel_classes import INK, TISSUE, TissueSettings
+from bigslide.tiling.tissue import MASK_SIZE, classify_pixels, glass_od, textured_pixels
 from bigslide.wsi.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
 
 TEXTURE_STEP = 4

@@ -1,0 +1,292 @@
+"""Pen ink, marker, dust and bubble rims on a slide, told from stained tissue in optical density.
+
+Pixels are judged in optical density (OD = -ln(intensity / 255)) above the slide's own glass, so a lab's
+colour cast or a dim lamp moves glass and tissue together. Hematoxylin and eosin absorb green light most
+(eosin) or red and green alike (hematoxylin), and blue light little. A pixel is not tissue when it is grey
+or black (dust, black ink, bubble rims), or when it is a film of dye with no cells in it: off-stain
+(absorbing at least `TissueSettings.ink_blue_green` as much blue as green: green, red, black) or
+blue-violet (absorbing more red than green, as blue ink and a bluish hematoxylin both do; colour cannot
+tell them apart) and smooth in colour (`colour_texture` below `ink_texture` in most of its
+neighbourhood). Ink is one dye, so it varies in amount only; tissue is nuclei beside cytoplasm and
+stroma. Strokes of two inks crossing (darker than any stain, off colour) are ink however textured; ink
+takes in the off-colour and bluish pixels at its rim and in pockets it encloses. Glass enclosed by tissue
+(fat, lumens) up to `fill_holes_um` across counts as tissue.
+
+Colour cannot tell every pen from a stain (a pink or violet pen is H&E's own colour), but place can
+(`ink_flatness`, 0.15 for slides with pen marks; 0, the default, turns it off): a pen stroke on the glass
+is a flat film (its light varies little across a few cells, `light_texture` below `ink_flatness`) lying
+on open glass, where a flat patch of tissue (stroma, a blurred area, an aggregate) lies among textured
+tissue. So a flat area of one hue, of at least a stroke's breadth, whose surroundings are at least
+`GLASS_RIM` open glass is ink, whatever its colour, together with its soft edge (pixels of its own
+colour, or faint, beside it). Glass among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open
+glass. It is off by default: on the coarse levels tiles are measured on (8-16 µm/px), an IHC slide's
+counterstain with sparse nuclei and its broad DAB fields are flat too, and where they meet the glass they
+were taken for films.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+from scipy import ndimage
+
+from bigslide.tiling.pixel_classes import (
+    GLASS,
+    INK,
+    INK_MIN_OD,
+    TISSUE,
+    TissueSettings,
+    enclosed,
+    flatness_window,
+    light_texture,
+    summed,
+)
+
+SMOOTH_MIN_OD = 0.6
+"""Summed OD from which a smooth blue-violet area is ink (a paler one is faint tissue)."""
+
+
+DARK_OD = 4.5
+"""Summed OD from which any colour may be ink (where strokes of two inks cross, the mix looks purple)."""
+
+
+BROWN_BLUE_GREEN = 0.75
+
+
+BROWN_RED_GREEN = (0.3, 0.85)
+"""Brown, never ink: blue OD at least 0.75 times the green's and red OD 0.3 to 0.85 times it: DAB (IHC's
+stain, OD 0.27 : 0.57 : 0.78) alone or over hematoxylin (0.65 : 0.70 : 0.29), down to about 1.3 parts DAB
+to 1 of hematoxylin. The pens' inks lie outside: red 0.16 : 1 : 0.88, black 1 : 1 : 0.9, green
+2.5 : 1 : 1.7, blue 1.3 : 1 : 0.36."""
+
+
+GLASS_RIM = 0.2
+"""Share of a flat area's surroundings that must be open glass for it to be ink."""
+
+
+OPEN_GLASS_UM = 300.0
+"""Glass enclosed by tissue or ink up to this many µm across (fat, lumens) is not open glass."""
+
+
+FILM_MIN_UM = 25.0
+"""A flat area on the glass is ink from a 25 µm radius disk's area on (pen strokes are 80-180 µm wide)."""
+
+
+EDGE_COSINE = 0.97
+"""A stroke's soft edge: pixels whose OD points within acos(0.97) = 14 degrees of the stroke's mean."""
+
+
+HUE_BIN = 30.0
+
+
+NEUTRAL_CHROMA = 0.08
+"""Flat areas are found per hue band of HUE_BIN degrees (grey, below NEUTRAL_CHROMA, is a band of its own),
+in two sets of bands half a band apart, so that a stroke's hue never straddles every set's edge."""
+
+
+VOTE_SIGMA = 2.0
+
+
+GROW_PX = 2
+
+
+POCKET_PX = 16
+"""Off-colour pockets enclosed by ink up to this radius (times the texture window) are ink too."""
+
+
+def films_on_glass(
+    od: np.ndarray, classes: np.ndarray, settings: TissueSettings, pixel_um: float
+) -> np.ndarray:
+    """Pixels of flat films of dye lying on open glass (pen strokes of any colour), with their soft edges;
+    `classes`: GLASS / TISSUE / INK so far (filled holes already TISSUE, so fat is not open glass);
+    `settings.ink_flatness` above 0."""
+    total = summed(od)
+    sigma = flatness_window(pixel_um)
+    flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
+    if not flat.any():
+        return flat
+    reach = math.ceil(3 * sigma) + 2  # past the textured band a soft edge leaves around a stroke
+    min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
+    ink = np.zeros(flat.shape, bool)
+    # glass among tissue (fat cells, lumens) is no place for a pen: only glass reaching the image's edge, or
+    # wider than a lumen, is open
+    open_glass = (classes == GLASS) & ~enclosed(
+        classes == GLASS, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2
+    )
+    hue = _od_hue(od)
+    for offset in (0.0, 0.5):
+        # one area per hue: a stroke running along the tissue is not joined to the flat stroma beside it
+        bins = np.floor(hue / HUE_BIN + offset).astype(np.int64) % round(360 / HUE_BIN)
+        bins[_od_chroma(od) < NEUTRAL_CHROMA] = -1
+        labels = np.zeros(flat.shape, np.int64)
+        count = 0
+        for b in np.unique(bins[flat]):
+            part, n = ndimage.label(flat & (bins == b))
+            inside = part > 0
+            labels[inside] = part[inside] + count
+            count += n
+        ring = ndimage.grey_dilation(labels, size=2 * reach + 1)
+        ring[flat] = 0
+        on_glass = np.bincount(ring[open_glass], minlength=count + 1)
+        around = np.bincount(ring.ravel(), minlength=count + 1)
+        size = np.bincount(labels.ravel(), minlength=count + 1)
+        film = (on_glass >= GLASS_RIM * around) & (size >= min_size)
+        film[0] = False
+        ink |= film[labels]
+    if not ink.any():
+        return ink
+    # the stroke's soft edge is textured (the window spans it) but of the stroke's colour, or faint
+    near = ndimage.binary_dilation(ink, iterations=math.ceil(sigma + 1)) & (classes == TISSUE)
+    weight = ink.astype(np.float32)
+    beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma) for c in range(3)], axis=-1)
+    cosine = summed(od * beside) / np.maximum(
+        np.linalg.norm(od, axis=-1) * np.linalg.norm(beside, axis=-1), 1e-6
+    )
+    return ink | (near & ((cosine >= EDGE_COSINE) | (total < INK_MIN_OD)))
+
+
+def _od_hue(od: np.ndarray) -> np.ndarray:
+    """Hue of each pixel's OD (degrees): the angle of its colour around the grey axis. Not
+    `bigslide.hue.hue_angle` made per pixel: that measures from an origin 30° away, and pixels of equal green
+    and blue, exactly on a band's edge here, would fall on either side of it by rounding (tried: the flat
+    blurred patch of `tests/test_ink_films.py` became 14 % ink)."""
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    return np.degrees(np.arctan2(math.sqrt(3) * (green - blue), 2 * red - green - blue)) % 360
+
+
+def _od_chroma(od: np.ndarray) -> np.ndarray:
+    """How far a pixel's OD lies from grey, as a share of its amount."""
+    grey = od.mean(axis=-1, keepdims=True)
+    return np.linalg.norm(od - grey, axis=-1) / np.maximum(summed(od), 1e-6)
+
+
+def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:
+    """Pixels of pen ink, marker, dust or bubble rims in an image of OD above the glass's (H, W, 3);
+    `sigma`: the texture window in pixels. Texture is measured only around pixels that could be ink."""
+    total = summed(od)
+    coloured = total >= INK_MIN_OD
+    brown = _brown(od)
+    neutral = coloured & ~brown & (od[..., 2] >= 0.9 * od[..., 1]) & (od[..., 0] >= 0.8 * od[..., 1])
+    off_colour = coloured & ~brown & (od[..., 2] >= settings.ink_blue_green * od[..., 1])
+    bluish = (total >= SMOOTH_MIN_OD) & (od[..., 1] < od[..., 0])
+    candidate = off_colour | bluish | (total >= DARK_OD)
+    # two strokes crossing: no stain is that dark and that far off colour, textured or not
+    ink = neutral | (off_colour & (total >= DARK_OD))
+    ink |= dye_films(od, candidate, settings, sigma)
+    # growing the ink and filling its pockets, cheap boolean work, look further than its texture
+    inky = candidate | neutral
+    margin = math.ceil((POCKET_PX + 4 * VOTE_SIGMA) * sigma) + GROW_PX
+    for part in _around(candidate, margin):
+        if ink[part].any():  # with no ink there is nothing to grow and no pocket
+            ink[part] |= _grown(ink[part], inky[part], sigma)
+    return ink
+
+
+def _gaussian_radius(sigma: float) -> int:
+    """How far `ndimage.gaussian_filter` (truncated at 4 sigma) reaches, in pixels."""
+    return int(4.0 * sigma + 0.5)
+
+
+def _brown(od: np.ndarray) -> np.ndarray:
+    """Brown pixels: DAB, IHC's stain, alone or over hematoxylin; a stain, since no pen's ink is brown."""
+    low, high = BROWN_RED_GREEN
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    return (blue >= BROWN_BLUE_GREEN * green) & (red >= low * green) & (red <= high * green)
+
+
+def dye_films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, sigma: float) -> np.ndarray:
+    """Candidate pixels in smooth films of dye: `_films` of the whole image, measured only as far from a
+    candidate as texture and votes reach (stray candidate pixels are common in tissue, and measuring
+    around each would measure most of it)."""
+    out = np.zeros(candidate.shape, bool)
+    reach = _gaussian_radius(sigma) + _gaussian_radius(VOTE_SIGMA * sigma) + 1
+    for part, own in _groups(candidate, reach):
+        # every candidate a group's votes count lies in the group, and their texture windows in `part`
+        out[part] |= _films(od[part], own, settings, sigma)
+    return out
+
+
+def _films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, sigma: float) -> np.ndarray:
+    """Candidate pixels in smooth films of dye, measured over the whole of `od`."""
+    smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
+    # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
+    window = VOTE_SIGMA * sigma
+    vote = ndimage.gaussian_filter(smooth, window, mode="nearest")
+    return candidate & (
+        vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
+    )
+
+
+def _grown(ink: np.ndarray, inky: np.ndarray, sigma: float) -> np.ndarray:
+    """`ink` taking in the off-colour and bluish pixels (`inky`) next to it and those it encloses: where
+    strokes cross, or a stroke runs along the tissue, the mix is textured."""
+    ink = ink | (ndimage.binary_dilation(ink, iterations=GROW_PX) & inky)
+    ink |= enclosed(~ink, math.pi * (POCKET_PX * sigma) ** 2) & inky
+    return ink
+
+
+def _around(mask: np.ndarray, margin: int) -> list[tuple[slice, slice]]:
+    """Rectangles covering the groups of `mask`'s pixels, each with at least `margin` pixels around
+    (found on blocks of `margin` pixels: cheap on a mostly empty slide)."""
+    labels, b = _block_groups(mask, margin)
+    h, w = mask.shape
+    return [
+        (slice(r.start * b, min(h, r.stop * b)), slice(c.start * b, min(w, c.stop * b)))
+        for r, c in ndimage.find_objects(labels)
+    ]
+
+
+def _groups(mask: np.ndarray, margin: int) -> Iterator[tuple[tuple[slice, slice], np.ndarray]]:
+    """(rectangle, the group's pixels in it) for each group of `mask`'s pixels: pixels less than `margin`
+    apart share a group, and its rectangle reaches `margin` pixels beyond it (where the image does)."""
+    labels, b = _block_groups(mask, margin)
+    h, w = mask.shape
+    pixels = np.repeat(np.repeat(labels, b, axis=0), b, axis=1)[:h, :w] * mask
+    for group, box in enumerate(ndimage.find_objects(pixels), start=1):
+        if box is None:
+            continue
+        r, c = box
+        part = (
+            slice(max(0, r.start - margin), min(h, r.stop + margin)),
+            slice(max(0, c.start - margin), min(w, c.stop + margin)),
+        )
+        yield part, pixels[part] == group
+
+
+def _block_groups(mask: np.ndarray, margin: int) -> tuple[np.ndarray, int]:
+    """Labels of the groups of blocks (side b, at least `margin`) holding `mask`'s pixels, each group
+    grown by a block; and b."""
+    b = max(8, margin)
+    h, w = mask.shape
+    padded = np.zeros((-(-h // b) * b, -(-w // b) * b), bool)
+    padded[:h, :w] = mask
+    blocks = padded.reshape(padded.shape[0] // b, b, padded.shape[1] // b, b).any(axis=(1, 3))
+    labels, _count = ndimage.label(ndimage.binary_dilation(blocks, iterations=1))
+    return labels, b
+
+
+def colour_texture(od: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    """How much a pixel's neighbourhood (Gaussian window of `sigma` pixels) varies in colour, as the
+    spread of OD across the neighbourhood's mean colour, over that colour's strength.
+
+    A film of dye varies in amount only (streaks, soft edges on glass: the same colour scaled), so it
+    scores ~0; tissue is nuclei beside cytoplasm and stroma, each its own mix of the two dyes.
+    """
+
+    def smooth(x: np.ndarray) -> np.ndarray:
+        return ndimage.gaussian_filter(x, sigma, mode="nearest")
+
+    mean = [smooth(od[..., c]) for c in range(3)]
+    strength = np.sqrt(mean[0] * mean[0] + mean[1] * mean[1] + mean[2] * mean[2])
+    unit = [m / np.maximum(strength, 1e-6) for m in mean]
+    spread = np.zeros_like(strength)
+    along = np.zeros_like(strength)
+    for i in range(3):
+        for j in range(i, 3):
+            moment = smooth(od[..., i] * od[..., j])
+            if i == j:
+                spread += moment
+            along += (1 if i == j else 2) * unit[i] * unit[j] * moment
+    return np.sqrt(np.maximum(spread - along, 0)) / np.maximum(strength, 1e-3)

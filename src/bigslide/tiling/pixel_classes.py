@@ -1,0 +1,137 @@
+"""What a pixel of a slide may be (`GLASS`, `TISSUE`, `INK`), the settings that decide it (`TissueSettings`,
+the `data.*` settings of the same names), and the measures the tissue and ink rules share: greyscale,
+optical density above the glass, how much light varies across a nucleus-wide window, enclosed holes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import ndimage
+
+RULE_LOW = 3
+
+
+RULE_HIGH = 230
+"""Big-Layers rule: a pixel is tissue when its greyscale is in [RULE_LOW, RULE_HIGH] (not glass/black)."""
+
+
+GLASS_OD = 0.08
+"""Summed OD above the glass's below which a pixel is glass (about greyscale 238 on glass of 245)."""
+
+
+INK_MIN_OD = 0.3
+"""Summed OD from which a pixel's colour is judged (fainter ones are pale tissue or glass)."""
+
+
+PEN_FLATNESS = 0.15
+"""`ink_flatness` for slides with pen marks on the glass (chosen on the tissue bench's tuning seeds)."""
+
+
+FLAT_MIN_PX = 0.7
+"""The flatness window (Gaussian sigma) is at least this many pixels: on coarse levels a stroke spans few."""
+
+
+UNKNOWN_PIXEL_UM = 8.0
+"""µm per pixel the glass films' sizes assume on an image of unknown scale."""
+
+
+TEXTURE_UM = 6.0
+"""Window (Gaussian sigma, µm) colour texture is measured over: about a nucleus."""
+
+
+GLASS, TISSUE, INK = 0, 1, 2
+"""Pixel classes of `classify_pixels`: glass, stained tissue, and anything else on the glass (pen ink,
+marker, dust, bubble rims, black)."""
+
+
+@dataclass(frozen=True)
+class TissueSettings:
+    """How tissue is told from glass and from what lies on the glass (`data.*` settings of the same names).
+
+    `reject_ink` False is the Big-Layers greyscale rule alone (the ink and hole fields are then
+    unused). `exclude_blurred`: tiles less sharp than `min_sharpness` are left out (`bigslide.tiling.blur`);
+    they are measured either way. `exclude_classes`: regions of these classes (besides QuPath's ignored
+    classes, whose names end in "*") are areas to leave out (`bigslide.tiling.regions.centres_sampled`).
+    """
+
+    reject_ink: bool = True
+    ink_blue_green: float = 0.6
+    ink_texture: float = 0.01
+    ink_flatness: float = 0.0
+    fill_holes_um: float = 100.0
+    min_sharpness: float = 0.1
+    exclude_blurred: bool = False
+    exclude_classes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TissueSettings:
+        """The settings `dataclasses.asdict` wrote (lists back to tuples)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kept: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in known
+        }
+        return cls(**kept)
+
+    def describe(self) -> str:
+        if not self.reject_ink:
+            return "greyscale rule [3, 230]"
+        return (
+            f"stain rule (ink: blue/green OD >= {self.ink_blue_green:g} or blue-violet, with colour texture "
+            f"< {self.ink_texture:g}"
+            + (
+                f", and flat films on the glass (light texture < {self.ink_flatness:g})"
+                if self.ink_flatness
+                else ""
+            )
+            + f"; holes < {self.fill_holes_um:g} µm filled)"
+        )
+
+
+GREYSCALE_RULE = TissueSettings(reject_ink=False, fill_holes_um=0.0)
+"""The Big-Layers rule alone: greyscale in [3, 230] (no ink rejection, no filling)."""
+
+
+def greyscale(rgb: np.ndarray) -> np.ndarray:
+    """ITU-R 601 luma as float in [0, 255] (the weights PIL's "L" mode uses)."""
+    rgb = np.asarray(rgb, dtype=np.float32)
+    return rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
+
+
+def optical_density(rgb: np.ndarray) -> np.ndarray:
+    """(..., 3) float32 OD of uint8 RGB, finite at 0 (intensities offset by half a level)."""
+    return -np.log((np.asarray(rgb[..., :3], np.float32) + 0.5) / 255.5)
+
+
+def summed(od: np.ndarray) -> np.ndarray:
+    """The three channels of an (..., 3) array added (a sum over the last axis is ten times slower)."""
+    return od[..., 0] + od[..., 1] + od[..., 2]
+
+
+def flatness_window(pixel_um: float) -> float:
+    """Gaussian sigma, in pixels of `pixel_um`, that flatness and cell texture are measured over."""
+    return max(FLAT_MIN_PX, TEXTURE_UM / pixel_um)
+
+
+def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:
+    """How much the light absorbed (summed OD) varies across a Gaussian window of `sigma` pixels, as a share
+    of its mean: a film of one dye (a pen stroke) varies little; tissue, nuclei beside stroma, much."""
+    mean = ndimage.gaussian_filter(total, sigma, mode="nearest")
+    square = ndimage.gaussian_filter(total * total, sigma, mode="nearest")
+    return np.sqrt(np.maximum(square - mean * mean, 0)) / np.maximum(mean, 1e-3)
+
+
+def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
+    """Pixels of `background` components of at most `max_area` pixels that do not touch the image's
+    edge (what lies beyond it is unknown): the holes of the foreground."""
+    labels, count = ndimage.label(background)
+    if count == 0:
+        return np.zeros(background.shape, bool)
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    small = sizes <= max_area
+    edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+    small[edge] = False
+    small[0] = False
+    return small[labels]
