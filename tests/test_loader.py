@@ -17,7 +17,7 @@ import pytest
 import tifffile
 import torch
 
-from bigslide.data import decode_worker
+from bigslide.data import decode_worker, worker_pool
 from bigslide.data import processes as processes_module
 from bigslide.data import slides as slides_module
 from bigslide.data.bags import BagDataset
@@ -353,7 +353,7 @@ def test_bags_come_channels_last_and_workers_yield_to_the_training_process(slide
 def test_a_read_ahead_waits_for_a_worker_after_the_reads_needed_now() -> None:
     """Threads in the background (the next epoch's bags while an epoch validates) get an idle worker only
     when no other thread waits for one."""
-    idle = processes_module._IdleWorkers()
+    idle = worker_pool.IdleWorkers()
     order: list[str] = []
 
     def take(name: str, background: bool) -> None:

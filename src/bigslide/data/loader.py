@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Generic, Protocol, TypeVar
 
-from bigslide.data.processes import DecodeProcesses, Pool, in_background
+from bigslide.data.processes import DecodeProcesses, Pool
+from bigslide.data.worker_pool import in_background
 from bigslide.errors import DataError, SlideError
 
 MAX_DEFAULT_WORKERS = 8

@@ -31,19 +31,13 @@ import errno
 import math
 import multiprocessing
 import os
-import signal
 import sys
 import threading
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.connection import wait as wait_for
 from multiprocessing.context import BaseContext
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +47,7 @@ import torch
 from bigslide.data.decode import channels_first, read_squares
 from bigslide.data.decode_worker import Returned, Unreceived, serve
 from bigslide.data.slides import SlideCache
+from bigslide.data.worker_pool import IdleWorkers, Worker, is_background
 from bigslide.errors import DataError
 from bigslide.files import open_files_limit, out_of_files, too_many_open_files
 from bigslide.wsi.resolution import ReadPlan
@@ -64,87 +59,9 @@ _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else
 ATTEMPTS = 2
 """Workers an item may take down before it is an error naming its slide: the first may have been killed
 for another reason (the out-of-memory killer picks the largest process, not the guilty one)."""
-_CLOSE_WAIT_S = 5.0
 MIN_PART_TILES = 64
 """Tiles in the smallest part of an item read by several idle workers at once."""
 T = TypeVar("T")
-
-
-@dataclass
-class _Worker:
-    process: BaseProcess
-    conn: Connection  # the parent's end of the worker's pipe
-    # the shared buffers it holds, by number: the generation of each (a buffer is sent once, not per read:
-    # sending one passes its file descriptor through a socket of its own)
-    holds: dict[int, int] = field(default_factory=dict)
-
-    def run(self, task: tuple[Any, ...]) -> tuple[bool, Any]:
-        """(True, what the worker answered) or (False, how it died)."""
-        try:
-            self.conn.send(task)
-            # the pipe, or the process's exit: another worker may hold a copy of this pipe's far end
-            if self.conn in wait_for([self.conn, self.process.sentinel]):
-                return True, self.conn.recv()
-        except (EOFError, OSError):  # the far end went away: the worker is dead or dying
-            pass
-        self.process.join(_CLOSE_WAIT_S)
-        return False, _death(self.process.exitcode)
-
-    def stop(self, *, now: bool = False) -> None:
-        """Ask the worker to exit once its read is done (`now`: kill it), and wait for it."""
-        if not now:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            self.process.join(_CLOSE_WAIT_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
-
-
-_BACKGROUND = threading.local()
-
-
-@contextlib.contextmanager
-def in_background() -> Iterator[None]:
-    """Reads and calls made by this thread in the block wait for a worker while any other read waits: a
-    read-ahead (e.g. the next epoch's first bags while an epoch validates) never delays what is needed now."""
-    _BACKGROUND.on = True
-    try:
-        yield
-    finally:
-        _BACKGROUND.on = False
-
-
-class _IdleWorkers:
-    """The idle workers (None: one still to be replaced), handed first to threads not in the background."""
-
-    def __init__(self) -> None:
-        self._ready: deque[_Worker | None] = deque()
-        self._changed = threading.Condition()
-        self._waiting = 0  # threads not in the background waiting for a worker
-
-    def put(self, worker: _Worker | None) -> None:
-        with self._changed:
-            self._ready.append(worker)
-            self._changed.notify_all()
-
-    def get(self, *, background: bool = False) -> _Worker | None:
-        with self._changed:
-            if background:
-                self._changed.wait_for(lambda: bool(self._ready) and not self._waiting)
-            else:
-                self._waiting += 1
-                try:
-                    self._changed.wait_for(lambda: bool(self._ready))
-                finally:
-                    self._waiting -= 1
-            worker = self._ready.popleft()
-            self._changed.notify_all()  # a background thread may go now
-            return worker
-
-    def qsize(self) -> int:
-        return len(self._ready)
 
 
 class DecodeProcesses:
@@ -164,7 +81,7 @@ class DecodeProcesses:
         # cached_property's on Python 3.11, taken while opening a slide) and wait on them for ever.
         self._all = [_start(self._context) for _ in range(workers)]
         # idle workers; None stands for one that could not be replaced yet: the next thread needing it tries
-        self._idle = _IdleWorkers()
+        self._idle = IdleWorkers()
         for worker in self._all:
             self._idle.put(worker)
         self._reads = threading.BoundedSemaphore(buffers or workers + 1)
@@ -190,7 +107,7 @@ class DecodeProcesses:
             try:
                 what = f"{path}: a decode worker process died while reading {len(coords)} tiles"
                 # parts read at once by the workers idle now (none idle, or reading ahead: one worker)
-                background = getattr(_BACKGROUND, "on", False)  # the parts' threads wait as this one does
+                background = is_background()  # the parts' threads wait as this one does
                 split = 1 if background else self._split(len(coords))
                 parts = np.array_split(np.arange(len(coords)), split)
                 tasks = [
@@ -242,7 +159,7 @@ class DecodeProcesses:
         deaths: list[str] = []
         while len(deaths) < ATTEMPTS:
             if background is None:
-                background = getattr(_BACKGROUND, "on", False)
+                background = is_background()
             worker = self._idle.get(background=background)
             if worker is None:
                 worker = self._replacement()
@@ -277,14 +194,14 @@ class DecodeProcesses:
             "this process)"
         )
 
-    def _drop(self, worker: _Worker) -> None:
+    def _drop(self, worker: Worker) -> None:
         """Kill `worker` if it still runs, and forget it."""
         worker.stop(now=True)
         with self._lock:
             if worker in self._all:
                 self._all.remove(worker)
 
-    def _replacement(self) -> _Worker:
+    def _replacement(self) -> Worker:
         try:
             worker = _start(multiprocessing.get_context(_replacement_method()))
         except BaseException as err:
@@ -401,13 +318,13 @@ def _replacement_method() -> str:
     return _START_METHOD
 
 
-def _start(context: BaseContext) -> _Worker:
+def _start(context: BaseContext) -> Worker:
     ours, theirs = context.Pipe()
     process = context.Process(target=serve, args=(theirs, os.getpid()), daemon=True)  # type: ignore[attr-defined]
     with main_script_left_alone():
         process.start()
     theirs.close()
-    return _Worker(process, ours)
+    return Worker(process, ours)
 
 
 def _shared_bytes(size: int) -> torch.Tensor:
@@ -428,12 +345,3 @@ def _out_of_files() -> bool:
     except OSError as err:  # listing them takes a descriptor too
         return out_of_files(err)
     return limit is not None and count >= limit - 8
-
-
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit status {exitcode}"
