@@ -18,7 +18,7 @@ from bigslide.bench.learning import runs as learning_runs
 from bigslide.data.slides import SlideCache
 from bigslide.engine import CheckpointSaved, TrainConfig, train
 from bigslide.engine.checkpoint import load_checkpoint
-from bigslide.engine.loop import checkpoint_path
+from bigslide.engine.run import checkpoint_path
 from bigslide.engine.setup import build_data
 from bigslide.synthetic.slide_set import make_slide_set
 

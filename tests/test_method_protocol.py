@@ -13,9 +13,9 @@ import yaml
 
 from bigslide.cli.main import main
 from bigslide.engine import predict_slide
+from bigslide.engine.advice import out_of_memory
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
-from bigslide.engine.loop import out_of_memory
 from bigslide.errors import ConfigError
 from bigslide.methods.base import make_params
 from bigslide.synthetic.slide_set import make_slide_set

@@ -11,8 +11,8 @@ import shapely
 
 from bigslide.engine import train
 from bigslide.engine.events import Message
-from bigslide.engine.inference import SlidePrediction
 from bigslide.engine.retrain_report import OutlineShares, outline_shares, retrain_summary
+from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.explain.attention_share import attention_share
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.synthetic.slides import make_synthetic_slide

@@ -26,7 +26,8 @@ from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideTable
 from bigslide.engine import Message, TrainConfig, run_to_end, train
 from bigslide.engine.cohort import predict_cohort
-from bigslide.engine.inference import SlidePrediction, load_trained
+from bigslide.engine.inference import load_trained
+from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.errors import DataError
 from bigslide.synthetic.slide_set import make_slide_set
 

@@ -194,7 +194,7 @@ def step_comparison(
     from bigslide.data.loader import BatchLoader
     from bigslide.engine import setup
     from bigslide.engine.config import TrainConfig
-    from bigslide.engine.loop import collate
+    from bigslide.engine.run import collate
     from bigslide.memory.stepper import OptimStepper
 
     config = TrainConfig()

@@ -39,7 +39,8 @@ from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import DistContext, from_environment
-from bigslide.engine.inference import SlideFailure, Trained, load_trained
+from bigslide.engine.inference import Trained, load_trained
+from bigslide.engine.slide_prediction import SlideFailure
 from bigslide.errors import ConfigError, DataError
 from bigslide.explain.tissue_check import FOLDER, warning
 

@@ -13,7 +13,7 @@ import numpy as np
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
-from bigslide.engine.inference import SlideFailure, SlidePrediction
+from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
 from bigslide.files import atomic_path, atomic_write_text

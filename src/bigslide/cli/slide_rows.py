@@ -23,7 +23,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.engine.decision import Decision
-from bigslide.engine.inference import SlideFailure, SlidePrediction
+from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.tissue_check import CSV_NAME, check_row, write_check_csv
 from bigslide.files import atomic_write_text
 from bigslide.tiling.grid import TileGrid

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
         TrainConfig,
     )
     from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
-    from bigslide.engine.inference import SlidePrediction, load_trained, predict_slide, predict_slides
+    from bigslide.engine.inference import load_trained, predict_slide, predict_slides
     from bigslide.engine.loop import RunResult, run_to_end, train
+    from bigslide.engine.slide_prediction import SlidePrediction
 
 _LAZY = {
     **dict.fromkeys(

@@ -28,14 +28,8 @@ from bigslide.data.tile_cache import TileCache
 from bigslide.engine import setup
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.decision import Decision
-from bigslide.engine.inference import (
-    SlideFailure,
-    SlidePrediction,
-    Trained,
-    predict_samples,
-    prediction_table,
-    read_samples,
-)
+from bigslide.engine.inference import Trained, predict_samples, prediction_table, read_samples
+from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.engine.tissue_report import draw_checks, slide_grids
 from bigslide.errors import BigslideError
 from bigslide.methods.base import Method

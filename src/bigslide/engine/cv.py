@@ -37,7 +37,8 @@ from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import FOLDER_NAME
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.events import Event, Message
-from bigslide.engine.loop import RunResult, checkpoint_path, train
+from bigslide.engine.loop import RunResult, train
+from bigslide.engine.run import checkpoint_path
 from bigslide.engine.setup import decode_processes
 from bigslide.errors import ConfigError, DataError
 from bigslide.files import atomic_write_text

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigslide.engine.inference import SlidePrediction
+from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.explain.attention_share import attention_share
 from bigslide.tiling.annotations import NOT_LESION_NAMES, Annotation, canonical
 

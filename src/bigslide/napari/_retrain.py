@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
     from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
-    from bigslide.engine.inference import SlidePrediction
     from bigslide.engine.loop import RunResult
+    from bigslide.engine.slide_prediction import SlidePrediction
     from bigslide.napari._session import Session
 
 BEFORE = "before retraining"

@@ -14,8 +14,8 @@ from bigslide.data.sources import RunData
 from bigslide.data.table import SlideTable
 from bigslide.engine import RunResult, TrainConfig, predict_slides, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
-from bigslide.engine.loop import checkpoint_path
 from bigslide.engine.metrics import classification_metrics
+from bigslide.engine.run import checkpoint_path
 from bigslide.explain.localisation import lesion_cell_auc
 from bigslide.synthetic.slide_set import load_lesions
 from bigslide.synthetic.slides import LesionKind
