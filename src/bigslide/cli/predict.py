@@ -66,37 +66,69 @@ class CohortRun:
         )
 
 
-def run_predict(args: argparse.Namespace) -> int:
-    """The `predict` command: its exit status."""
-    state = load_checkpoint(args.checkpoint)
-    classes = [str(c) for c in state["classes"]]
-    endpoint = Endpoint.from_state(state.get("endpoint"), classes)
-    # the task's columns are optional here, but a label the model does not know is a typo
-    table = SlideTable.from_csv(
-        args.slides,
-        classes=classes if endpoint.task == "classification" else None,
-        labels_required=False,
-        task=endpoint.task,
-    )
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"--workers {args.workers}: must be >= 0")
-    config = TrainConfig.from_dict(state["config"], source=f"{args.checkpoint}: config")
-    # one rank unless under torchrun
-    ranks = from_environment(args.device or "auto", timeout_s=config.run.dist_timeout)
-    try:
-        device = str(ranks.device) if ranks.device is not None else args.device or "auto"
-        trained = load_trained(args.checkpoint, device=device)
-        run = predict_to(
+@dataclass(frozen=True)
+class PredictOptions:
+    """What `bigslide predict` was asked, checked before anything is read."""
+
+    slides: Path
+    checkpoint: Path
+    out: Path
+    device: str = "auto"
+    workers: int | None = None  # None: the checkpoint's data.workers
+    repeats: int = 0
+    slide_mpp: float | None = None
+    heatmaps: bool = True
+    overwrite: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PredictOptions:
+        if args.workers is not None and args.workers < 0:
+            raise ConfigError(f"--workers {args.workers}: must be >= 0")
+        return cls(
+            Path(args.slides),
+            Path(args.checkpoint),
             Path(args.out),
+            args.device or "auto",
+            args.workers,
+            args.repeats,
+            args.slide_mpp,
+            not args.no_heatmaps,
+            args.overwrite,
+            args.quiet,
+        )
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """The `predict` command: its options, the checkpoint (read once), the rank, the model, the table,
+    the cohort predicted and written; its exit status."""
+    options = PredictOptions.from_args(args)
+    state = load_checkpoint(options.checkpoint)
+    config = TrainConfig.from_dict(state["config"], source=f"{options.checkpoint}: config")
+    # one rank unless under torchrun
+    ranks = from_environment(options.device, timeout_s=config.run.dist_timeout)
+    try:
+        device = str(ranks.device) if ranks.device is not None else options.device
+        trained = load_trained(options.checkpoint, device=device, state=state, config=config)
+        endpoint = trained.method.spec.endpoint or Endpoint(classes=trained.classes)
+        # the task's columns are optional here, but a label the model does not know is a typo
+        table = SlideTable.from_csv(
+            options.slides,
+            classes=trained.classes if endpoint.task == "classification" else None,
+            labels_required=False,
+            task=endpoint.task,
+        )
+        run = predict_to(
+            options.out,
             trained,
             table,
-            checkpoint=args.checkpoint,
-            workers=args.workers,
-            repeats=args.repeats,
-            slide_mpp=args.slide_mpp,
-            heatmaps=not args.no_heatmaps,
-            overwrite=args.overwrite,
-            quiet=args.quiet or not ranks.is_main,
+            checkpoint=options.checkpoint,
+            workers=options.workers,
+            repeats=options.repeats,
+            slide_mpp=options.slide_mpp,
+            heatmaps=options.heatmaps,
+            overwrite=options.overwrite,
+            quiet=options.quiet or not ranks.is_main,
             ranks=ranks,
         )
     finally:
@@ -108,7 +140,7 @@ def run_predict(args: argparse.Namespace) -> int:
     if run.csv is None:  # another rank builds the table
         return 1 if run.failed else 0
     if endpoint.task == "classification":
-        print(trained.decision.describe(classes))
+        print(trained.decision.describe(trained.classes))
     print(f"predictions: {run.csv}")
     if (run.csv.parent / "tissue_check.csv").is_file():
         print(

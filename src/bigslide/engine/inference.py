@@ -198,9 +198,18 @@ class Trained(NamedTuple):
     decision: Decision = Decision()  # the checkpoint's decision threshold (classification)
 
 
-def load_trained(checkpoint: str | Path, *, device: str = "auto") -> Trained:
-    state = load_checkpoint(checkpoint)
-    config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
+def load_trained(
+    checkpoint: str | Path,
+    *,
+    device: str = "auto",
+    state: dict[str, Any] | None = None,
+    config: TrainConfig | None = None,
+) -> Trained:
+    """The checkpoint's model, ready to predict on `device`; `state` and `config`: the checkpoint already
+    read (`load_checkpoint`) and its configuration parsed, so neither is done twice."""
+    state = load_checkpoint(checkpoint) if state is None else state
+    if config is None:
+        config = TrainConfig.from_dict(state["config"], source=f"{checkpoint}: config")
     classes = list(state["classes"])
     endpoint = Endpoint.from_state(state.get("endpoint"), classes)
     stain = StainFit.from_state(state["stain"]) if state.get("stain") else None
