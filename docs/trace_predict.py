@@ -9,6 +9,7 @@ climbs (stops on a higher layer than the stop before).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import tempfile
 import threading
@@ -76,7 +77,7 @@ def main() -> None:
     checkpoint = make_checkpoint(work, "abmil_acc")
     argv = ["predict", "--slides", str(cohort), "--checkpoint", str(checkpoint), "--out", str(work / "out")]
     stops = follow([*argv, "--workers", "0", "--quiet", "--no-heatmaps"])
-    climbs = sum(floor(b) < floor(a) for a, b in zip(stops, stops[1:]))
+    climbs = sum(floor(b) < floor(a) for a, b in itertools.pairwise(stops))
     first = stops.index(next(s for s in stops if s.endswith("checkpoint")))
     print(f"rooms entered: {len(set(stops))}; stops: {len(stops)}; climbs back to a higher layer: {climbs}")
     print(f"rooms entered before the checkpoint is read: {', '.join(dict.fromkeys(stops[:first]))}")
