@@ -80,3 +80,12 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
         assert f'id="{anchor}"' in api, f"{anchor} missing from the API reference"
     for page in ("quickstart", "user-guide", "config", "cli", "benchmarks", "methods/patchgd"):
         assert (tmp_path / "site" / f"{page}.html").is_file()
+
+
+def test_the_architecture_page_lists_the_modules_as_they_are() -> None:
+    """docs/architecture.md's rooms are generated from the source: run `python docs/gen_layout.py` after
+    adding, moving or growing a module."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_layout.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, "docs/architecture.md is stale: run python docs/gen_layout.py"
