@@ -1,0 +1,249 @@
+"""The Slides panel's table of the training set: its columns follow the task (a label per slide; a time
+and event for survival; a target for regression), then split, µm/px, regions and tiles; what a task
+learns from and the split are typed in place.
+
+`SlidesTable` fills the table from the session and takes the typed values back; `SlidesWidget`
+(`_slides_widget.py`) adds the buttons, the tiling settings and the status line around it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qtpy.QtCore import QAbstractItemModel, QModelIndex, Qt
+from qtpy.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHeaderView,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QTableWidget,
+    QTableWidgetItem,
+    QWidget,
+)
+
+from bigslide.napari._number import parse_number
+from bigslide.napari._panel import Panel
+
+if TYPE_CHECKING:
+    from qtpy.QtWidgets import QLabel
+
+    from bigslide.napari._session import Session, SlideRow
+
+SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
+MPP_TIPS = {
+    "file": "Level-0 µm per pixel stated by the file",
+    "typed": "The file states none: the 'slide µm/px if unstated' value below",
+    "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
+    "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
+    "closed": "Read from the file when the slide is opened or trained on",
+}
+ANNOTATED_TIP = "Tiles whose centres lie in the teaching annotations of {} (Count tiles counts them)"
+SPLIT_TIP = "auto: a stratified train/validation split is made when training starts"
+# The columns each task shows, after Slide: what it learns from (editable), then split, regions, tiles.
+TASK_COLUMNS = {"classification": ("Label",), "survival": ("Time", "Event"), "regression": ("Target",)}
+EDIT_TIPS = {
+    "Label": "Type the slide's class, e.g. tumor / normal",
+    "Time": "Time to the event or to censoring (> 0, in the table's units)",
+    "Event": "1: the event was observed; 0: censored",
+    "Target": "The number the model learns to predict for this slide",
+}
+
+
+class SplitDelegate(QStyledItemDelegate):
+    """The Split column's editor: a drop-down shown only while a cell is edited (a drop-down kept in
+    every cell is a widget of its own, drawn out of place while the table is rebuilt)."""
+
+    def createEditor(  # noqa: N802 - Qt override
+        self, parent: QWidget | None, option: QStyleOptionViewItem, index: QModelIndex
+    ) -> QWidget:
+        box = QComboBox(parent)
+        for value, words in SPLIT_WORDS.items():
+            box.addItem(words, value)
+        box.setToolTip(SPLIT_TIP)
+        return box
+
+    def setEditorData(self, editor: QWidget | None, index: QModelIndex) -> None:  # noqa: N802
+        assert isinstance(editor, QComboBox)
+        editor.setCurrentIndex(max(editor.findData(index.data(Qt.ItemDataRole.UserRole) or ""), 0))
+        editor.showPopup()
+
+    def setModelData(  # noqa: N802 - Qt override
+        self, editor: QWidget | None, model: QAbstractItemModel | None, index: QModelIndex
+    ) -> None:
+        assert isinstance(editor, QComboBox)
+        assert model is not None
+        model.setData(index, editor.currentData() or "", Qt.ItemDataRole.UserRole)  # the panel shows it
+
+
+class SlidesTable(Panel):
+    """The table of slides; the panel built on it sets `session` and the `status` line (where the table
+    says what it holds and why a typed value was refused) before the table is filled."""
+
+    session: Session
+    status: QLabel
+
+    def build_table(self) -> QTableWidget:
+        """Make the (empty) table, kept as `table`: `refresh` fills it once the panel is laid out."""
+        self._filling = False  # set while `refresh` writes the cells: those are not the user's edits
+        self.columns: list[str] = []
+
+        self.table = QTableWidget(0, 0)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked
+            | QAbstractItemView.EditTrigger.SelectedClicked
+            | QAbstractItemView.EditTrigger.EditKeyPressed
+            | QAbstractItemView.EditTrigger.AnyKeyPressed
+        )
+        self.table.verticalHeader().hide()  # type: ignore[union-attr]
+        self.table.setMinimumHeight(160)
+        self.split_delegate = SplitDelegate(self.table)
+        self.table.itemChanged.connect(self._on_item_changed)
+        return self.table
+
+    # -- rows --------------------------------------------------------------------------------------
+    def column(self, name: str) -> int:
+        """Index of a column shown now ("Slide", "Label", "Time", "Split", ...), or -1."""
+        return self.columns.index(name) if name in self.columns else -1
+
+    def refresh(self) -> None:
+        self._filling = True
+        try:
+            columns = ["Slide", *TASK_COLUMNS[self.session.task], "Split", "µm/px", "Regions", "Tiles"]
+            columns += ["Case"] if any(r.case for r in self.session.rows) else []
+            columns += ["Annotated"] if any(r.annotations for r in self.session.rows) else []
+            if columns != self.columns:
+                self.columns = columns
+                self.table.setColumnCount(len(columns))
+                self.table.setHorizontalHeaderLabels(columns)
+                header = self.table.horizontalHeader()
+                assert header is not None
+                header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+                header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+                for index in range(len(columns)):
+                    self.table.setItemDelegateForColumn(index, None)  # type: ignore[arg-type]
+                self.table.setItemDelegateForColumn(columns.index("Split"), self.split_delegate)
+            self.table.setRowCount(len(self.session.rows))
+            for i, row in enumerate(self.session.rows):
+                for name, text in self._cells(row).items():
+                    editable = name in EDIT_TIPS or name == "Split"
+                    tip = EDIT_TIPS.get(name, SPLIT_TIP if name == "Split" else "")
+                    if name == "Slide":
+                        tip = str(row.path) + (f"\ndamaged: {row.damaged}" if row.damaged else "")
+                    elif name == "Regions":
+                        tip = str(row.regions or "whole slide")
+                    elif name == "µm/px":
+                        tip = MPP_TIPS[self._mpp_state(row)[1]]
+                    elif name == "Annotated":
+                        tip = ANNOTATED_TIP.format(row.annotations) if row.annotations else ""
+                    self._set_item(i, columns.index(name), text, editable=editable, tip=tip)
+                split = self.table.item(i, columns.index("Split"))
+                assert split is not None
+                split.setData(Qt.ItemDataRole.UserRole, row.split or "")
+        finally:
+            self._filling = False
+        self.status.setText(self.describe())
+
+    def _cells(self, row: SlideRow) -> dict[str, str]:
+        cells = {
+            "Slide": row.path.name + (" — damaged" if row.damaged else ""),
+            "Label": row.label,
+            "Time": "" if row.time is None else f"{row.time:g}",
+            "Event": "" if row.event is None else str(row.event),
+            "Target": "" if row.target is None else f"{row.target:g}",
+            "Split": SPLIT_WORDS.get(row.split, row.split),
+            "µm/px": self._mpp_state(row)[0],
+            "Regions": row.regions.name if row.regions else "",
+            "Tiles": "" if row.tiles is None else str(row.tiles),
+            "Case": row.case or "",
+            "Annotated": "" if row.annotated is None or row.annotations is None else str(row.annotated),
+        }
+        return {name: cells[name] for name in self.columns}
+
+    def _mpp_state(self, row: SlideRow) -> tuple[str, str]:
+        """(what the µm/px cell shows, why) for a row: the file's, the fallback typed below, missing (the
+        slide is drawn at a provisional size), or not known until the slide is read (not open here)."""
+        from bigslide.napari._roles import slide_layers
+
+        layer = next((s for s in slide_layers(self.viewer) if Path(s.metadata["path"]) == row.path), None)
+        if layer is None:
+            return "", "closed"
+        stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
+        if stated:
+            return f"{float(stated[0]):g}", "file"
+        if mpp:
+            return f"{float(mpp[0]):g} (typed)", "typed"
+        return "missing", "missing"
+
+    def describe(self) -> str:
+        """What the table holds and what to do next, in one line."""
+        rows = self.session.rows
+        if not rows:
+            return "Open slides (File ▸ Open) or load a slide table."
+        what = {
+            "classification": "type each slide's class in the Label column",
+            "survival": "each slide's time and event (1 observed, 0 censored) come from the table",
+            "regression": "each slide's target comes from the table",
+        }[self.session.task]
+        missing = [r.path.name for r in rows if self._mpp_state(r)[1] == "missing"]
+        unstated = (
+            f" {', '.join(missing)}: no pixel size in the file; enter its scanner's µm/px below."
+            if missing
+            else ""
+        )
+        damaged = [r.path.name for r in rows if r.damaged]
+        broken = (
+            f" Damaged (some tiles will not decode; training stops on them unless bad slides are left out): "
+            f"{', '.join(damaged)}."
+            if damaged
+            else ""
+        )
+        return f"{self.session.describe()}: {what}.{unstated}{broken}"
+
+    def _set_item(self, row: int, column: int, text: str, *, editable: bool, tip: str = "") -> None:
+        item = QTableWidgetItem(text)
+        if not editable:
+            item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+        if tip:
+            item.setToolTip(tip)
+        self.table.setItem(row, column, item)
+
+    def _on_item_changed(self, item: QTableWidgetItem) -> None:
+        if self._filling:
+            return
+        row = self.session.rows[item.row()]
+        name = self.columns[item.column()]
+        text = item.text().strip()
+        if name == "Label":
+            row.label = text
+        elif name == "Split":
+            self.session.update(row.path, split=item.data(Qt.ItemDataRole.UserRole) or "")
+        elif name in ("Time", "Event", "Target"):
+            self._set_number(row, name, text)
+
+    def _set_number(self, row: SlideRow, name: str, text: str) -> None:
+        """A typed time, event or target, kept when allowed; else refused in the status line and the cell
+        shows the kept value again."""
+        if name == "Event":
+            value, problem = parse_number(text, int, minimum=0, maximum=1)
+        else:
+            value, problem = parse_number(text, float, above=0 if name == "Time" else None)
+        if problem is None:
+            self.session.update(row.path, **{name.lower(): value})
+            return
+        refused = f"Row {self.session.rows.index(row) + 1} ({row.path.name}): {name.lower()} {problem}"
+        self.refresh()  # shows the kept value
+        self.status.setText(f"{refused}; kept {self._cells(row)[name] or 'empty'}.")
+
+    def set_label(self, index: int, label: str) -> None:
+        """Type a label into row `index` (what a user does by double-clicking the cell)."""
+        item = self.table.item(index, self.column("Label"))
+        if item is not None:
+            item.setText(label)
+
+    def remove_selected(self) -> None:
+        rows = sorted({index.row() for index in self.table.selectedIndexes()}, reverse=True)
+        for i in rows:
+            self.session.remove(self.session.rows[i].path)
