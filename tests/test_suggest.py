@@ -96,6 +96,12 @@ def test_areas_already_annotated_are_skipped() -> None:
     assert places[0].box == (5 * CELL, 5 * CELL, 8 * CELL, 8 * CELL)  # the second hottest; the first is drawn
 
 
+def test_attention_near_its_slides_mean_is_not_called_high() -> None:
+    slide = SlideScores(Path("n.svs"), grid(flat(hot={(1, 1): 1.5 / 64})), "normal")  # 1.49x the mean
+    (place,) = suggest([slide], 1, normal="normal", area_tiles=1)
+    assert place.reason.startswith("attention (1.49x the slide's mean) on a slide labelled normal")
+
+
 def test_without_a_normal_class_no_false_alarm_is_claimed_and_bad_counts_are_refused() -> None:
     slide = SlideScores(Path("n.svs"), grid(flat(hot={(1, 1): 0.4})), "normal")
     assert {p.kind for p in suggest([slide], 3, normal=None)} == {"looked_at"}

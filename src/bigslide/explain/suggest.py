@@ -51,6 +51,9 @@ KINDS = ("false_alarm", "uncertain", "looked_at")
 TURNS = ("false_alarm", "uncertain", "false_alarm", "looked_at")
 NORMAL_NAMES = ("normal", "negative", "benign", "healthy", "no", "0", "none", "absent", "no lesion")
 DROPOUT_SAMPLES = 16
+HIGH = 2.0
+"""Attention this many times its slide's mean is called high in a reason; a model that attends nearly
+evenly (a weak or an early one) still gets its strongest places asked about, without the word."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,8 @@ def _candidates(s: SlideScores, normal: str | None) -> list[tuple[str, float, in
                     float(v),
                     int(r),
                     int(c),
-                    f"high attention ({v:.2f}x the slide's mean) on {labelled}{question}",
+                    f"{'high attention' if v >= HIGH else 'attention'} ({v:.2f}x the slide's mean) on "
+                    f"{labelled}{question}",
                 )
             )
     if s.spread is not None and not negative:
