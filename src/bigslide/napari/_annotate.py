@@ -259,25 +259,9 @@ class AnnotateBox(QGroupBox):
 
     def count(self, path: Path) -> Any:
         """Count the slide's annotated tiles at the Slides panel's tiling, in a worker thread."""
-        from bigslide.napari._regions import slide_regions
-
-        row = self.session.row(path)
-        if row is None or row.annotations is None:
+        worker = count_worker(self.viewer, self.session, path)
+        if worker is None:
             return None
-        s = self.session
-        worker = create_worker(
-            _count_annotated,
-            s.slides(),
-            path,
-            row.annotations,
-            slide_regions(self.viewer, s, path),
-            s.tile_size,
-            s.target_mpp,
-            s.min_tissue,
-            s.tissue,
-            _start_thread=False,
-            _ignore_errors=True,
-        )
         worker.returned.connect(lambda n: self._counted(path, n))
         worker.errored.connect(lambda err: self._fail(f"Counting annotated tiles failed: {err}"))
         self.count_worker = worker
@@ -292,6 +276,29 @@ class AnnotateBox(QGroupBox):
     def _fail(self, text: str) -> None:
         self.status.setText(text)
         show_error(text)
+
+
+def count_worker(viewer: Any, session: Session, path: Path) -> Any:
+    """A worker (not started) counting the tiles of slide `path` that lie in its saved annotations, at the
+    Slides panel's tiling; None when its row has no annotations file."""
+    from bigslide.napari._regions import slide_regions
+
+    row = session.row(path)
+    if row is None or row.annotations is None:
+        return None
+    return create_worker(
+        _count_annotated,
+        session.slides(),
+        path,
+        row.annotations,
+        slide_regions(viewer, session, path),
+        session.tile_size,
+        session.target_mpp,
+        session.min_tissue,
+        session.tissue,
+        _start_thread=False,
+        _ignore_errors=True,
+    )
 
 
 def _count_annotated(

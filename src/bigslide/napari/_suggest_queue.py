@@ -21,7 +21,7 @@ from qtpy.QtGui import QKeyEvent
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from bigslide.explain.suggest import REVIEW_COLOUR, Suggestion, normal_class, save_answer
-from bigslide.napari._annotate import CLASS, _count_annotated, annotation_layer, hex_colour, task_classes
+from bigslide.napari._annotate import CLASS, annotation_layer, count_worker, hex_colour, task_classes
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
 from bigslide.napari._placement import placement_of
@@ -302,25 +302,10 @@ class SuggestBox(QGroupBox):
 
     def _count(self, path: Path) -> None:
         """Count the slide's annotated tiles as the annotation box does; only the newest count lands."""
-        from bigslide.napari._regions import slide_regions
-
-        row, s = self.session.row(path), self.session
-        if row is None or row.annotations is None:
+        worker = count_worker(self.viewer, self.session, path)
+        if worker is None:
             return
         ticket = self.counts[path] = self.counts.get(path, 0) + 1
-        worker = create_worker(
-            _count_annotated,
-            s.slides(),
-            path,
-            row.annotations,
-            slide_regions(self.viewer, s, path),
-            s.tile_size,
-            s.target_mpp,
-            s.min_tissue,
-            s.tissue,
-            _start_thread=False,
-            _ignore_errors=True,
-        )
         worker.returned.connect(lambda n: self._counted(path, ticket, n))
         worker.errored.connect(lambda err: self.status.setText(f"Counting annotated tiles failed: {err}"))
         worker.start()
