@@ -112,13 +112,8 @@ def suggest(
         raise DataError(f"count: {count} suggestions asked; ask for at least 1")
     if area_tiles < 1:
         raise DataError(f"area_tiles: {area_tiles}; an area is at least 1 tile")
-    pools: dict[str, list[tuple[float, int, int, int, str]]] = {kind: [] for kind in KINDS}
-    for index, s in enumerate(slides):
-        for kind, score, row, col, reason in _candidates(s, normal):
-            pools[kind].append((score, index, row, col, reason))
-    for pool in pools.values():
-        pool.sort(key=lambda c: -c[0])
-    with_places = {c[1] for pool in pools.values() for c in pool}
+    pools = {kind: _pool([_candidates(s, normal)[kind] for s in slides]) for kind in KINDS}
+    with_places = {int(i) for _s, index, _r, _c in pools.values() for i in np.unique(index)}
     cap = max(1, math.ceil(2 * count / max(1, len(with_places))))
     unions = {
         i: shapely.union_all([a.geometry for a in s.annotations])
@@ -130,12 +125,13 @@ def suggest(
     chosen: list[Suggestion] = []
     cursor = dict.fromkeys(KINDS, 0)
     for kind in itertools.cycle(TURNS):
-        if len(chosen) >= count or all(cursor[k] >= len(pools[k]) for k in KINDS):
+        if len(chosen) >= count or all(cursor[k] >= len(pools[k][0]) for k in KINDS):
             break
-        pool = pools[kind]
-        while cursor[kind] < len(pool):
-            score, index, row, col, reason = pool[cursor[kind]]
+        scores, indices, rows, cols = pools[kind]
+        while cursor[kind] < len(scores):
+            at = cursor[kind]
             cursor[kind] += 1
+            score, index, row, col = float(scores[at]), int(indices[at]), int(rows[at]), int(cols[at])
             s = slides[index]
             if per_slide[index] >= cap or overlaps(taken.get(index, []), row, col, area_tiles):
                 continue
@@ -144,51 +140,61 @@ def suggest(
                 continue
             taken.setdefault(index, []).append((row, col))
             per_slide[index] += 1
+            reason = _reason(kind, score, s.label)
             chosen.append(Suggestion(s.slide, area.bounds, kind, reason, score, len(chosen) + 1))
             break
     return chosen
 
 
-def _candidates(s: SlideScores, normal: str | None) -> list[tuple[str, float, int, int, str]]:
+Candidates = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A slide's candidates of one kind: (score, row, col) arrays over its map's cells."""
+
+
+def _candidates(s: SlideScores, normal: str | None) -> dict[str, Candidates]:
+    """Per kind, the slide's cells worth asking about and their scores (every cell above the slide's mean
+    attention; for the uncertain kind, every cell whose rank moves at all)."""
+    none = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    out = dict.fromkeys(KINDS, none)
     scores = s.attention.scores
     rows, cols = np.nonzero(np.isfinite(scores))
     if not len(rows):
-        return []
+        return out
     values = scores[rows, cols].astype(np.float64)
     values = values - min(0.0, values.min())  # raw scores below zero counted from the lowest
     mean = values.mean()
     relative = values / mean if mean > 0 else np.zeros_like(values)
-    out = []
-    labelled = f"a slide labelled {s.label}" if s.label is not None else "an unlabelled slide"
     negative = normal is not None and s.label is not None and s.label == normal
-    kind = "false_alarm" if negative else "looked_at"
-    for r, c, v in zip(rows, cols, relative):
-        if v > 1:  # above the slide's mean: a place the model looks
-            question = "" if negative else ": is it the lesion?"
-            out.append(
-                (
-                    kind,
-                    float(v),
-                    int(r),
-                    int(c),
-                    f"{'high attention' if v >= HIGH else 'attention'} ({v:.2f}x the slide's mean) on "
-                    f"{labelled}{question}",
-                )
-            )
+    looked = relative > 1  # above the slide's mean: a place the model looks
+    out["false_alarm" if negative else "looked_at"] = (relative[looked], rows[looked], cols[looked])
     if s.spread is not None and not negative:
         spread = _on_grid(s.spread, s.attention, rows, cols)
-        for r, c, v in zip(rows, cols, spread):
-            if np.isfinite(v) and v > 0:
-                out.append(
-                    (
-                        "uncertain",
-                        float(v),
-                        int(r),
-                        int(c),
-                        f"uncertain: its attention rank moves by {v:.0%} of the slide across dropout samples",
-                    )
-                )
+        moves = np.isfinite(spread) & (spread > 0)
+        out["uncertain"] = (spread[moves], rows[moves], cols[moves])
     return out
+
+
+def _pool(per_slide: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every slide's candidates of one kind as (score, slide index, row, col), highest score first (ties
+    in slide order, then row-major)."""
+    if not per_slide:
+        empty = np.zeros(0, np.int64)
+        return np.zeros(0), empty, empty, empty
+    scores = np.concatenate([c[0] for c in per_slide]).astype(np.float64)
+    index = np.concatenate([np.full(len(c[0]), i, np.int64) for i, c in enumerate(per_slide)])
+    rows = np.concatenate([c[1] for c in per_slide]).astype(np.int64)
+    cols = np.concatenate([c[2] for c in per_slide]).astype(np.int64)
+    order = np.argsort(-scores, kind="stable")
+    return scores[order], index[order], rows[order], cols[order]
+
+
+def _reason(kind: str, score: float, label: str | None) -> str:
+    """Why a place was chosen, in words (made only for the places chosen)."""
+    if kind == "uncertain":
+        return f"uncertain: its attention rank moves by {score:.0%} of the slide across dropout samples"
+    labelled = f"a slide labelled {label}" if label is not None else "an unlabelled slide"
+    question = "" if kind == "false_alarm" else ": is it the lesion?"
+    high = "high attention" if score >= HIGH else "attention"
+    return f"{high} ({score:.2f}x the slide's mean) on {labelled}{question}"
 
 
 def _on_grid(values: ScoreGrid, like: ScoreGrid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
