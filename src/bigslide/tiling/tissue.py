@@ -71,11 +71,20 @@ def glass_od(rgb: np.ndarray) -> np.ndarray:
     """(3,) OD of the slide's glass: the median of its bright, nearly grey pixels (0 when it shows none)."""
     rgb = np.asarray(rgb)[..., :3].reshape(-1, 3)
     rgb = rgb[:: max(1, len(rgb) // 250_000)]  # a sample is plenty for a median
-    grey = greyscale(rgb)
-    bright = rgb[(grey >= 200) & (_saturation(rgb) < 0.15)]
+    bright = rgb[greyscale(rgb) >= 200]
+    bright = bright[_saturation(bright) < 0.15]
     if len(bright) < max(16, len(rgb) // 1000):
         return np.zeros(3, np.float32)
-    return optical_density(np.median(bright, axis=0)).astype(np.float32)
+    median = [_median(bright[:, c]) for c in range(3)] if bright.dtype == np.uint8 else np.median(bright, 0)
+    return optical_density(np.asarray(median, np.float64)).astype(np.float32)
+
+
+def _median(values: np.ndarray) -> float:
+    """`np.median` of uint8 values, from their histogram (a sort of the whole sample costs ten times more)."""
+    cumulative = np.bincount(values, minlength=256).cumsum()
+    n = len(values)
+    middle = np.searchsorted(cumulative, [(n - 1) // 2 + 1, n // 2 + 1])  # the values at n//2 and (n-1)//2
+    return float(middle.mean())
 
 
 def classify_pixels(
@@ -191,9 +200,9 @@ def otsu_mask(
 
 def _saturation(image: np.ndarray) -> np.ndarray:
     """HSV saturation (max - min) / max, 0 for black; as skimage's rgb2hsv but without hue."""
-    rgb = image[..., :3]
-    top = rgb.max(axis=-1).astype(np.float32)
-    spread = top - rgb.min(axis=-1)
+    red, green, blue = image[..., 0], image[..., 1], image[..., 2]  # a reduce over the last axis is slow
+    top = np.maximum(np.maximum(red, green), blue).astype(np.float32)
+    spread = top - np.minimum(np.minimum(red, green), blue)
     return np.divide(spread, top, out=np.zeros_like(top), where=top > 0)
 
 

@@ -73,7 +73,8 @@ def footprints(coords: np.ndarray, size0: int, ds: float, shape: tuple[int, int]
 
 def box_means(values: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """Mean of `values` over each (row0, row1, col0, col1) box, via a summed-area table."""
-    dtype = np.float64 if values.dtype.kind == "f" else np.int64
+    # integer sums are exact; int32 (half the memory to run through) holds any count below 2**31
+    dtype = np.float64 if values.dtype.kind == "f" else np.int32 if values.size < 2**31 // 255 else np.int64
     table = np.zeros((values.shape[0] + 1, values.shape[1] + 1), dtype)
     table[1:, 1:] = values.astype(dtype).cumsum(0).cumsum(1)
     r0, r1, c0, c1 = boxes.T
