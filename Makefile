@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 \
 	libxcb-xinerama0 libxcb-xfixes0 libxcb-shape0 libxkbcommon-x11-0 libxcb-cursor0 libdbus-1-3 \
-	libgl1 libegl1 libfontconfig1 libglib2.0-0
+	libgl1 libegl1 libfontconfig1 libglib2.0-0 libopenjp2-tools
 
 .PHONY: demo test test-gpu lint typecheck unit gui system-deps clean
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 system-deps:
 	@if ! command -v xvfb-run >/dev/null 2>&1 || ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
-		echo "installing Debian packages for headless Qt"; \
+		echo "installing Debian packages for headless Qt (and OpenJPEG's encoder, for the JPEG 2000 tests)"; \
 		$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) \
 			apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \

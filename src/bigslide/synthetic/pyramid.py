@@ -64,6 +64,12 @@ def downsample_pyramid(image: np.ndarray, n_levels: int, factor: int = 2) -> lis
     return levels
 
 
+APERIO_JP2000_RGB = 33005
+"""TIFF compression tag of Aperio's JPEG 2000 in RGB (33003 is its YCbCr flavour)."""
+JPEG2000_PSNR = 45
+"""Quality of the JPEG 2000 tiles written, as a PSNR in dB: lossy, about what a scanner keeps."""
+
+
 def write_pyramid(
     path: str | Path,
     levels: Sequence[Level],
@@ -79,6 +85,7 @@ def write_pyramid(
     flavour "svs": Aperio layout (baseline, thumbnail, reduced levels) with `MPP` in the description;
     "tiff": generic pyramid as SubIFDs of page 0 with the resolution tags in centimetres;
     "ome": OME-TIFF with SubIFDs and PhysicalSizeX/Y in µm. `mpp=None` writes no resolution at all.
+    `compression`: a tifffile name; "jpeg2000" writes Aperio's JPEG 2000 (RGB, lossy).
     """
     path = Path(path)
     if tile % 16:
@@ -87,28 +94,33 @@ def write_pyramid(
     kw: dict = {"tile": (tile, tile), "photometric": "rgb", "compression": compression, "dtype": np.uint8}
     if jpeg_quality is not None:
         kw.update(compression="jpeg", compressionargs={"level": int(jpeg_quality)})
+    elif compression == "jpeg2000":  # as Aperio's Kakadu writes it: RGB, lossy, the colour transform inside
+        kw.update(compression=APERIO_JP2000_RGB, compressionargs={"level": JPEG2000_PSNR})
     res: dict = {}
     if mpp is not None and flavour != "svs":
         res = {"resolution": (1e4 / mpp, 1e4 / mpp), "resolutionunit": "CENTIMETER"}
 
     with tifffile.TiffWriter(path, bigtiff=h0 * w0 * 3 > 2**31, ome=flavour == "ome") as tif:
         if flavour == "svs":
-            coding = "RGB" if jpeg_quality is None else f"JPEG/RGB Q={int(jpeg_quality)}"
+            coding = "J2K/KDU Q=70" if compression == "jpeg2000" else "RGB"
+            coding = coding if jpeg_quality is None else f"JPEG/RGB Q={int(jpeg_quality)}"
             desc = f"Aperio Image Library v12.0.0\r\n{w0}x{h0} [0,0 {w0}x{h0}] ({tile}x{tile}) {coding}"
             if mpp is not None:
                 desc += f"|AppMag = 20|MPP = {mpp:.6f}"
+            # as Aperio writes: one ImageDescription (tifffile's own second one hides the first from
+            # OpenSlide), and reduced levels as plain pages (tifffile's SVS reader stops at a reduced one)
+            kw["metadata"] = None
             tif.write(_tiles(levels[0], tile), shape=(h0, w0, 3), description=desc, **kw)
             thumb = _thumbnail(levels)
-            tif.write(thumb, photometric="rgb", description=f"{w0}x{h0} -> {thumb.shape[1]}x{thumb.shape[0]}")
+            tif.write(
+                thumb,
+                photometric="rgb",
+                metadata=None,
+                description=f"{w0}x{h0} -> {thumb.shape[1]}x{thumb.shape[0]}",
+            )
             for level in levels[1:]:
                 h, w = _shape(level)
-                tif.write(
-                    _tiles(level, tile),
-                    shape=(h, w, 3),
-                    subfiletype=1,
-                    description=f"{w0}x{h0} -> {w}x{h}",
-                    **kw,
-                )
+                tif.write(_tiles(level, tile), shape=(h, w, 3), description=f"{w0}x{h0} -> {w}x{h}", **kw)
             return path
 
         metadata: dict[str, object] | None = None
