@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error, show_info, show_warning
 from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 from bigslide.errors import BigslideError
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
 from bigslide.napari._roles import layers_with_role
 from bigslide.napari._session import counted
+from bigslide.napari._toasts import show_error, show_info, show_warning
 from bigslide.tiling.annotations import (
     LESION,
     NOT_LESION,

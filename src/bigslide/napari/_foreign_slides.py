@@ -40,7 +40,7 @@ def watch(viewer: napari.Viewer) -> None:
 
 
 def _handle(ref: weakref.ref[Any], layer: Any, path: Path) -> None:
-    from napari.utils.notifications import show_info, show_warning
+    from bigslide.napari._toasts import show_info, show_warning
 
     viewer = ref()
     if viewer is None or layer not in viewer.layers:

@@ -57,6 +57,10 @@ def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallb
     before = _span(slide_layer)
     _apply_mpp(viewer, slide_layer, mpp)
     _shift_right_of(viewer, slide_layer, before)
+    if mpp is not None:
+        from bigslide.napari._toasts import withdraw
+
+        withdraw(_mpp_missing_start(slide_layer))  # its warning asked for this
     return True
 
 
@@ -194,13 +198,17 @@ def keep_in_place(viewer: napari.Viewer) -> None:
 
 
 def _tell_mpp_missing(slide_layer: Any) -> None:
-    from napari.utils.notifications import show_warning
+    from bigslide.napari._toasts import show_warning
 
     show_warning(
-        f"{slide_layer.name}: the file states no pixel size, so it is drawn at {PROVISIONAL_MPP:g} µm/px "
+        f"{_mpp_missing_start(slide_layer)}, so it is drawn at {PROVISIONAL_MPP:g} µm/px "
         "for now; enter its scanner's µm/px in the Slides panel ('slide µm/px if unstated') to see it "
         "at its physical size beside the other slides."
     )
+
+
+def _mpp_missing_start(slide_layer: Any) -> str:
+    return f"{slide_layer.name}: the file states no pixel size"
 
 
 def _follow(ref: weakref.ref[Any], slide_layer: Any) -> None:

@@ -52,7 +52,7 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
 
     def read(_path: Any) -> list[Any]:
         if slide is None:
-            from napari.utils.notifications import show_error
+            from bigslide.napari._toasts import show_error
 
             show_error(f"bigslide cannot open {Path(path).name}: {reason}")
             return NOTHING

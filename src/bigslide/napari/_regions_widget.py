@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import thread_worker
-from napari.utils.notifications import show_error
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox,
@@ -30,6 +29,7 @@ from bigslide.napari._regions import layer_regions, slide_regions
 from bigslide.napari._roles import layers_with_role, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
 from bigslide.napari._tile_check import add_rejected_tiles
+from bigslide.napari._toasts import show_error
 
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox,
@@ -28,6 +27,7 @@ from bigslide.napari._qt import percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
+from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
     from bigslide.napari._session import Session

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from bigslide.napari._compare import COMPARISON, caption, show_beside
 from bigslide.napari._number import NumberField
 from bigslide.napari._roles import remove_layers
+from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
     import napari

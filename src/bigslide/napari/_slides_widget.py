@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import thread_worker
-from napari.utils.notifications import show_error, show_info
 from qtpy.QtWidgets import QCheckBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from bigslide.napari._number import NumberField
 from bigslide.napari._qt import scrolled
 from bigslide.napari._session import counted
 from bigslide.napari._slides_table import SlidesTable
+from bigslide.napari._toasts import show_error, show_info
 from bigslide.tiling.pixel_classes import PEN_FLATNESS
 
 if TYPE_CHECKING:

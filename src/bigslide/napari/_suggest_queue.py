@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error
 from qtpy.QtCore import QEvent, QObject, Qt
 from qtpy.QtGui import QKeyEvent
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -27,6 +26,7 @@ from bigslide.napari._number import NumberField
 from bigslide.napari._placement import placement_of
 from bigslide.napari._roles import remove_layers, slide_layers
 from bigslide.napari._session import counted
+from bigslide.napari._toasts import show_error
 from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colour
 
 if TYPE_CHECKING:

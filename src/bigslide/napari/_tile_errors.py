@@ -22,7 +22,7 @@ class _Reporter(QObject):
         self.failed.connect(self._tell, Qt.ConnectionType.QueuedConnection)
 
     def _tell(self, path: str, message: str) -> None:
-        from napari.utils.notifications import show_warning
+        from bigslide.napari._toasts import show_warning
 
         for listener in list(_listeners):
             mark = listener()

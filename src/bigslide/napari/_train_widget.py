@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import create_worker
-from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import Qt, Signal
 from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from bigslide.napari._time_left import TimeLeft
+from bigslide.napari._toasts import show_error, show_info
 from bigslide.napari._train_form import TrainForm
 
 if TYPE_CHECKING:

@@ -1,0 +1,55 @@
+"""Notifications one at a time: a new one replaces the one still up (they never stack and cut each other
+off), and a warning goes once the person has done what it asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gui.test_typed_numbers import type_into
+
+
+def _open_toasts() -> list[str]:
+    from bigslide.napari._toasts import shown
+
+    return [text for _toast, text in shown()]
+
+
+@pytest.fixture
+def shown_viewer(make_napari_viewer: Any) -> Any:
+    viewer = make_napari_viewer(show=True)  # napari shows toasts only over a visible window
+    viewer.window._qt_window.resize(1600, 1000)
+    return viewer
+
+
+def test_a_new_notification_replaces_the_one_still_up(shown_viewer: Any, qtbot: Any) -> None:
+    from bigslide.napari._toasts import show_error, show_warning, withdraw
+
+    show_warning("slide-a: the file states no pixel size")
+    qtbot.waitUntil(lambda: len(_open_toasts()) == 1)
+    show_error("slide-b: cannot decode file tile (row 1, col 2)")
+    qtbot.wait(100)
+    assert _open_toasts() == ["slide-b: cannot decode file tile (row 1, col 2)"]
+    withdraw("slide-a")  # another toast's cause: nothing closes
+    assert len(_open_toasts()) == 1
+    withdraw("slide-b:")
+    qtbot.waitUntil(lambda: _open_toasts() == [])
+
+
+def test_the_missing_pixel_size_warning_goes_when_it_is_typed(
+    shown_viewer: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.synthetic.slides import synthesize_slide
+
+    pixels = synthesize_slide((640, 512), lesions=0, seed=3).rgb
+    path = write_pyramid(tmp_path / "unstated.tif", downsample_pyramid(pixels, 2), flavour="tiff", mpp=None)
+    _, slides = shown_viewer.window.add_plugin_dock_widget("bigslide", "Slides")
+    qtbot.waitUntil(lambda: slides.ready, timeout=120_000)
+    shown_viewer.open(path, plugin="bigslide")
+    qtbot.waitUntil(lambda: any("no pixel size" in t for t in _open_toasts()), timeout=10_000)
+    type_into(qtbot, slides.slide_mpp, "0.5")
+    qtbot.waitUntil(lambda: not any("no pixel size" in t for t in _open_toasts()), timeout=5_000)
+    assert shown_viewer.layers[0].metadata["mpp"] == (0.5, 0.5)
