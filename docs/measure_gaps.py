@@ -22,6 +22,8 @@ from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QApplication
 
 LARGE = (16384, 12288)  # level-0 px at 0.5 µm/px: 8 x 6 mm of tissue and glass
+J2K = (8192, 6144)
+GAP_TARGET_MS = 250
 EPOCHS = 4
 
 
@@ -58,6 +60,15 @@ def until(condition: Any, timeout: float = 600.0) -> None:
         process(0.02)
 
 
+def _zoom(viewer: Any, layer: Any) -> None:
+    """Centre the view on the middle of `layer` at one screen pixel per level-0 pixel: level 0 is read."""
+    h, w = layer.level_shapes[0][:2]
+    scale = layer.scale[-1]
+    camera = viewer.scene.camera
+    camera.center = (h * scale / 2, w * scale / 2)
+    camera.zoom = 1.0 / scale
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
@@ -66,14 +77,21 @@ def main() -> None:
     )
     args = parser.parse_args()
     from bigslide.data.sources import demo_dir
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
     from bigslide.synthetic.slide_set import make_slide_set
-    from bigslide.synthetic.slides import make_synthetic_slide
+    from bigslide.synthetic.slides import make_synthetic_slide, synthesize_slide
 
     work = Path(tempfile.mkdtemp())
     large = work / "large.svs"
     make_synthetic_slide(large, size=LARGE, lesions=3, seed=21)
     second = work / "second.svs"
     make_synthetic_slide(second, size=(4096, 3072), lesions=1, seed=22)
+    jpeg2000 = work / "jpeg2000.svs"  # Aperio's JPEG 2000, many times slower to decode than JPEG
+    write_pyramid(
+        jpeg2000,
+        downsample_pyramid(synthesize_slide(J2K, lesions=2, seed=23).rgb, 3, 4),
+        compression="jpeg2000",
+    )
     csv = make_slide_set(demo_dir())
 
     viewer = napari.Viewer()
@@ -98,12 +116,25 @@ def main() -> None:
     gaps.action = "idle"
     [slide] = act("open a slide (first, 16k x 12k)", lambda: viewer.open(large, plugin="bigslide"), 2.0)
     act("open a slide (second)", lambda: viewer.open(second, plugin="bigslide"), 2.0)
+    [j2k] = act(
+        "open a JPEG 2000 slide (third, 8k x 6k)", lambda: viewer.open(jpeg2000, plugin="bigslide"), 2.0
+    )
+    act("zoom into the JPEG 2000 slide", lambda: _zoom(viewer, j2k), 2.0)
 
     p = panels
+    viewer.layers.selection.active = slide
+    panels.tabs.setCurrentWidget(p.regions)
+    gaps.action = "tile preview (Regions panel, 16k x 12k)"
+    p.regions.preview.click()
+    until(lambda: "will be sampled" in p.regions.status.text() or "failed" in p.regions.status.text())
+    process(1.0)
+    p.regions.preview.click()
+    process(0.5)
+    gaps.action = "idle"
     p.slides.load_csv(csv)
     p.slides.target_mpp.setValue(1.0)
     p.slides.tile_size.setValue(32)
-    for path, label in ((slide.metadata["path"], "tumor"), (second, "tumor")):
+    for path, label in ((slide.metadata["path"], "tumor"), (second, "tumor"), (jpeg2000, "tumor")):
         p.slides.session.update(path, split="test", label=label)  # held out: shown, not trained on
     t = p.train
     t.set_method("abmil_acc")
@@ -174,11 +205,11 @@ def main() -> None:
         shot("follow_large_full.png")
 
     lines = [
-        f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), no GPU, Qt on "
+        "$ xvfb-run -a -s '-screen 0 1600x1000x24' .venv/bin/python docs/measure_gaps.py",
+        f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"machine: {os.cpu_count()} CPU cores ({platform.machine()}), no GPU, Qt on "
         f"{QApplication.platformName()} (Xvfb, software OpenGL), load average {os.getloadavg()[0]:.1f} "
-        "at the end; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        "Command: xvfb-run -a -s '-screen 0 1600x1000x24' .venv/bin/python docs/measure_gaps.py",
+        "at the end",
         "",
         "| action | longest event-loop gap |",
         "| --- | --- |",
@@ -205,6 +236,9 @@ def main() -> None:
     if final:
         after_run = final[-1][0] - start - trained
         lines.append(f"\nThe full map (every tile) was drawn {after_run:.1f} s after the run.")
+    over = {a: w for a, w in gaps.worst().items() if a != "idle" and w > GAP_TARGET_MS}
+    verdict = "met" if not over else "MISSED (" + ", ".join(f"{a}: {w:.0f}" for a, w in over.items()) + ")"
+    lines += [f"target every action's longest gap <= {GAP_TARGET_MS} ms: {verdict}", "exit status: 0"]
     report = "\n".join(lines)
     print(report, flush=True)
     if args.out is not None:

@@ -75,3 +75,15 @@ def test_one_placement_puts_cells_vertices_and_pixels_on_the_same_level0_points(
     x, y = x0 + j * p, y0 + i * p
     assert place.to_level0((vty + y * vy, vtx + x * vx)) == pytest.approx((x, y))
     assert place.units == ("um" if mpp else "pixel")
+
+
+def test_average_ranks_are_scipys_rankdata() -> None:
+    from scipy.stats import rankdata
+
+    from bigslide.explain.heatmap import average_ranks
+
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        n = int(rng.integers(1, 300))
+        values = rng.integers(0, int(rng.integers(1, 20)), n) if i % 2 else rng.normal(size=n)
+        assert np.array_equal(average_ranks(values.astype(np.float32)), rankdata(values.astype(np.float32)))

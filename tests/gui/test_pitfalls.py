@@ -136,7 +136,7 @@ def test_count_tiles_error_is_the_last_word(
     assert "tiles in" not in panel.status.text()
 
 
-def test_newest_heatmap_shown_with_its_legend(viewer: Any, dock: Any) -> None:
+def test_newest_heatmap_shown_with_its_legend(viewer: Any, dock: Any, qtbot: Any) -> None:
     slide, _ = viewer.open_sample("bigslide", "slide")
     panel = dock("Results")
     rng = np.random.default_rng(0)
@@ -145,7 +145,7 @@ def test_newest_heatmap_shown_with_its_legend(viewer: Any, dock: Any) -> None:
     assert second.visible
     assert not first.visible
     legend = viewer.canvas.overlays.text
-    assert legend.visible
+    qtbot.waitUntil(lambda: legend.visible)  # drawn just after the map, in its own event-loop turn
     assert "sample slide second" in legend.text
     assert "rank in the slide" in legend.text
     bar = panel.colour_bar
@@ -179,7 +179,9 @@ def test_plot_ticks_cover_the_data_and_read_differently(low: float, high: float)
     assert len(set(labels)) == len(labels)
 
 
-def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(viewer: Any, dock: Any) -> None:
+def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(
+    viewer: Any, dock: Any, qtbot: Any
+) -> None:
     slide, _ = viewer.open_sample("bigslide", "slide")
     panel = dock("Results")
     panel.normalisation.setCurrentText("raw")
@@ -194,6 +196,6 @@ def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(view
     for x in (0, 1, image.width() - 2, image.width() - 1):
         assert all(image.pixelColor(x, y).lightness() < 150 for y in band), x
     legend = viewer.canvas.overlays.text
-    assert legend.visible
+    qtbot.waitUntil(lambda: legend.visible)
     assert legend.position == "top_left"  # napari's notifications rise at the bottom right
     assert layer.name in legend.text

@@ -81,7 +81,7 @@ def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> Non
 
 
 def test_an_area_to_leave_out_is_saved_as_qupaths_ignore_class_and_read_back(
-    viewer: Any, dock: Any, tmp_path: Path, svs_slide: Any
+    viewer: Any, dock: Any, tmp_path: Path, svs_slide: Any, qtbot: Any
 ) -> None:
     viewer.open(svs_slide.path, plugin="bigslide")
     panel = dock("Sampling regions")
@@ -95,7 +95,7 @@ def test_an_area_to_leave_out_is_saved_as_qupaths_ignore_class_and_read_back(
     np.testing.assert_allclose(layer.edge_color[0], [0, 229 / 255, 1, 1], atol=1e-3)
     assert 0 < layer.face_color[0][3] < 0.5
     assert layer.edge_width[0] >= 6
-    assert viewer.scale_bar.visible  # sizes read off the bar from the first slide on
+    qtbot.waitUntil(lambda: viewer.scale_bar.visible)  # sizes read off the bar from the first slide on
     saved = panel.save_geojson(tmp_path / "left-out.geojson")
     assert saved is not None
     [region] = load_regions(saved)

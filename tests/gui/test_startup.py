@@ -1,6 +1,6 @@
-"""Opening the panels in a fresh napari session: PyTorch, timm and the engine are imported on a thread,
-never on the GUI thread, so the viewer keeps drawing while they load (they took 4.8-5.8 s on the GUI
-thread, the viewer frozen all along)."""
+"""Opening the panels in a fresh napari session: PyTorch, timm, the engine and scipy's heavier parts are
+imported on a thread, never on the GUI thread, so the viewer keeps drawing while they load (they took
+4.8-5.8 s on the GUI thread, the viewer frozen all along)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ import json, sys, threading, time
 from importlib.abc import MetaPathFinder
 
 first_import = {}
+# PyTorch and the engine (seconds), and scipy's statistics and image filters (0.5 s and 0.15 s), which the
+# panels' own modules once imported as they opened
+WATCHED = ("torch", "timm", "bigslide.engine.loop", "scipy.stats", "scipy.ndimage")
 
 class Watch(MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name in ("torch", "timm", "bigslide.engine.loop") and name not in first_import:
+        if name in WATCHED and name not in first_import:
             first_import[name] = threading.current_thread().name
         return None
 
@@ -81,7 +84,7 @@ def test_panels_open_while_pytorch_loads_on_a_thread(tmp_path: Path) -> None:
     assert not report["built_at_once"]  # shown at once, filled in once the modules are in
     for module, thread in report["first_import"].items():
         assert thread != report["main"], f"{module} was imported on the GUI thread"
-    assert set(report["first_import"]) == {"torch", "timm", "bigslide.engine.loop"}
+    assert {"torch", "timm", "bigslide.engine.loop"} <= set(report["first_import"])
     assert "ABMIL-ACC" in report["method_names"]
     # the viewer kept drawing while they loaded: imported on the GUI thread, its longest freeze was the
     # whole import (4.8-5.8 s); judged against the import's own time, which a loaded machine stretches too

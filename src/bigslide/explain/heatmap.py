@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from scipy.stats import rankdata
 
 from bigslide.explain.placement import Placement
 
@@ -75,7 +74,7 @@ class ScoreGrid:
         if v.size == 0:
             return out
         if mode == "rank":
-            out[ok] = (rankdata(v) - 1) / max(v.size - 1, 1)
+            out[ok] = (average_ranks(v) - 1) / max(v.size - 1, 1)
         elif mode == "percentile":
             lo, hi = np.percentile(v, [1, 99])
             out[ok] = np.clip((v - lo) / (hi - lo if hi > lo else 1.0), 0, 1)
@@ -114,3 +113,15 @@ class ScoreGrid:
                 mpp=None if np.isnan(mpp[0]) else (mpp[0], mpp[1]),
                 name=str(data["name"]),
             )
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (scipy's `rankdata`, whose module takes half a second
+    to import: a viewer's first heatmap would wait for it)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    counts = np.diff(np.r_[starts, len(values)])
+    ranks = np.empty(len(values), np.float64)
+    ranks[order] = np.repeat(starts + (counts + 1) / 2, counts)
+    return ranks

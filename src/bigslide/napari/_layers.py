@@ -287,6 +287,10 @@ def show_only(viewer: napari.Viewer, slide: str | None, name: str) -> None:
             heatmap.visible = heatmap.name == name
 
 
+LEGEND_DELAY_MS = 150
+"""A map's legend appears this long after the map: each is drawn in its own event-loop turn."""
+
+
 def legend_text(layer: napari.layers.Image) -> str:
     """What the colours of a heatmap layer mean, in one line."""
     if layer.rgb:
@@ -304,10 +308,22 @@ def show_legend(viewer: napari.Viewer, layer: napari.layers.Image | None) -> Non
         overlay.visible = False
         return
     meaning = legend_text(layer).removeprefix("colour: ").split(" (")[0]  # short: the canvas may be narrow
-    overlay.text = f"{layer.name} — {meaning}"
-    overlay.position = LEGEND_POSITION
-    overlay.font_size = 11
-    overlay.visible = True
+    text = f"{layer.name} — {meaning}"
+
+    def show() -> None:
+        if layer not in viewer.layers or not layer.visible:
+            return  # another map was shown meanwhile: its own legend follows
+        overlay.text = text
+        overlay.position = LEGEND_POSITION
+        overlay.font_size = 11
+        overlay.visible = True
+
+    if overlay.visible:
+        show()
+    else:  # drawn after the map: the first draw of each letter costs milliseconds, the new map's too
+        from qtpy.QtCore import QTimer
+
+        QTimer.singleShot(LEGEND_DELAY_MS, show)
 
 
 def renormalise(layer: napari.layers.Image, normalisation: Normalisation) -> None:

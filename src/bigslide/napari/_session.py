@@ -280,15 +280,28 @@ def session_for(viewer: napari.Viewer) -> Session:
     return session
 
 
+SCALE_BAR_DELAY_MS = 300
+"""The scale bar is switched on this long after the panels open."""
+
+
 def _wire(viewer: napari.Viewer, session: Session) -> None:
+    from qtpy.QtCore import QTimer
+
     from bigslide.napari._placement import set_fallback_mpp
     from bigslide.napari._reader import prefer_this_reader
     from bigslide.napari._tile_errors import on_damaged
 
     prefer_this_reader()
     on_damaged(session.mark_damaged)  # its rows say which slides have tiles that will not decode
-    viewer.scale_bar.visible = True  # slides are laid out in µm: sizes read off the bar
     ref = weakref.ref(viewer)
+
+    def scale_bar() -> None:  # slides are laid out in µm: sizes read off the bar
+        view = ref()
+        if view is not None:
+            view.scale_bar.visible = True
+
+    # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
+    QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
     window = getattr(viewer.window, "_qt_window", None)
     if window is not None:  # the viewer's decode workers end with its window
         window.destroyed.connect(lambda *_: session.close_processes())

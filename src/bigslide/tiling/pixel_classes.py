@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 RULE_LOW = 3
 
@@ -118,6 +117,8 @@ def flatness_window(pixel_um: float) -> float:
 def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:
     """How much the light absorbed (summed OD) varies across a Gaussian window of `sigma` pixels, as a share
     of its mean: a film of one dye (a pen stroke) varies little; tissue, nuclei beside stroma, much."""
+    from scipy import ndimage  # here: the settings above are read by napari's panels, on its GUI thread
+
     mean = ndimage.gaussian_filter(total, sigma, mode="nearest")
     square = ndimage.gaussian_filter(total * total, sigma, mode="nearest")
     return np.sqrt(np.maximum(square - mean * mean, 0)) / np.maximum(mean, 1e-3)
@@ -126,6 +127,8 @@ def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:
 def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:
     """Pixels of `background` components of at most `max_area` pixels that do not touch the image's
     edge (what lies beyond it is unknown): the holes of the foreground."""
+    from scipy import ndimage
+
     labels, count = ndimage.label(background)
     if count == 0:
         return np.zeros(background.shape, bool)
