@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import napari
+import numpy as np
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QApplication
 
@@ -69,6 +70,45 @@ def _zoom(viewer: Any, layer: Any) -> None:
     camera.zoom = 1.0 / scale
 
 
+def retrain(viewer: Any, panels: Any, gaps: Gaps, checkpoint: Any) -> float:
+    """Outline a lesion and a normal area on a training slide, save them, retrain the run's checkpoint
+    with them for one epoch and let both maps be drawn; returns the retrain's seconds."""
+    from bigslide.tiling.annotations import NOT_LESION
+
+    r = panels.results
+    row = next(x for x in panels.slides.session.rows if x.split == "train" and x.label == "tumor")
+    [taught] = act_on(gaps, "open a slide (to teach)", lambda: viewer.open(row.path, plugin="bigslide"))
+    r.slide_box.setCurrentText(taught.name)
+    h, w = taught.level_shapes[0][:2]
+    box = r.annotate
+    for name, (y, x) in (("tumor", (h / 2, w / 2)), (NOT_LESION, (h / 8, w / 8))):
+        box.class_box.setCurrentText(name)
+        box.draw_button.click()
+        side = min(h, w) / 8
+        box.layer().add_polygons([np.array([[y, x], [y, x + side], [y + side, x + side], [y + side, x]])])
+    act_on(gaps, "save the outlines", box.save)
+    until(lambda: panels.slides.session.row(row.path).annotated is not None)
+    r.checkpoint.setText(str(checkpoint))
+    r.retrain.epochs.setValue(1)
+    gaps.action = "retrain (start, fine-tune, both maps)"
+    start = time.perf_counter()
+    r.retrain.start()
+    until(lambda: r.retrain.worker is None)
+    seconds = time.perf_counter() - start
+    until(lambda: r.worker is None and not r.pending_grids)
+    process(2.0)
+    gaps.action = "idle"
+    return seconds
+
+
+def act_on(gaps: Gaps, name: str, fn: Any, settle: float = 1.0) -> Any:
+    gaps.action = name
+    out = fn()
+    process(settle)
+    gaps.action = "idle"
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
@@ -100,11 +140,7 @@ def main() -> None:
     gaps = Gaps()
 
     def act(name: str, fn: Any, settle: float) -> Any:
-        gaps.action = name
-        out = fn()
-        process(settle)
-        gaps.action = "idle"
-        return out
+        return act_on(gaps, name, fn, settle)
 
     panels = act(
         "open the panels (All panels)",
@@ -200,6 +236,9 @@ def main() -> None:
     gaps.action = "after the run: the full map"
     until(lambda: r.worker is None and not r.pending_grids and r.run_button.isEnabled())
     process(1.0)
+    r.add_grid, r.show_prediction = add_grid, draw  # the run's maps are all drawn: stop timing them
+    run_saved = list(saved)  # the run's checkpoints, not the retrain's
+    retrained = retrain(viewer, p, gaps, t.last_checkpoint)
     gaps.timer.stop()
     if args.shots is not None:
         shot("follow_large_full.png")
@@ -226,12 +265,13 @@ def main() -> None:
         "| epoch | map drawn after its checkpoint | next epoch's checkpoint after it | tiles read |",
         "| --- | --- | --- | --- |",
     ]
-    for (when, epoch), nxt in itertools.zip_longest(saved, saved[1:]):
+    for (when, epoch), nxt in itertools.zip_longest(run_saved, run_saved[1:]):
         shown = next(((at, s) for at, e, s in drawn if e == epoch), None)
         after = f"{shown[0] - when:.1f} s" if shown else "skipped for a newer one"
         following = f"{nxt[0] - when:.1f} s" if nxt else "(run ended)"
         tiles = f"1 in {shown[1]} x {shown[1]}" if shown and shown[1] > 1 else "every tile" if shown else ""
         lines.append(f"| {epoch} | {after} | {following} | {tiles} |")
+    lines.append(f"\nRetrain with annotations (1 epoch, from the run's last checkpoint): {retrained:.1f} s.")
     final = [d for d in drawn if d[2] == 1]
     if final:
         after_run = final[-1][0] - start - trained

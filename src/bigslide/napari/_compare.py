@@ -4,6 +4,7 @@ panels do not list it as a slide to train on and its map is not the one the Resu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
     from bigslide.explain.heatmap import Normalisation, ScoreGrid
 
 COMPARISON = "comparison"
+STEP_PAUSE_MS = 30
 
 
-def show_beside(
+def beside_steps(
     viewer: napari.Viewer,
     slide_layer: Any,
     grid: ScoreGrid,
@@ -29,9 +31,10 @@ def show_beside(
     normalisation: Normalisation = "rank",
     colormap: str = "inferno",
     left: bool = False,
-) -> tuple[Any, Any]:
+) -> Iterator[None]:
     """The slide again, right of every slide (`left`: left of every slide), with `grid` over it and `title`
-    above it (replacing an earlier comparison of that slide); returns the copy and its map."""
+    above it (replacing an earlier comparison of that slide): one layer per step (`in_turns`), as making
+    a napari layer costs a tenth of a second or more."""
     path = slide_layer.metadata.get("path")
     remove_layers(viewer, role=COMPARISON, slide=path)
     width = float(np.ptp(slide_layer.extent.world[:, -1]))
@@ -52,6 +55,7 @@ def show_beside(
         contrast_limits=(0, 255),
         metadata={ROLE: COMPARISON, "slide": path, "mpp": slide_layer.metadata.get("mpp")},
     )
+    yield
     kwargs = heatmap_layer_kwargs(
         grid, copy, name=f"{slide_layer.name} attention — {title}", normalisation=normalisation
     )
@@ -60,8 +64,23 @@ def show_beside(
     heat = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
     if not grid.is_rgb:
         heat.colormap = colormap
+    yield
     caption(viewer, copy, title, path)
-    return copy, heat
+
+
+def in_turns(steps: Iterator[None], pause_ms: int = STEP_PAUSE_MS) -> None:
+    """Run `steps` one per event-loop turn, `pause_ms` apart (the viewer draws between them): no freeze
+    lasts longer than the longest step."""
+    from qtpy.QtCore import QTimer
+
+    def next_step() -> None:
+        try:
+            next(steps)
+        except StopIteration:
+            return
+        QTimer.singleShot(pause_ms, next_step)
+
+    QTimer.singleShot(0, next_step)
 
 
 def caption(viewer: napari.Viewer, layer: Any, text: str, slide: str | None, name: str | None = None) -> Any:

@@ -13,7 +13,7 @@ the same validation slides. "Close the comparison" removes the copy and its capt
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,7 +22,7 @@ from napari.qt.threading import create_worker
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
-from bigslide.napari._compare import COMPARISON, caption, show_beside
+from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns
 from bigslide.napari._number import NumberField
 from bigslide.napari._roles import remove_layers
 from bigslide.napari._toasts import show_error, show_info
@@ -220,10 +220,11 @@ class RetrainBox(QGroupBox):
     def show_before(self, prediction: Any, slide: Any) -> None:
         """The chosen checkpoint's map on a copy of the slide, right of every slide; the slide's own map
         is the run's from now on."""
-        if slide not in self.panel.viewer.layers or "attention" not in prediction.grids:
+        viewer = self.panel.viewer
+        if slide not in viewer.layers or "attention" not in prediction.grids:
             return
-        show_beside(
-            self.panel.viewer,
+        beside = beside_steps(
+            viewer,
             slide,
             prediction.grids["attention"],
             BEFORE,
@@ -231,9 +232,16 @@ class RetrainBox(QGroupBox):
             colormap=self.panel.colormap.currentText(),
             left=True,
         )
-        caption(self.panel.viewer, slide, "after retraining", slide.metadata.get("path"))
-        self.close_comparison.setVisible(True)
-        self.panel.viewer.reset_view()
+
+        def steps() -> Iterator[None]:
+            yield from beside
+            yield
+            if slide in viewer.layers:
+                caption(viewer, slide, "after retraining", slide.metadata.get("path"))
+            self.close_comparison.setVisible(True)
+            viewer.reset_view()
+
+        in_turns(steps())  # four layers: 0.5-0.8 s made in one turn
 
     def remove_comparison(self) -> None:
         remove_layers(self.panel.viewer, role=COMPARISON)
