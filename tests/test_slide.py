@@ -246,3 +246,41 @@ def test_openslide_formats_are_opened_with_openslide_when_it_is_installed(tmp_pa
     expected = "not a slide OpenSlide can read" if openslide_available() else "not a readable TIFF slide"
     with pytest.raises(SlideError, match=rf"case\.mrxs: {expected}"):
         open_slide(fake)
+
+
+def test_a_viewer_slice_of_many_tiles_decodes_them_on_the_tile_threads(
+    make_slide: MakeSlide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice that needs many tiles not yet decoded (a slide's coarsest level, as napari first draws it)
+    decodes them on the viewer's tile threads, and gives the written pixels, damaged tiles striped."""
+    import threading
+
+    from bigslide.wsi.slide import Slide
+    from bigslide.wsi.slide_view import DAMAGED, PARALLEL_TILES
+
+    written = make_slide(textured_image(600, 1000, seed=9), flavour="svs", mpp=0.5, tile=64, name="many")
+    decoded_on: list[str] = []
+    read = Slide.read_file_tile
+
+    def recording(self: Slide, level: int, row: int, col: int) -> np.ndarray:
+        decoded_on.append(threading.current_thread().name)
+        if (level, row, col) == (0, 2, 3):
+            raise SlideError(f"{self.path}: cannot decode file tile (row 2, col 3) of level 0 (test)")
+        return read(self, level, row, col)
+
+    monkeypatch.setattr(Slide, "read_file_tile", recording)
+    errors: list[SlideError] = []
+    with open_slide(written.path) as slide:
+        level = slide.pyramid(on_error=errors.append)[0]
+        pixels = np.asarray(level)
+        again = np.asarray(level)  # kept: nothing decoded twice
+    tiles = -(-600 // 64) * -(-1000 // 64)
+    assert len(decoded_on) == tiles >= PARALLEL_TILES
+    assert all(name.startswith("bigslide-tiles") for name in decoded_on)
+    assert len(errors) == 1
+    expected = written.levels[0].copy()
+    damaged = pixels[128:192, 192:256]
+    assert set(np.unique(damaged)) == set(DAMAGED)
+    expected[128:192, 192:256] = damaged
+    np.testing.assert_array_equal(pixels, expected)
+    np.testing.assert_array_equal(again, pixels)

@@ -9,9 +9,11 @@ and the rest of the slide is shown.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +41,8 @@ BACKGROUND = 255  # as bigslide.wsi.slide's: glass
 DAMAGED = (96, 160)
 """Grey levels of the diagonal stripes a tile that will not decode is drawn with."""
 STRIPE_PX = 8
+PARALLEL_TILES = 8
+"""A slice needing at least this many tiles not yet decoded decodes them on several threads."""
 OnError = Callable[[SlideError], None]
 
 
@@ -80,6 +84,17 @@ class TileCache:
                 self._bytes -= self._tiles.popitem(last=False)[1].nbytes
         return tile
 
+    def decode_many(self, level: int, tiles: list[tuple[int, int]]) -> None:
+        """Decode the tiles of `level` not yet kept, on several threads when there are many (the decoders
+        let go of the interpreter lock): a view of a slide's coarsest level, JPEG 2000 above all, is
+        hundreds of tiles that one thread decodes in turn."""
+        with self._lock:
+            known = [(level, r, c) in self._tiles or (level, r, c) in self._failed for r, c in tiles]
+        missing = [rc for rc, seen in zip(tiles, known, strict=True) if not seen]
+        if len(missing) < PARALLEL_TILES:
+            return
+        list(_decoders().map(lambda rc: self.tile(level, *rc), missing))
+
     @property
     def failed(self) -> set[tuple[int, int, int]]:
         """(level, row, col) of the tiles that did not decode so far."""
@@ -120,8 +135,10 @@ class TileLevel:
     def _region(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
         th, tw = self.tile_shape
-        for row in range(y0 // th, -(-y1 // th)):
-            for col in range(x0 // tw, -(-x1 // tw)):
+        rows, cols = range(y0 // th, -(-y1 // th)), range(x0 // tw, -(-x1 // tw))
+        self.cache.decode_many(self.level, [(row, col) for row in rows for col in cols])
+        for row in rows:
+            for col in cols:
                 tile = self.cache.tile(self.level, row, col)
                 ty, tx = row * th, col * tw
                 if tile is None:
@@ -130,6 +147,18 @@ class TileLevel:
                 ax0, ax1 = max(tx, x0), min(tx + tile.shape[1], x1)
                 out[ay0 - y0 : ay1 - y0, ax0 - x0 : ax1 - x0] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
         return out
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _decoders() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(
+            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="bigslide-tiles"
+        )
+    return _POOL
 
 
 def _stripes(height: int, width: int, y0: int, x0: int) -> np.ndarray:
