@@ -284,3 +284,4 @@ def test_a_viewer_slice_of_many_tiles_decodes_them_on_the_tile_threads(
     expected[128:192, 192:256] = damaged
     np.testing.assert_array_equal(pixels, expected)
     np.testing.assert_array_equal(again, pixels)
+    assert not [t for t in threading.enumerate() if t.name.startswith("bigslide-tiles")]  # none lingers

@@ -42,6 +42,7 @@ DAMAGED = (96, 160)
 """Grey levels of the diagonal stripes a tile that will not decode is drawn with."""
 STRIPE_PX = 8
 PARALLEL_TILES = 8
+MAX_TILE_THREADS = 4
 """A slice needing at least this many tiles not yet decoded decodes them on several threads."""
 OnError = Callable[[SlideError], None]
 
@@ -93,7 +94,10 @@ class TileCache:
         missing = [rc for rc, seen in zip(tiles, known, strict=True) if not seen]
         if len(missing) < PARALLEL_TILES:
             return
-        list(_decoders().map(lambda rc: self.tile(level, *rc), missing))
+        # threads made for the call and joined before it returns: none lingers into a later fork
+        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(missing))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
+            list(pool.map(lambda rc: self.tile(level, *rc), missing))
 
     @property
     def failed(self) -> set[tuple[int, int, int]]:
@@ -147,18 +151,6 @@ class TileLevel:
                 ax0, ax1 = max(tx, x0), min(tx + tile.shape[1], x1)
                 out[ay0 - y0 : ay1 - y0, ax0 - x0 : ax1 - x0] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
         return out
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _decoders() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(
-            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="bigslide-tiles"
-        )
-    return _POOL
 
 
 def _stripes(height: int, width: int, y0: int, x0: int) -> np.ndarray:
