@@ -56,6 +56,8 @@ def beside_steps(
         metadata={ROLE: COMPARISON, "slide": path, "mpp": slide_layer.metadata.get("mpp")},
     )
     yield
+    if copy not in viewer.layers:
+        return  # the comparison was closed meanwhile
     kwargs = heatmap_layer_kwargs(
         grid, copy, name=f"{slide_layer.name} attention — {title}", normalisation=normalisation
     )
@@ -65,7 +67,8 @@ def beside_steps(
     if not grid.is_rgb:
         heat.colormap = colormap
     yield
-    caption(viewer, copy, title, path)
+    if copy in viewer.layers:
+        caption(viewer, copy, title, path)
 
 
 def in_turns(steps: Iterator[None], pause_ms: int = STEP_PAUSE_MS) -> None:

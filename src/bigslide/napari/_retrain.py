@@ -24,7 +24,7 @@ from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushBu
 
 from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns
 from bigslide.napari._number import NumberField
-from bigslide.napari._roles import remove_layers
+from bigslide.napari._roles import layers_with_role, remove_layers
 from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
@@ -236,6 +236,8 @@ class RetrainBox(QGroupBox):
         def steps() -> Iterator[None]:
             yield from beside
             yield
+            if not layers_with_role(viewer, COMPARISON):
+                return  # the comparison was closed (or never made) meanwhile
             if slide in viewer.layers:
                 caption(viewer, slide, "after retraining", slide.metadata.get("path"))
             self.close_comparison.setVisible(True)

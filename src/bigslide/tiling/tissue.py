@@ -83,7 +83,7 @@ def _median(values: np.ndarray) -> float:
     """`np.median` of uint8 values, from their histogram (a sort of the whole sample costs ten times more)."""
     cumulative = np.bincount(values, minlength=256).cumsum()
     n = len(values)
-    middle = np.searchsorted(cumulative, [(n - 1) // 2 + 1, n // 2 + 1])  # the values at n//2 and (n-1)//2
+    middle = np.searchsorted(cumulative, [(n - 1) // 2 + 1, n // 2 + 1])  # the values at (n-1)//2 and n//2
     return float(middle.mean())
 
 

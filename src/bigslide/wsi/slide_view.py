@@ -42,8 +42,8 @@ DAMAGED = (96, 160)
 """Grey levels of the diagonal stripes a tile that will not decode is drawn with."""
 STRIPE_PX = 8
 PARALLEL_TILES = 8
-MAX_TILE_THREADS = 4
 """A slice needing at least this many tiles not yet decoded decodes them on several threads."""
+MAX_TILE_THREADS = 4
 OnError = Callable[[SlideError], None]
 
 
