@@ -73,3 +73,28 @@ def tiff_slide(make_slide: MakeSlide, slide_image: np.ndarray) -> WrittenSlide:
 @pytest.fixture(scope="session")
 def ome_slide(make_slide: MakeSlide, slide_image: np.ndarray) -> WrittenSlide:
     return make_slide(slide_image, flavour="ome", mpp=0.25, name="shared")
+
+
+def textured_tissue(shape: tuple[int, int], seed: int = 1) -> np.ndarray:
+    """uint8 RGB of pink tissue with purple nuclei 8 px across (light varies across a nucleus-wide
+    window, as tissue's does: a flat pink would be a film a pen could leave, and a grey one dust)."""
+    rng = np.random.default_rng(seed)
+    h, w = shape
+    nuclei = np.kron(rng.random((-(-h // 8), -(-w // 8))) < 0.2, np.ones((8, 8), bool))[:h, :w]
+    image = np.where(nuclei[..., None], np.array([110, 60, 140]), np.array([200, 120, 180]))
+    return np.clip(image + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def broken_tile_slide(path: Path) -> Path:
+    """A JPEG SVS of tissue on glass whose level-0 file tile (row 1, col 1) holds bytes no decoder reads."""
+    import tifffile
+
+    image = np.full((512, 768, 3), 240, np.uint8)
+    image[32:480, 32:736] = textured_tissue((448, 704))
+    write_pyramid(path, downsample_pyramid(image, 3), compression="jpeg")
+    with tifffile.TiffFile(path) as tif:
+        offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(64))
+    return path

@@ -30,6 +30,7 @@ from bigslide.synthetic.slide_set import make_slide_set
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.tissue import tissue_mask
 from bigslide.wsi.slide import WHOLE_READ_PIXELS, open_slide
+from tests.conftest import textured_tissue
 
 
 @dataclass(frozen=True)
@@ -317,8 +318,7 @@ def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
 def flat_slide(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[tuple[int, int]]]:
     """A 12,288 x 9,216 px single-level tiled TIFF (340 MB of RGB), tissue in 6 known 1024-px tiles."""
     glass = np.full((1024, 1024, 3), 240, np.uint8)
-    tissue = np.full((1024, 1024, 3), (150, 60, 140), np.uint8)
-    tissue[::2] = (120, 50, 120)
+    tissue = textured_tissue((1024, 1024))
     tissue_tiles = {(ty, tx) for ty in (2, 3) for tx in (4, 5, 6)}
 
     def tile(ty: int, tx: int) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""Pens of any colour on the glass: with `ink_flatness` set, a flat film of one hue lying on open glass is
-ink whatever its colour (the pink and violet pens H&E's own colours hide), and tissue beside it is kept;
-`ink_flatness: 0`, the default, is the rule without films."""
+"""Pens of any colour on the glass: with `ink_flatness` set (the default), a flat film of one hue lying on
+open glass is ink whatever its colour (the pink and violet pens H&E's own colours hide), and tissue beside
+it is kept; `ink_flatness: 0` is the rule without films."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSetti
 from bigslide.tiling.tissue import classify_pixels
 
 FILMS = TissueSettings(ink_flatness=PEN_FLATNESS)
-NO_FILMS = TissueSettings()
+NO_FILMS = TissueSettings(ink_flatness=0.0)
 
 
 def _pixels(family: str, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -79,8 +79,8 @@ def test_random_pens_are_drawn_within_their_family_and_reproducibly() -> None:
         random_pen("pink", np.random.default_rng(0))
 
 
-def test_films_are_a_data_setting_off_by_default() -> None:
-    assert DataConfig().tissue == NO_FILMS
-    assert DataConfig(ink_flatness=0.15).tissue == FILMS
+def test_films_are_a_data_setting_on_by_default() -> None:
+    assert DataConfig().tissue == FILMS == TissueSettings()
+    assert DataConfig(ink_flatness=0).tissue == NO_FILMS
     assert "flat films on the glass" in FILMS.describe()
     assert "flat films" not in NO_FILMS.describe()

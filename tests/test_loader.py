@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tifffile
 import torch
 
 from bigslide.data import decode_worker, worker_pool
@@ -27,8 +26,8 @@ from bigslide.data.processes import DecodeProcesses
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine import Loss, TrainConfig, run_to_end, train
 from bigslide.errors import SlideError
-from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slide_set import make_slide_set
+from tests.conftest import broken_tile_slide
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +111,7 @@ def test_stop_and_ctrl_c_shut_the_loader_down(slide_csv: Path, tmp_path: Path) -
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_broken_tile_names_its_slide_and_tile(tmp_path: Path, workers: int) -> None:
-    image = np.full((512, 768, 3), 240, np.uint8)
-    # pink, textured tissue (a grey one would be taken for dust)
-    image[32:480, 32:736] = np.array([190, 110, 170]) + np.random.default_rng(1).integers(
-        -40, 40, (448, 704, 3)
-    )
-    path = write_pyramid(tmp_path / "broken.svs", downsample_pyramid(image, 3), compression="jpeg")
-    with tifffile.TiffFile(path) as tif:
-        offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1
-    with path.open("r+b") as f:
-        f.seek(offset)
-        f.write(bytes(64))
+    path = broken_tile_slide(tmp_path / "broken.svs")
     bags = BagDataset(SlideTable([SlideEntry(path, "a")], ["a"]), tile_size=64, bag_size=0)
     with BatchLoader(bags, workers=workers) as loader:
         loader.plan([[0], [0]])

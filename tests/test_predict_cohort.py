@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tifffile
 import torch
 
 from bigslide.cli import report
@@ -23,8 +22,8 @@ from bigslide.engine.checkpoint import save_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.inference import predict_slides
 from bigslide.explain.heatmap import ScoreGrid
-from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slide_set import make_slide_set
+from tests.conftest import broken_tile_slide
 
 
 @pytest.fixture(scope="module")
@@ -140,21 +139,6 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
         f.write(b"\0")  # other bytes, same weights: rows are keyed by the file's content
     code, stdout, _ = predict([*args[:2], "--checkpoint", str(other), *args[4:]], capsys)
     assert "3 slides predicted, 0 skipped" in stdout
-
-
-def broken_tile_slide(path: Path) -> Path:
-    image = np.full((512, 768, 3), 240, np.uint8)
-    # pink, textured tissue (a grey one would be taken for dust)
-    image[32:480, 32:736] = np.array([190, 110, 170]) + np.random.default_rng(1).integers(
-        -40, 40, (448, 704, 3)
-    )
-    write_pyramid(path, downsample_pyramid(image, 3), compression="jpeg")
-    with tifffile.TiffFile(path) as tif:
-        offset = tif.pages[0].dataoffsets[4]  # level 0, file tile row 1, col 1
-    with path.open("r+b") as f:
-        f.seek(offset)
-        f.write(bytes(64))
-    return path
 
 
 def test_broken_slides_get_their_error_in_the_csv_and_the_others_their_predictions(

@@ -16,6 +16,9 @@ from tests.conftest import MakeSlide, WrittenSlide
 
 PINK = (200, 100, 150)
 T = 256
+FLAT_TISSUE = TissueSettings(ink_flatness=0.0)
+"""The planted slide's tissue is flat pink squares on white glass, films a pen could leave: these tests of
+the grid's geometry judge it by colour alone."""
 
 
 @pytest.mark.parametrize(
@@ -55,7 +58,7 @@ def _truth(written: WrittenSlide, coords: np.ndarray, size: int = T) -> np.ndarr
 
 def test_grid_keeps_exactly_the_tissue_tiles(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, T)
+        grid = TileGrid.from_slide(slide, T, tissue=FLAT_TISSUE)
         assert set(slide.pixels_read) == {3}  # measured on the 192 x 125 level, never level 0
     np.testing.assert_array_equal(grid.coords, [[1280, 0], [512, 256], [0, 512]])
     np.testing.assert_allclose(grid.tissue, [0.6875, 1.0, 1.0])
@@ -67,7 +70,7 @@ def test_grid_keeps_exactly_the_tissue_tiles(planted: WrittenSlide) -> None:
 
 def test_all_tiles_row_major_inside_slide_and_fractions_match_level0(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, T, filter="none")
+        grid = TileGrid.from_slide(slide, T, filter="none", tissue=FLAT_TISSUE)
     xs, ys = np.meshgrid(np.arange(6) * T, np.arange(3) * T)
     np.testing.assert_array_equal(grid.coords, np.stack([xs.ravel(), ys.ravel()], 1))
     np.testing.assert_allclose(grid.tissue, _truth(planted, grid.coords), atol=1e-6)
@@ -86,19 +89,19 @@ def test_all_tiles_row_major_inside_slide_and_fractions_match_level0(planted: Wr
 )
 def test_min_tissue_threshold(planted: WrittenSlide, min_tissue: float, kept: int) -> None:
     with open_slide(planted.path) as slide:
-        assert len(TileGrid.from_slide(slide, T, min_tissue=min_tissue)) == kept
+        assert len(TileGrid.from_slide(slide, T, min_tissue=min_tissue, tissue=FLAT_TISSUE)) == kept
 
 
 def test_level1_grid_has_same_footprint(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0)
+        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0, tissue=FLAT_TISSUE)
     assert (grid.tile_size, grid.tile_size_level0, grid.downsample) == (128, 256, 2.0)
     np.testing.assert_array_equal(grid.coords, [[1280, 0], [512, 256], [0, 512]])
 
 
 def test_small_tiles_are_measured_on_a_finer_level(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, 16, filter="none")
+        grid = TileGrid.from_slide(slide, 16, filter="none", tissue=FLAT_TISSUE)
         # tissue: a 16 px tile is 4 px on level 2 (downsample 4); focus: no level where it spans 32 px
         assert set(slide.pixels_read) == {0, 2}
     assert len(grid) == 96 * 62
@@ -107,8 +110,8 @@ def test_small_tiles_are_measured_on_a_finer_level(planted: WrittenSlide) -> Non
 
 def test_tissue_mask_is_the_pink_area(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        full = tissue_mask(slide)
-        small = tissue_mask(slide, max_size=200)
+        full = tissue_mask(slide, settings=FLAT_TISSUE)
+        small = tissue_mask(slide, max_size=200, settings=FLAT_TISSUE)
         assert set(slide.pixels_read) == {0, 3}
     assert full.downsample == 1.0
     np.testing.assert_array_equal(full.mask, (planted.levels[0] != 255).any(axis=2))
@@ -119,7 +122,7 @@ def test_tissue_mask_is_the_pink_area(planted: WrittenSlide) -> None:
 
 def test_otsu_filter_keeps_same_tiles(planted: WrittenSlide) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, T, filter="otsu")
+        grid = TileGrid.from_slide(slide, T, filter="otsu", tissue=FLAT_TISSUE)
     np.testing.assert_array_equal(grid.coords, [[1280, 0], [512, 256], [0, 512]])
     np.testing.assert_allclose(grid.tissue, [0.6875, 1.0, 1.0])
 
@@ -152,7 +155,7 @@ def test_bad_parameters_raise_config_error(planted: WrittenSlide, kwargs: dict, 
 
 def test_save_load_round_trip(planted: WrittenSlide, tmp_path: Path) -> None:
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0, min_tissue=0.5)
+        grid = TileGrid.from_slide(slide, 128, target_mpp=1.0, min_tissue=0.5, tissue=FLAT_TISSUE)
     path = grid.save(tmp_path / "planted_grid")
     assert path.name == "planted_grid.npz"
     loaded = TileGrid.load(path)
@@ -169,12 +172,12 @@ def test_an_ignored_area_is_left_out_and_the_rest_of_the_tissue_is_sampled(
     """A QuPath file holding only an `Ignore*` annotation over one tissue tile: all tissue but that."""
     path = save_regions([Region(box(500, 250, 780, 520), "Ignore*")], tmp_path / "qupath.geojson")
     with open_slide(planted.path) as slide:
-        grid = TileGrid.from_slide(slide, T, regions=load_regions(path))
+        grid = TileGrid.from_slide(slide, T, regions=load_regions(path), tissue=FLAT_TISSUE)
         named = TileGrid.from_slide(
             slide,
             T,
             regions=[Region(box(500, 250, 780, 520), "Pen")],
-            tissue=TissueSettings(exclude_classes=("Pen",)),
+            tissue=TissueSettings(ink_flatness=0.0, exclude_classes=("Pen",)),
         )
     np.testing.assert_array_equal(grid.coords, [[1280, 0], [0, 512]])
     np.testing.assert_array_equal(named.coords, grid.coords)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bigslide.data.table import SlideTable
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
+from tests.conftest import textured_tissue
 
 
 def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
@@ -90,7 +89,7 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     notifications: list[Any],
     tmp_path: Path,
 ) -> None:
-    pink = (slide_image // 3 + np.array([150, 70, 130], np.uint8)).astype(np.uint8)  # grey noise is dust
+    pink = textured_tissue(slide_image.shape[:2])  # grey noise is dust, flat pink a film
     unstated = make_slide(pink, flavour="tiff", mpp=None, name="no-mpp")
     panel = dock("Slides")
     viewer.open(unstated.path, plugin="bigslide")
@@ -118,7 +117,7 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     assert replayed_run(viewer, panel.session, tmp_path / "run").data.slide_mpp == 0.25
 
 
-def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
+def test_pen_marks_box_on_by_default_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
     viewer: Any, dock: Any, qtbot: Any, tmp_path: Path
 ) -> None:
     from qtpy.QtCore import QPoint, Qt
@@ -142,10 +141,7 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
         assert panel.status.text() == f"{tiles} tiles in 1 slide."  # one slide, said as one
         return tiles
 
-    without = counted()
-    box = panel.pen_marks
-    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))  # on its tick box
-    assert panel.pen_marks.isChecked()
+    assert panel.pen_marks.isChecked()  # on by default
     assert panel.session.tissue == TissueSettings(ink_flatness=PEN_FLATNESS)
     with_pens = counted()
     with open_slide(path) as slide:
@@ -159,6 +155,12 @@ def test_pen_marks_box_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
             )
         )
     assert with_pens == expected
-    assert with_pens < 0.8 * without  # the pen's tiles on the glass are gone
-
     assert replayed_run(viewer, panel.session, tmp_path / "run").data.ink_flatness == PEN_FLATNESS
+
+    box = panel.pen_marks
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))  # on its tick box
+    assert not panel.pen_marks.isChecked()
+    assert panel.session.tissue == TissueSettings(ink_flatness=0.0)
+    without = counted()
+    assert with_pens < 0.8 * without  # colour alone keeps the pen's tiles on the glass
+    assert replayed_run(viewer, panel.session, tmp_path / "run2").data.ink_flatness == 0.0

@@ -165,13 +165,13 @@ class DataConfig:
         },
     )
     ink_flatness: float = field(
-        default=0.0,
+        default=0.15,
         metadata={
             "min": 0,
             "shown_with": {"reject_ink": (True,)},
-            "help": "pens of any colour on the glass (0 = off; 0.15 for H&E slides with pen marks): "
-            "an area of one hue lying on open glass whose light varies by less than this share of its "
-            "mean (over a nucleus-wide window) is ink, whatever its colour",
+            "help": "pens of any colour on the glass (0 = off): on H&E slides, an area of one hue lying "
+            "on open glass whose light varies by less than this share of its mean (over a "
+            "nucleus-wide window) is ink, whatever its colour",
         },
     )
     fill_holes_um: float = field(

@@ -71,9 +71,9 @@ class SlidesWidget(SlidesTable):
         )
         self.pen_marks = QCheckBox()
         self.pen_marks.setToolTip(
-            "Take flat films of any colour lying on the glass for ink (data.ink_flatness "
-            f"{PEN_FLATNESS:g}): violet, pink or light blue pens that colour alone keeps as tissue. "
-            "Leave it off for IHC slides: their broad brown fields are flat too"
+            "Take flat films of any colour lying on the glass for ink on H&E slides (data.ink_flatness "
+            f"{PEN_FLATNESS:g}, on by default): violet, pink or light blue pens that colour alone keeps "
+            "as tissue. IHC slides (no eosin) are left as colour alone judges them"
         )
         self.pen_marks.setChecked(s.tissue.ink_flatness > 0)
         self.pen_marks.toggled.connect(self._on_tiling_changed)

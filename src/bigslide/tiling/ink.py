@@ -13,15 +13,15 @@ takes in the off-colour and bluish pixels at its rim and in pockets it encloses.
 (fat, lumens) up to `fill_holes_um` across counts as tissue.
 
 Colour cannot tell every pen from a stain (a pink or violet pen is H&E's own colour), but place can
-(`ink_flatness`, 0.15 for slides with pen marks; 0, the default, turns it off): a pen stroke on the glass
-is a flat film (its light varies little across a few cells, `light_texture` below `ink_flatness`) lying
-on open glass, where a flat patch of tissue (stroma, a blurred area, an aggregate) lies among textured
-tissue. So a flat area of one hue, of at least a stroke's breadth, whose surroundings are at least
-`GLASS_RIM` open glass is ink, whatever its colour, together with its soft edge (pixels of its own
-colour, or faint, beside it). Glass among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open
-glass. It is off by default: on the coarse levels tiles are measured on (8-16 µm/px), an IHC slide's
+(`ink_flatness`, 0.15 by default; 0 turns it off): a pen stroke on the glass is a flat film (its light
+varies little across a few cells, `light_texture` below `ink_flatness`) lying on open glass, where a flat
+patch of tissue (stroma, a blurred area, an aggregate) lies among textured tissue. So a flat area of one
+hue, of at least a stroke's breadth, whose surroundings are at least `GLASS_RIM` open glass is ink,
+whatever its colour, together with its soft edge (pixels of its own colour, or faint, beside it). Glass
+among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open glass. Films are looked for only on
+eosin-stained tissue (H&E): on the coarse levels tiles are measured on (8-16 µm/px), an IHC slide's
 counterstain with sparse nuclei and its broad DAB fields are flat too, and where they meet the glass they
-were taken for films.
+would be taken for films.
 """
 
 from __future__ import annotations
@@ -62,6 +62,21 @@ to 1 of hematoxylin. The pens' inks lie outside: red 0.16 : 1 : 0.88, black 1 : 
 2.5 : 1 : 1.7, blue 1.3 : 1 : 0.36."""
 
 
+EOSIN_RED_GREEN = 0.6
+
+
+EOSIN_BLUE_GREEN = 0.75
+
+
+EOSIN_MIN_SHARE = 0.1
+"""Films are looked for only where the textured tissue is eosin-stained: at least EOSIN_MIN_SHARE of it
+absorbing red light less than 0.6 times as much as green and blue less than 0.75 times (eosin
+0.07 : 1 : 0.11; half and half with hematoxylin 0.43 : 1 : 0.24). IHC's hematoxylin counterstain
+(0.93 : 1 : 0.41, a purple one about 0.78 : 1 : 0.56) and DAB (0.47 : 1 : 1.37) are not, and on the coarse
+levels tiles are measured on they are as flat as a pen's film. On the tissue bench's tuning slides 18-80 %
+of the textured tissue is eosin-stained."""
+
+
 GLASS_RIM = 0.2
 """Share of a flat area's surroundings that must be open glass for it to be ink."""
 
@@ -76,6 +91,10 @@ FILM_MIN_UM = 25.0
 
 EDGE_COSINE = 0.97
 """A stroke's soft edge: pixels whose OD points within acos(0.97) = 14 degrees of the stroke's mean."""
+
+
+MIN_JUDGED_PX = 64
+"""Textured tissue pixels an image needs for its stain to be judged."""
 
 
 HUE_BIN = 30.0
@@ -104,9 +123,11 @@ def films_on_glass(
     `settings.ink_flatness` above 0."""
     total = summed(od)
     sigma = flatness_window(pixel_um)
-    flat = ((classes == TISSUE) & (light_texture(total, sigma) < settings.ink_flatness)) | (classes == INK)
-    if not flat.any():
-        return flat
+    tissue = classes == TISSUE
+    smooth = light_texture(total, sigma) < settings.ink_flatness
+    flat = (tissue & smooth) | (classes == INK)
+    if not flat.any() or not _eosin_stained(od, tissue & ~smooth):
+        return np.zeros(flat.shape, bool)
     reach = math.ceil(3 * sigma) + 2  # past the textured band a soft edge leaves around a stroke
     min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
     ink = np.zeros(flat.shape, bool)
@@ -115,15 +136,19 @@ def films_on_glass(
     open_glass = (classes == GLASS) & ~enclosed(
         classes == GLASS, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2
     )
-    hue = _od_hue(od)
+    flat_od = od[flat]  # hue and chroma only where they are used
+    hue = _od_hue(flat_od)
+    neutral = _od_chroma(flat_od) < NEUTRAL_CHROMA
     for offset in (0.0, 0.5):
         # one area per hue: a stroke running along the tissue is not joined to the flat stroma beside it
-        bins = np.floor(hue / HUE_BIN + offset).astype(np.int64) % round(360 / HUE_BIN)
-        bins[_od_chroma(od) < NEUTRAL_CHROMA] = -1
-        labels = np.zeros(flat.shape, np.int64)
+        flat_bins = np.floor(hue / HUE_BIN + offset).astype(np.int8) % round(360 / HUE_BIN)
+        flat_bins[neutral] = -1
+        bins = np.full(flat.shape, -2, np.int8)
+        bins[flat] = flat_bins
+        labels = np.zeros(flat.shape, np.int32)
         count = 0
-        for b in np.unique(bins[flat]):
-            part, n = ndimage.label(flat & (bins == b))
+        for b in np.unique(flat_bins):
+            part, n = ndimage.label(bins == b)
             inside = part > 0
             labels[inside] = part[inside] + count
             count += n
@@ -139,12 +164,48 @@ def films_on_glass(
         return ink
     # the stroke's soft edge is textured (the window spans it) but of the stroke's colour, or faint
     near = ndimage.binary_dilation(ink, iterations=math.ceil(sigma + 1)) & (classes == TISSUE)
-    weight = ink.astype(np.float32)
-    beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma) for c in range(3)], axis=-1)
-    cosine = summed(od * beside) / np.maximum(
-        np.linalg.norm(od, axis=-1) * np.linalg.norm(beside, axis=-1), 1e-6
+    return ink | _soft_edge(od, total, ink, near, sigma)
+
+
+def _soft_edge(
+    od: np.ndarray, total: np.ndarray, ink: np.ndarray, near: np.ndarray, sigma: float
+) -> np.ndarray:
+    """The `near` pixels whose OD points the way of the ink's around them (within acos(EDGE_COSINE)), or
+    that are faint; measured on the rectangle around `near` that the Gaussian reaches from it."""
+    out = np.zeros(near.shape, bool)
+    rows, cols = np.nonzero(near)
+    if len(rows) == 0:
+        return out
+    reach = int(4.0 * sigma + 0.5)  # ndimage.gaussian_filter's radius: the crop changes no value at `near`
+    r0, r1 = max(0, rows.min() - reach), min(near.shape[0], rows.max() + 1 + reach)
+    c0, c1 = max(0, cols.min() - reach), min(near.shape[1], cols.max() + 1 + reach)
+    part = (slice(r0, r1), slice(c0, c1))
+    weight = ink[part].astype(np.float32)
+    at = near[part]
+    own = od[part][at]
+    beside = np.stack(
+        [ndimage.gaussian_filter(od[part][..., c] * weight, sigma)[at] for c in range(3)], axis=-1
     )
-    return ink | (near & ((cosine >= EDGE_COSINE) | (total < INK_MIN_OD)))
+    cosine = summed(own * beside) / np.maximum(_length(own) * _length(beside), 1e-6)
+    out[part] = at
+    out[part][at] = (cosine >= EDGE_COSINE) | (total[part][at] < INK_MIN_OD)
+    return out
+
+
+def _length(vectors: np.ndarray) -> np.ndarray:
+    """Euclidean length of each (..., 3) vector (channel by channel: a reduce over the last axis is slow)."""
+    x, y, z = vectors[..., 0], vectors[..., 1], vectors[..., 2]
+    return np.sqrt(x * x + y * y + z * z)
+
+
+def _eosin_stained(od: np.ndarray, textured: np.ndarray) -> bool:
+    """Whether the `textured` tissue is H&E-like (eosin in at least EOSIN_MIN_SHARE of it); True when
+    there is too little of it to tell (an image of glass and ink)."""
+    if textured.sum() < MIN_JUDGED_PX:
+        return True
+    red, green, blue = (od[..., c][textured] for c in range(3))
+    pink = (red < EOSIN_RED_GREEN * green) & (blue < EOSIN_BLUE_GREEN * green)
+    return bool(pink.mean() >= EOSIN_MIN_SHARE)
 
 
 def _od_hue(od: np.ndarray) -> np.ndarray:
@@ -158,8 +219,8 @@ def _od_hue(od: np.ndarray) -> np.ndarray:
 
 def _od_chroma(od: np.ndarray) -> np.ndarray:
     """How far a pixel's OD lies from grey, as a share of its amount."""
-    grey = od.mean(axis=-1, keepdims=True)
-    return np.linalg.norm(od - grey, axis=-1) / np.maximum(summed(od), 1e-6)
+    amount = summed(od)
+    return _length(od - (amount / 3)[..., None]) / np.maximum(amount, 1e-6)
 
 
 def ink_mask(od: np.ndarray, settings: TissueSettings, sigma: float = 1.0) -> np.ndarray:

@@ -26,7 +26,7 @@ INK_MIN_OD = 0.3
 
 
 PEN_FLATNESS = 0.15
-"""`ink_flatness` for slides with pen marks on the glass (chosen on the tissue bench's tuning seeds)."""
+"""`ink_flatness`'s default: flat films on the glass are pens (chosen on the tissue bench's tuning seeds)."""
 
 
 FLAT_MIN_PX = 0.7
@@ -59,7 +59,7 @@ class TissueSettings:
     reject_ink: bool = True
     ink_blue_green: float = 0.6
     ink_texture: float = 0.01
-    ink_flatness: float = 0.0
+    ink_flatness: float = PEN_FLATNESS
     fill_holes_um: float = 100.0
     min_sharpness: float = 0.1
     exclude_blurred: bool = False
