@@ -8,7 +8,7 @@
   slide with the greyscale rule (the earlier default) and with the stain rule (the default);
 - `tissue_preview_pens_off.png` / `tissue_preview_pens.png`: the tile preview of a slide of the tissue
   bench's held-out set (seed 65415: a light cornflower-blue pen, a black, a green and a red one), with
-  the Slides panel's *pen marks on the glass* off (the default) and ticked.
+  the Slides panel's *pen marks on the glass* cleared and ticked (the default).
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py
     xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py pens off
@@ -82,10 +82,11 @@ def pens_preview(work: Path, ticked: bool) -> None:
     _, panel = viewer.window.add_plugin_dock_widget("bigslide", "Sampling regions")
     wait_until(lambda: slides.ready and panel.ready)
     process(500)
-    if ticked:
-        box = slides.pen_marks
+    box = slides.pen_marks
+    assert box.isChecked()  # on by default
+    if not ticked:
         QTest.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
-        assert box.isChecked()
+        assert not box.isChecked()
     panel.preview.setChecked(True)
     wait_until(lambda: "will be sampled" in panel.status.text())
     process(1500)
