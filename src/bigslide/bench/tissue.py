@@ -44,7 +44,7 @@ from bigslide.bench.targets import Targets, add_target_argument, machine_line
 from bigslide.synthetic.marks import FAMILIES, MarkedSlide, random_pen, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.pixel_classes import GREYSCALE_RULE, PEN_FLATNESS, TissueSettings
+from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings
 from bigslide.tiling.tissue_measure import box_means, footprints
 from bigslide.wsi.slide import open_slide
 
@@ -188,10 +188,10 @@ def kinds(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-DEFAULT_RULE = f"stain rule (default, films {PEN_FLATNESS:g})"
+DEFAULT_RULE = "stain rule (default)"
 RULES = {
     "greyscale rule": GREYSCALE_RULE,
-    "stain rule, no films": TissueSettings(ink_flatness=0.0),
+    "stain rule, colour alone": TissueSettings(ink_flatness=0.0),
     DEFAULT_RULE: TissueSettings(),
 }
 Tiling = tuple[int, float]

@@ -136,6 +136,48 @@ def films_on_glass(
     open_glass = (classes == GLASS) & ~enclosed(
         classes == GLASS, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2
     )
+    # a film of one hue lies within a flat area of any hue: only areas of a film's size with open glass
+    # within reach can hold one, and each is judged on its own rectangle (together a few % of the image)
+    areas, _count = ndimage.label(flat)
+    sizes = np.bincount(areas.ravel())
+    candidate = sizes >= min_size
+    candidate[0] = False
+    reached = np.zeros(len(sizes), bool)
+    reached[areas[ndimage.maximum_filter(open_glass, size=2 * reach + 1) & flat]] = True
+    boxes = ndimage.find_objects(areas)
+    h, w = flat.shape
+    grow = math.ceil(sigma + 1)  # how far a stroke's soft edge reaches
+    spread = grow + int(4.0 * sigma + 0.5)  # and what the Gaussian measuring it reads around it
+    found = []
+    for area in np.flatnonzero(candidate & reached):
+        part = _grown_box(boxes[area - 1], reach, (h, w))
+        own = areas[part] == area
+        films = _films_of_one_hue(od[part], flat[part], open_glass[part], reach, min_size) & own
+        if films.any():
+            ink[part] |= films
+            found.append(area)
+    out = ink.copy()
+    for area in found:  # the soft edge, on a rectangle around each area with films (same values as whole)
+        part = _grown_box(boxes[area - 1], spread, (h, w))
+        near = ndimage.binary_dilation(ink[part] & (areas[part] == area), iterations=grow) & tissue[part]
+        out[part] |= _soft_edge(od[part], total[part], ink[part], near, sigma)
+    return out
+
+
+def _grown_box(box: tuple[slice, slice], by: int, shape: tuple[int, int]) -> tuple[slice, slice]:
+    rows, cols = box
+    return (
+        slice(max(0, rows.start - by), min(shape[0], rows.stop + by)),
+        slice(max(0, cols.start - by), min(shape[1], cols.stop + by)),
+    )
+
+
+def _films_of_one_hue(
+    od: np.ndarray, flat: np.ndarray, open_glass: np.ndarray, reach: int, min_size: float
+) -> np.ndarray:
+    """The `flat` pixels in areas of one hue band whose surroundings (`reach` pixels around) are at least
+    GLASS_RIM `open_glass`, of at least `min_size` pixels."""
+    out = np.zeros(flat.shape, bool)
     flat_od = od[flat]  # hue and chroma only where they are used
     hue = _od_hue(flat_od)
     neutral = _od_chroma(flat_od) < NEUTRAL_CHROMA
@@ -157,38 +199,26 @@ def films_on_glass(
         on_glass = np.bincount(ring[open_glass], minlength=count + 1)
         around = np.bincount(ring.ravel(), minlength=count + 1)
         size = np.bincount(labels.ravel(), minlength=count + 1)
+        # an area wholly among flat ones of other hues (a stroke's core within its edge) counts
         film = (on_glass >= GLASS_RIM * around) & (size >= min_size)
         film[0] = False
-        ink |= film[labels]
-    if not ink.any():
-        return ink
-    # the stroke's soft edge is textured (the window spans it) but of the stroke's colour, or faint
-    near = ndimage.binary_dilation(ink, iterations=math.ceil(sigma + 1)) & (classes == TISSUE)
-    return ink | _soft_edge(od, total, ink, near, sigma)
+        out |= film[labels]
+    return out
 
 
 def _soft_edge(
     od: np.ndarray, total: np.ndarray, ink: np.ndarray, near: np.ndarray, sigma: float
 ) -> np.ndarray:
-    """The `near` pixels whose OD points the way of the ink's around them (within acos(EDGE_COSINE)), or
-    that are faint; measured on the rectangle around `near` that the Gaussian reaches from it."""
+    """The `near` pixels whose OD points the way of the `ink`'s around them (within acos(EDGE_COSINE)), or
+    that are faint (`near` lies at least the Gaussian's radius inside the image or its edge)."""
     out = np.zeros(near.shape, bool)
-    rows, cols = np.nonzero(near)
-    if len(rows) == 0:
+    if not near.any():
         return out
-    reach = int(4.0 * sigma + 0.5)  # ndimage.gaussian_filter's radius: the crop changes no value at `near`
-    r0, r1 = max(0, rows.min() - reach), min(near.shape[0], rows.max() + 1 + reach)
-    c0, c1 = max(0, cols.min() - reach), min(near.shape[1], cols.max() + 1 + reach)
-    part = (slice(r0, r1), slice(c0, c1))
-    weight = ink[part].astype(np.float32)
-    at = near[part]
-    own = od[part][at]
-    beside = np.stack(
-        [ndimage.gaussian_filter(od[part][..., c] * weight, sigma)[at] for c in range(3)], axis=-1
-    )
+    weight = ink.astype(np.float32)
+    own = od[near]
+    beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma)[near] for c in range(3)], axis=-1)
     cosine = summed(own * beside) / np.maximum(_length(own) * _length(beside), 1e-6)
-    out[part] = at
-    out[part][at] = (cosine >= EDGE_COSINE) | (total[part][at] < INK_MIN_OD)
+    out[near] = (cosine >= EDGE_COSINE) | (total[near] < INK_MIN_OD)
     return out
 
 
