@@ -7,7 +7,7 @@ from typing import Literal
 
 from bigslide.coerce import check_ranges
 from bigslide.errors import ConfigError
-from bigslide.tiling.pixel_classes import TissueSettings
+from bigslide.tiling.pixel_classes import PEN_FLATNESS, TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
 
@@ -165,7 +165,7 @@ class DataConfig:
         },
     )
     ink_flatness: float = field(
-        default=0.15,
+        default=PEN_FLATNESS,
         metadata={
             "min": 0,
             "shown_with": {"reject_ink": (True,)},

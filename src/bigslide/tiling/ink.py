@@ -157,7 +157,9 @@ def films_on_glass(
             ink[part] |= films
             found.append(area)
     out = ink.copy()
-    for area in found:  # the soft edge, on a rectangle around each area with films (same values as whole)
+    # the stroke's soft edge is textured (the window spans it) but of the stroke's colour, or faint; judged
+    # on a rectangle around each area with films, which gives every pixel the value the whole image would
+    for area in found:
         part = _grown_box(boxes[area - 1], spread, (h, w))
         near = ndimage.binary_dilation(ink[part] & (areas[part] == area), iterations=grow) & tissue[part]
         out[part] |= _soft_edge(od[part], total[part], ink[part], near, sigma)
@@ -210,7 +212,8 @@ def _soft_edge(
     od: np.ndarray, total: np.ndarray, ink: np.ndarray, near: np.ndarray, sigma: float
 ) -> np.ndarray:
     """The `near` pixels whose OD points the way of the `ink`'s around them (within acos(EDGE_COSINE)), or
-    that are faint (`near` lies at least the Gaussian's radius inside the image or its edge)."""
+    that are faint. Every `near` pixel must lie the Gaussian's radius inside the crop's edges (or on the
+    image's own edge): then its value is the one the whole image gives."""
     out = np.zeros(near.shape, bool)
     if not near.any():
         return out
