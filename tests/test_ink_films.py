@@ -7,12 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import ndimage
+from skimage import data as skdata
 
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
+from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSettings
 from bigslide.tiling.tissue import classify_pixels
+from bigslide.wsi.slide import open_slide
+from tests.conftest import MakeSlide
 
 FILMS = TissueSettings(ink_flatness=PEN_FLATNESS)
 NO_FILMS = TissueSettings(ink_flatness=0.0)
@@ -84,3 +88,20 @@ def test_films_are_a_data_setting_on_by_default() -> None:
     assert DataConfig(ink_flatness=0).tissue == NO_FILMS
     assert "flat films on the glass" in FILMS.describe()
     assert "flat films" not in NO_FILMS.describe()
+
+
+def test_an_ihc_section_on_glass_keeps_what_colour_alone_keeps(make_slide: MakeSlide) -> None:
+    """A real IHC image (hematoxylin counterstain and DAB, no eosin) cut round and laid on glass: its flat
+    counterstain and DAB fields meet the glass, yet films are looked for only on eosin-stained tissue."""
+    tissue = np.tile(skdata.immunohistochemistry(), (2, 2, 1))
+    h, w = tissue.shape[:2]
+    rows, cols = np.mgrid[:h, :w]
+    inside = (rows - h / 2) ** 2 + (cols - w / 2) ** 2 < (0.42 * h) ** 2
+    image = np.full((h + 256, w + 256, 3), 240, np.uint8)
+    image[128 : 128 + h, 128 : 128 + w][inside] = tissue[inside]
+    written = make_slide(image, flavour="tiff", mpp=2.0, n_levels=5, name="ihc-section")
+    with open_slide(written.path) as slide:
+        default = TileGrid.from_slide(slide, 64, target_mpp=2.0)
+        colour = TileGrid.from_slide(slide, 64, target_mpp=2.0, tissue=NO_FILMS)
+    assert len(default) > 100
+    np.testing.assert_array_equal(default.coords, colour.coords)
