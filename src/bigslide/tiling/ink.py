@@ -167,6 +167,7 @@ def films_on_glass(
 
 
 def _grown_box(box: tuple[slice, slice], by: int, shape: tuple[int, int]) -> tuple[slice, slice]:
+    """`box` grown by `by` pixels on every side, within an image of `shape`."""
     rows, cols = box
     return (
         slice(max(0, rows.start - by), min(shape[0], rows.stop + by)),
@@ -341,11 +342,7 @@ def _groups(mask: np.ndarray, margin: int) -> Iterator[tuple[tuple[slice, slice]
     for group, box in enumerate(ndimage.find_objects(pixels), start=1):
         if box is None:
             continue
-        r, c = box
-        part = (
-            slice(max(0, r.start - margin), min(h, r.stop + margin)),
-            slice(max(0, c.start - margin), min(w, c.stop + margin)),
-        )
+        part = _grown_box(box, margin, (h, w))
         yield part, pixels[part] == group
 
 
