@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile
 
 from bigslide.synthetic.pyramid import Flavour, downsample_pyramid, write_pyramid
 
@@ -87,8 +88,6 @@ def textured_tissue(shape: tuple[int, int], seed: int = 1) -> np.ndarray:
 
 def broken_tile_slide(path: Path) -> Path:
     """A JPEG SVS of tissue on glass whose level-0 file tile (row 1, col 1) holds bytes no decoder reads."""
-    import tifffile
-
     image = np.full((512, 768, 3), 240, np.uint8)
     image[32:480, 32:736] = textured_tissue((448, 704))
     write_pyramid(path, downsample_pyramid(image, 3), compression="jpeg")
