@@ -16,7 +16,7 @@ from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.blur import sharpness_level, tile_sharpness
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings, greyscale
-from bigslide.tiling.tissue_measure import footprints, measure_level
+from bigslide.tiling.tissue_measure import footprints, measure_raster
 from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 64  # grid tiles at 0.5 µm/px, the slide's own pixel size
@@ -61,7 +61,7 @@ def test_each_file_tile_of_the_focus_level_is_decoded_once_per_grid(slide_path: 
     with open_slide(slide_path) as slide:
         level = sharpness_level(slide, TILE)
         assert level == 1  # 32 px per grid tile; tissue is measured on another level
-        assert measure_level(slide, TILE) != level
+        assert measure_raster(slide, TILE)[0] != level
         tiles, rectangles = _count_decodes(slide)
         grid = TileGrid.from_slide(slide, TILE, target_mpp=0.5)
     decoded = {key: n for key, n in tiles.items() if key[0] == level}

@@ -9,12 +9,14 @@ import pytest
 from scipy import ndimage
 from skimage import data as skdata
 
+from bigslide.bench.tissue import Scan, scanned_levels
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
+from bigslide.tiling import ink
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSettings
-from bigslide.tiling.tissue import classify_pixels
+from bigslide.tiling.tissue import block_mean, classify_pixels
 from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide
 
@@ -105,3 +107,32 @@ def test_an_ihc_section_on_glass_keeps_what_colour_alone_keeps(make_slide: MakeS
         colour = TileGrid.from_slide(slide, 64, target_mpp=2.0, tissue=NO_FILMS)
     assert len(default) > 100
     np.testing.assert_array_equal(default.coords, colour.coords)
+
+
+@pytest.mark.parametrize(("seed", "lab", "lesions"), [(7, "A", 1), (13, "B", 2)])
+def test_a_dense_orange_stroke_round_the_tissue_is_ink_to_its_edge(
+    seed: int, lab: str, lesions: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dense orange-red stroke 180 µm wide drawn round the tissue, scanned (JPEG, focus blur) and read on
+    8 µm pixels: its soft edge fills the narrow ring a film's surroundings are judged on. Its hue is one
+    no stain makes, so that edge counts with the glass, and the whole stroke is ink."""
+    pen = Pen("red", (208, 89, 65), (0.9, 0.97), (180.0, 180.0))
+    marked = synthesize_marked_slide(
+        (1024, 1024), seed=seed, mpp=2.0, lab=lab, lesions=lesions, inks=(pen,), aggregates=2
+    )
+    image = scanned_levels(marked.rgb, Scan(80, 0.8))[2]  # 8 µm/px
+
+    def coarse(mask: np.ndarray) -> np.ndarray:
+        return block_mean(np.repeat(mask.astype(np.uint8)[..., None] * 255, 3, axis=-1), 4)[..., 0]
+
+    on_glass = (coarse(marked.ink) > 200) & ~ndimage.binary_dilation(coarse(marked.tissue) > 30)
+    clean = ndimage.binary_erosion(coarse(marked.tissue) > 200, iterations=2) & ~ndimage.binary_dilation(
+        coarse(marked.ink | marked.dust | marked.blur) > 0, iterations=2
+    )
+    classes = classify_pixels(image, FILMS, pixel_um=8.0)
+    monkeypatch.setattr(ink, "STAIN_HUES", (0.0, 360.0))  # as if a stain could make every hue
+    stain_hued = classify_pixels(image, FILMS, pixel_um=8.0)
+    assert on_glass.sum() > 3000
+    assert (classes[on_glass] == INK).mean() >= 0.97
+    assert (stain_hued[on_glass] == INK).mean() < 0.92
+    np.testing.assert_array_equal(classes[clean], stain_hued[clean])  # the tissue keeps its classes

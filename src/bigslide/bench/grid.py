@@ -26,7 +26,7 @@ from bigslide.bench.targets import Targets, add_target_argument, machine_line, m
 from bigslide.synthetic.pyramid import LazyLevel, write_pyramid
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.tissue import tile_tissue_fraction, tissue_mask
-from bigslide.tiling.tissue_measure import measure_level
+from bigslide.tiling.tissue_measure import measure_raster
 from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 256
@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
     rows.append(("tissue_mask + TileGrid (total)", total, ""))
     rows.append((f"level-0 rule scan, {n_all} tiles (extrapolated)", naive, "0"))
     grid = grid_box[-1]
-    print(f"grid: {len(grid)} tissue tiles of {n_all}; tissue measured on level {measure_level(slide, size)}")
+    level, block = measure_raster(slide, size)
+    blocks = f" in blocks of {block} x {block}" if block > 1 else ""
+    print(f"grid: {len(grid)} tissue tiles of {n_all}; tissue measured on level {level}{blocks}")
     print(f"{'step':<48} {'min s':>9} {'median s':>9} {'x faster (median)':>18}  levels read per run")
     reference = statistics.median(naive)
     for name, values, read in rows:

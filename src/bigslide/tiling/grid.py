@@ -20,6 +20,7 @@ import numpy as np
 
 from bigslide.errors import ConfigError, SlideError
 from bigslide.tiling.blur import tile_sharpness
+from bigslide.tiling.cell_check import tiles_with_cells
 from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings
 from bigslide.tiling.regions import Region, centres_sampled, check_inside
 from bigslide.tiling.tissue import DEFAULT_MIN_TISSUE, tissue_mask
@@ -311,6 +312,12 @@ def _pick(
     tissue = measured.tissue
     keep = tissue >= min_tissue if filter != "none" else np.ones(len(coords), bool)
     ink = ~keep & (tissue + measured.ink >= min_tissue) & (measured.ink > 0)
+    if ink.any() and settings.reject_ink:
+        # what looked like ink on the coarse level but shows cells on a finer one is tissue
+        back = np.flatnonzero(ink)[tiles_with_cells(slide, coords[ink], size0, measured.glass, read_level)]
+        keep[back], ink[back] = True, False
+        tissue = tissue.copy()
+        tissue[back] += measured.ink[back]
     sharp = tile_sharpness(slide, coords[keep], size0, read_level)
     blurred = sharp < settings.min_sharpness
     rejected = [coords[ink]]

@@ -17,9 +17,10 @@ Colour cannot tell every pen from a stain (a pink or violet pen is H&E's own col
 varies little across a few cells, `light_texture` below `ink_flatness`) lying on open glass, where a flat
 patch of tissue (stroma, a blurred area, an aggregate) lies among textured tissue. So a flat area of one
 hue, of at least a stroke's breadth, whose surroundings are at least `GLASS_RIM` open glass is ink,
-whatever its colour, together with its soft edge (pixels of its own colour, or faint, beside it). Glass
+whatever its colour, together with its soft edge (pixels of its own colour, or faint, beside it). For an
+area of a hue no stain makes (red, orange, green ink), that soft edge counts with the glass around it. Glass
 among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open glass. Films are looked for only on
-eosin-stained tissue (H&E): on the coarse levels tiles are measured on (8-16 µm/px), an IHC slide's
+eosin-stained tissue (H&E): on the coarse pixels tiles are measured on (about 8 µm), an IHC slide's
 counterstain with sparse nuclei and its broad DAB fields are flat too, and where they meet the glass they
 would be taken for films.
 """
@@ -103,6 +104,12 @@ HUE_BIN = 30.0
 NEUTRAL_CHROMA = 0.08
 """Flat areas are found per hue band of HUE_BIN degrees (grey, below NEUTRAL_CHROMA, is a band of its own),
 in two sets of bands half a band apart, so that a stroke's hue never straddles every set's edge."""
+
+
+STAIN_HUES = (36.0, 152.0)
+"""OD hues (degrees, `_od_hue`) H&E's stains make in any lab: hematoxylin (0.65 : 0.70 : 0.29) at 66° and
+eosin (0.07 : 0.99 : 0.11) at 122°, each turned by up to 30°, and every mix between. Red and orange inks
+(160-200°), green (about 335°) and DAB (204°) lie outside; blue and violet inks lie inside."""
 
 
 VOTE_SIGMA = 2.0
@@ -192,20 +199,57 @@ def _films_of_one_hue(
         bins[flat] = flat_bins
         labels = np.zeros(flat.shape, np.int32)
         count = 0
+        off_stain = [False]  # per label
         for b in np.unique(flat_bins):
             part, n = ndimage.label(bins == b)
             inside = part > 0
             labels[inside] = part[inside] + count
             count += n
+            off_stain += [_off_stain(int(b), offset)] * n
         ring = ndimage.grey_dilation(labels, size=2 * reach + 1)
         ring[flat] = 0
-        on_glass = np.bincount(ring[open_glass], minlength=count + 1)
-        around = np.bincount(ring.ravel(), minlength=count + 1)
         size = np.bincount(labels.ravel(), minlength=count + 1)
+        glassy = open_glass
+        if any(off_stain):
+            # an area of a hue no stain makes is dye, its soft edge of its own colour between it and the
+            # glass (a dense stroke's edge fills the narrow ring); a stain-hued area's rim may be tissue
+            glassy = open_glass | (_own_edge(od, labels, ring, size) & np.asarray(off_stain)[ring])
+        on_glass = np.bincount(ring[glassy], minlength=count + 1)
+        around = np.bincount(ring.ravel(), minlength=count + 1)
         # an area wholly among flat ones of other hues (a stroke's core within its edge) counts
         film = (on_glass >= GLASS_RIM * around) & (size >= min_size)
         film[0] = False
         out |= film[labels]
+    return out
+
+
+def _off_stain(band: int, offset: float) -> bool:
+    """Whether hue band `band` of the band set shifted by `offset` lies wholly outside STAIN_HUES (the
+    grey band, -1, does not)."""
+    if band < 0:
+        return False
+    low = (band - offset) * HUE_BIN  # from -HUE_BIN / 2 for the first band of the shifted set
+    high = low + HUE_BIN
+    first, last = STAIN_HUES
+    return high <= first and low % 360 >= last if low < 0 else high <= first or low >= last
+
+
+def _own_edge(od: np.ndarray, labels: np.ndarray, ring: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Ring pixels whose OD points the way of the mean OD of the area they surround (within
+    acos(EDGE_COSINE)): a stroke's own soft edge, which lies between it and the glass."""
+    flat_labels = labels.ravel()
+    mean = (
+        np.stack(
+            [np.bincount(flat_labels, weights=od[..., c].ravel(), minlength=len(size)) for c in range(3)],
+            axis=-1,
+        )
+        / np.maximum(size, 1)[:, None]
+    )
+    out = np.zeros(ring.shape, bool)
+    near = ring > 0
+    own, theirs = od[near], mean[ring[near]]
+    cosine = summed(own * theirs) / np.maximum(_length(own) * _length(theirs), 1e-6)
+    out[near] = cosine >= EDGE_COSINE
     return out
 
 
