@@ -7,7 +7,7 @@
 - `tissue_check_before.png` / `tissue_check.png`: the tissue-check thumbnails a run writes for that
   slide with the greyscale rule (the earlier default) and with the stain rule (the default);
 - `tissue_preview_pens_off.png` / `tissue_preview_pens.png`: the tile preview of a slide of the tissue
-  bench's held-out set (seed 65415: a light cornflower-blue pen, a black, a green and a red one), with
+  bench's held-out set (seed 331265: a light greyish-blue pen, a violet, a green and a black one), with
   the Slides panel's *pen marks on the glass* cleared and ticked (the default).
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_tissue_screenshots.py
@@ -64,6 +64,10 @@ def main() -> None:
     viewer.close()
 
 
+HELD_OUT_SHOT = 331265
+"""A slide of the tissue bench's held-out set with a light greyish-blue pen on the glass."""
+
+
 def pens_preview(work: Path, ticked: bool) -> None:
     import napari
     from qtpy.QtCore import QPoint, Qt
@@ -72,9 +76,9 @@ def pens_preview(work: Path, ticked: bool) -> None:
     from bigslide.bench.tissue import marked_slide, scanned_levels
     from bigslide.synthetic.pyramid import write_pyramid
 
-    marked, scan = marked_slide(65415, 1024, 2.0)
+    marked, scan = marked_slide(HELD_OUT_SHOT, 1024, 2.0)
     levels = scanned_levels(marked.rgb, scan)
-    path = write_pyramid(work / "held-out-65415.tif", levels, mpp=2.0, flavour="tiff")
+    path = write_pyramid(work / f"held-out-{HELD_OUT_SHOT}.tif", levels, mpp=2.0, flavour="tiff")
     viewer = napari.Viewer()
     viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
     [slide_layer] = viewer.open(path, plugin="bigslide")
