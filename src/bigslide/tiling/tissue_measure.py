@@ -28,9 +28,9 @@ MIN_FOOTPRINT_PX = 4
 MEASURE_UM = 8.0
 """Where the slide states its pixel size, tiles are measured on pixels no coarser than about 8 µm (within
 PIXEL_TOLERANCE; a finer level's pixels judged in blocks where the pyramid has no such level): a pen
-stroke, 80 µm wide and more, spans 10 of them, enough for the film rule to find it flat. On 16 µm pixels a thin stroke is mostly its soft edges
-(the tissue bench's tuning set, 32 px tiles at 2 µm/px: blue ink-on-glass tiles kept 3.9 % on 16 µm
-pixels, 0.7 % on 8 µm)."""
+stroke, 80 µm wide and more, spans 10 of them, enough for the film rule to find it flat. On 16 µm pixels
+a thin stroke is mostly its soft edges (the tissue bench's tuning set, 32 px tiles at 2 µm/px: blue
+ink-on-glass tiles kept 3.9 % on 16 µm pixels, 0.7 % on 8 µm)."""
 PIXEL_TOLERANCE = 1.15
 """Scanners' pixels are rarely round numbers (0.2527 µm at 40x makes 4.04 µm pixels 16 times down)."""
 STRIP_PIXELS = 1 << 24
