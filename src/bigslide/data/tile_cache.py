@@ -45,12 +45,17 @@ TILING_MODULES = (
     "bigslide.tiling.grid",
     "bigslide.tiling.tissue",
     "bigslide.tiling.tissue_measure",
+    "bigslide.tiling.pixel_classes",
+    "bigslide.tiling.ink",
     "bigslide.tiling.blur",
+    "bigslide.tiling.cell_check",
     "bigslide.wsi.resolution",
     "bigslide.tiling.regions",
     "bigslide.wsi.slide",
     "bigslide.wsi.slide_view",
     "bigslide.wsi.tiff_levels",
+    "bigslide.wsi.openslide_backend",
+    "bigslide.wsi.dicom_series",
 )
 """Modules whose code decides a slide's tissue mask and grid: a change in any of them tiles anew."""
 
