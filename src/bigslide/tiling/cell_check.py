@@ -1,10 +1,11 @@
-"""A second, finer look at tiles the tissue measure took for ink: cells there mean tissue.
+"""A second, finer look at tiles the film rule took for ink: cells there mean tissue.
 
 Tissue is measured on pixels of about 8 µm (`tissue_measure`), where stroma with sparse nuclei is as flat
 as a pen's film, and a flat area of it at the tissue's edge can be taken for one. On the level focus is
 measured on (a tile spans about 32 pixels, `blur.sharpness_level`), cells show: nuclei beside cytoplasm
 and stroma, each its own mix of the two dyes, vary in colour (`ink.colour_texture`); a film of ink varies
-in amount only. A tile left out for ink whose stained pixels vary in colour as cells do is kept.
+in amount only. A tile left out for ink the film rule found (`pixel_classes.FILM`) whose stained pixels
+vary in colour as cells do is kept. Ink found by colour is not looked at again.
 
 On the tissue bench's first 12 tuning slides (64 px tiles at 0.5 µm/px, 2 µm pixels): tiles whose
 stained pixels are at least CELL_SHARE such: no ink-on-glass tile of 6,504, 43 % of 10,300 clean tissue

@@ -312,9 +312,12 @@ def _pick(
     tissue = measured.tissue
     keep = tissue >= min_tissue if filter != "none" else np.ones(len(coords), bool)
     ink = ~keep & (tissue + measured.ink >= min_tissue) & (measured.ink > 0)
-    if ink.any() and settings.reject_ink:
-        # what looked like ink on the coarse level but shows cells on a finer one is tissue
-        back = np.flatnonzero(ink)[tiles_with_cells(slide, coords[ink], size0, measured.glass, read_level)]
+    films = ink & (measured.film > 0)
+    if films.any():
+        # what the film rule took for ink on the coarse level but shows cells on a finer one is tissue
+        back = np.flatnonzero(films)[
+            tiles_with_cells(slide, coords[films], size0, measured.glass, read_level)
+        ]
         keep[back], ink[back] = True, False
         tissue = tissue.copy()
         tissue[back] += measured.ink[back]

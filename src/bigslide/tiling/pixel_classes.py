@@ -44,6 +44,8 @@ TEXTURE_UM = 6.0
 GLASS, TISSUE, INK = 0, 1, 2
 """Pixel classes of `classify_pixels`: glass, stained tissue, and anything else on the glass (pen ink,
 marker, dust, bubble rims, black)."""
+FILM = 3
+"""Ink that only the film rule found (`classify_pixels(..., mark_films=True)`; INK otherwise)."""
 
 
 @dataclass(frozen=True)

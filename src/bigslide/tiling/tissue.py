@@ -16,6 +16,7 @@ from skimage.morphology import remove_small_holes, remove_small_objects
 
 from bigslide.tiling.ink import films_on_glass, ink_mask
 from bigslide.tiling.pixel_classes import (
+    FILM,
     GLASS,
     GLASS_OD,
     INK,
@@ -93,17 +94,21 @@ def classify_pixels(
     *,
     glass: np.ndarray | None = None,
     pixel_um: float | None = None,
+    mark_films: bool = False,
 ) -> np.ndarray:
     """uint8 class per pixel of an (H, W, 3) image: GLASS, TISSUE or INK.
 
     `glass`: the slide's glass OD (`glass_od`; default: measured on `rgb`); `pixel_um`: µm per pixel of
-    `rgb`, to fill holes of `settings.fill_holes_um` (None: no filling).
+    `rgb`, to fill holes of `settings.fill_holes_um` (None: no filling); `mark_films`: ink that only the
+    film rule found is FILM instead of INK.
     """
     rgb = np.asarray(rgb)[..., :3]
     factor = int(CLASSIFY_UM // pixel_um) if pixel_um else 1
     if pixel_um and factor >= 2 and min(rgb.shape[:2]) >= 2 * factor and settings.reject_ink:
         # finer than the rule needs: judge blocks of `factor` pixels, and give each pixel its block's class
-        coarse = classify_pixels(block_mean(rgb, factor), settings, glass=glass, pixel_um=pixel_um * factor)
+        coarse = classify_pixels(
+            block_mean(rgb, factor), settings, glass=glass, pixel_um=pixel_um * factor, mark_films=mark_films
+        )
         fine = np.repeat(np.repeat(coarse, factor, axis=0), factor, axis=1)
         return np.pad(fine, [(0, max(0, n - m)) for n, m in zip(rgb.shape[:2], fine.shape)], mode="edge")[
             : rgb.shape[0], : rgb.shape[1]
@@ -126,7 +131,8 @@ def classify_pixels(
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
     if settings.ink_flatness > 0:
-        out[films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)] = INK
+        films = films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)
+        out[films & (out != INK)] = FILM if mark_films else INK
     return out
 
 

@@ -16,7 +16,15 @@ import numpy as np
 from scipy import ndimage
 
 from bigslide.errors import SlideError
-from bigslide.tiling.pixel_classes import GLASS_OD, INK, TISSUE, TissueSettings, optical_density, summed
+from bigslide.tiling.pixel_classes import (
+    FILM,
+    GLASS_OD,
+    INK,
+    TISSUE,
+    TissueSettings,
+    optical_density,
+    summed,
+)
 from bigslide.tiling.tissue import MASK_SIZE, block_mean, classify_pixels, glass_od, textured_pixels
 from bigslide.wsi.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
 
@@ -40,16 +48,17 @@ tile whose tissue covers less than a quarter of it raises its pixels past it."""
 
 
 class TileMeasure(NamedTuple):
-    """Per tile: its share of tissue, of ink (pen, marker, dust) and of tissue with cell texture
-    (`textured_pixels`); for the slide: the share of the tiled area (every tile, kept or not) that is
-    tissue and that is ink."""
+    """Per tile: its share of tissue, of ink (pen, marker, dust), of ink only the film rule found and of
+    tissue with cell texture (`textured_pixels`); for the slide: the share of the tiled area (every tile,
+    kept or not) that is tissue and that is ink, and the glass OD the tiles were judged against."""
 
     tissue: np.ndarray
     ink: np.ndarray
     slide_tissue: float
     slide_ink: float
     textured: np.ndarray
-    glass: np.ndarray  # (3,) OD of the slide's glass the tiles were judged against
+    film: np.ndarray
+    glass: np.ndarray
 
 
 def measure_raster(slide: Slide, size0: int) -> tuple[int, int]:
@@ -144,7 +153,7 @@ def measure_tiles(
     `measure_raster` (or on the thumbnail when every level is too large to read)."""
     if len(coords) == 0:
         empty = np.zeros(0, np.float64)
-        return TileMeasure(empty, empty, 0.0, 0.0, empty, np.zeros(3, np.float32))
+        return TileMeasure(empty, empty, 0.0, 0.0, empty, empty, np.zeros(3, np.float32))
     level, block = measure_raster(slide, size0)
     lw, lh = slide.level_dimensions[level]
     if lw * lh > WHOLE_READ_PIXELS and size0 / thumbnail_downsample(slide) >= MIN_FOOTPRINT_PX:
@@ -196,7 +205,7 @@ def _classify(
 ) -> _Classes:
     pixel_um = slide.mpp[0] * ds if slide.mpp is not None else None
     glass = glass_od(image) if glass is None else glass
-    classes = classify_pixels(image, settings, glass=glass, pixel_um=pixel_um)
+    classes = classify_pixels(image, settings, glass=glass, pixel_um=pixel_um, mark_films=True)
     step = TEXTURE_STEP if min(image.shape[:2]) >= 16 * TEXTURE_STEP else 1
     cells = textured_pixels(image, glass, pixel_um, step) & (classes[::step, ::step] == TISSUE)
     return _Classes(classes, cells, step, glass)
@@ -212,17 +221,18 @@ def _margin(slide: Slide, ds: float, settings: TissueSettings) -> int:
 
 
 def _shares(parts: list[tuple[np.ndarray, _Classes, np.ndarray]], n: int) -> TileMeasure:
-    tissue, ink, textured = np.zeros(n, np.float64), np.zeros(n, np.float64), np.zeros(n, np.float64)
+    tissue, ink, film, textured = (np.zeros(n, np.float64) for _ in range(4))
     for batch, (classes, cells, step, _glass), boxes in parts:
         tissue[batch] = box_means(classes == TISSUE, boxes)
-        ink[batch] = box_means(classes == INK, boxes)
+        ink[batch] = box_means(classes >= INK, boxes)  # films are ink too
+        film[batch] = box_means(classes == FILM, boxes)
         start = np.minimum(boxes[:, [0, 2]] // step, np.array(cells.shape) - 1)
         stop = np.maximum(-(-boxes[:, [1, 3]] // step), start + 1)
         textured[batch] = box_means(
             cells, np.stack([start[:, 0], stop[:, 0], start[:, 1], stop[:, 1]], axis=1)
         )
     glass = parts[0][1].glass if parts else np.zeros(3, np.float32)
-    return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()), textured, glass)
+    return TileMeasure(tissue, ink, float(tissue.mean()), float(ink.mean()), textured, film, glass)
 
 
 def apply_in_runs(
