@@ -247,9 +247,7 @@ def _own_edge(od: np.ndarray, labels: np.ndarray, ring: np.ndarray, size: np.nda
     )
     out = np.zeros(ring.shape, bool)
     near = ring > 0
-    own, theirs = od[near], mean[ring[near]]
-    cosine = summed(own * theirs) / np.maximum(_length(own) * _length(theirs), 1e-6)
-    out[near] = cosine >= EDGE_COSINE
+    out[near] = _cosine(od[near], mean[ring[near]]) >= EDGE_COSINE
     return out
 
 
@@ -263,11 +261,14 @@ def _soft_edge(
     if not near.any():
         return out
     weight = ink.astype(np.float32)
-    own = od[near]
     beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma)[near] for c in range(3)], axis=-1)
-    cosine = summed(own * beside) / np.maximum(_length(own) * _length(beside), 1e-6)
-    out[near] = (cosine >= EDGE_COSINE) | (total[near] < INK_MIN_OD)
+    out[near] = (_cosine(od[near], beside) >= EDGE_COSINE) | (total[near] < INK_MIN_OD)
     return out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of the angle between each pair of (..., 3) OD vectors (0 where either is 0)."""
+    return summed(a * b) / np.maximum(_length(a) * _length(b), 1e-6)
 
 
 def _length(vectors: np.ndarray) -> np.ndarray:
