@@ -13,7 +13,7 @@ from bigslide.bench.tissue import Scan, scanned_levels
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
-from bigslide.tiling import ink
+from bigslide.tiling import films
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSettings
 from bigslide.tiling.tissue import block_mean, classify_pixels
@@ -130,7 +130,7 @@ def test_a_dense_orange_stroke_round_the_tissue_is_ink_to_its_edge(
         coarse(marked.ink | marked.dust | marked.blur) > 0, iterations=2
     )
     classes = classify_pixels(image, FILMS, pixel_um=8.0)
-    monkeypatch.setattr(ink, "STAIN_HUES", (0.0, 360.0))  # as if a stain could make every hue
+    monkeypatch.setattr(films, "STAIN_HUES", (0.0, 360.0))  # as if a stain could make every hue
     stain_hued = classify_pixels(image, FILMS, pixel_um=8.0)
     assert on_glass.sum() > 3000
     assert (classes[on_glass] == INK).mean() >= 0.97

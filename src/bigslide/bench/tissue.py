@@ -55,7 +55,7 @@ HELD_OUT_SEEDS = "331251-331280"
 """Seeds of the held-out set: drawn once, after the rule was decided (tests draw below 1000). Sets drawn
 before it were retired once the tiles they kept had led to a change of the rule: 65401-65430 (tissue
 measured on pixels of about 8 µm, `tissue_measure.MEASURE_UM`) and 556810-556839 (a red or orange
-film's own edge counting with the glass, `ink.STAIN_HUES`)."""
+film's own edge counting with the glass, `films.STAIN_HUES`)."""
 PENS_PER_SLIDE = 4
 FAMILY_ORDER = tuple(FAMILIES)
 

@@ -47,6 +47,7 @@ TILING_MODULES = (
     "bigslide.tiling.tissue_measure",
     "bigslide.tiling.pixel_classes",
     "bigslide.tiling.ink",
+    "bigslide.tiling.films",
     "bigslide.tiling.blur",
     "bigslide.tiling.cell_check",
     "bigslide.wsi.resolution",

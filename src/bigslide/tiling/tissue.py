@@ -1,8 +1,8 @@
 """Find tissue on a slide: which pixels are stained tissue, glass or something else on the glass (pen ink,
 marker, dust, bubble rims), an Otsu mask on a low level, and the Big-Layers greyscale rule.
 
-Which pixels are ink is `bigslide.tiling.ink`'s rule; the pixel classes, the settings and the measures
-both share are in `bigslide.tiling.pixel_classes`.
+Which pixels are ink is `bigslide.tiling.ink`'s rule, and `bigslide.tiling.films`' for pens on the
+glass; the pixel classes, the settings and the measures they share are in `bigslide.tiling.pixel_classes`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 from skimage.filters import threshold_otsu
 from skimage.morphology import remove_small_holes, remove_small_objects
 
-from bigslide.tiling.ink import films_on_glass, ink_mask
+from bigslide.tiling.films import films_on_glass
+from bigslide.tiling.ink import ink_mask
 from bigslide.tiling.pixel_classes import (
     FILM,
     GLASS,
