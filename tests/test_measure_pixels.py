@@ -107,3 +107,27 @@ def test_a_slide_read_in_strips_skips_bare_glass_and_keeps_the_same_tiles(
     np.testing.assert_array_equal(skipping.coords, reading_all.coords)
     np.testing.assert_array_equal(skipping.tissue, reading_all.tissue)
     assert read_skipping < read_all / 2
+
+
+@pytest.mark.parametrize("dtype", [bool, np.uint8, np.float32])
+def test_box_means_are_each_boxs_own_mean(dtype: type) -> None:
+    rng = np.random.default_rng(48)
+    values = (rng.random((97, 131)) * (2 if dtype is bool else 255)).astype(dtype)
+    # footprints of a grid with rounding, boxes clipped at the edges, one-pixel boxes and overlaps
+    starts = rng.integers(0, [97, 131], size=(300, 2))
+    sizes = rng.integers(1, 40, size=(300, 2))
+    boxes = np.stack(
+        [
+            starts[:, 0],
+            np.minimum(starts[:, 0] + sizes[:, 0], 97),
+            starts[:, 1],
+            np.minimum(starts[:, 1] + sizes[:, 1], 131),
+        ],
+        axis=1,
+    )
+    truth = np.array([values[r0:r1, c0:c1].astype(np.float64).mean() for r0, r1, c0, c1 in boxes])
+    got = tissue_measure.box_means(values, boxes)
+    if dtype is np.float32:
+        np.testing.assert_allclose(got, truth, rtol=1e-9, atol=1e-9)
+    else:
+        np.testing.assert_array_equal(got, truth)  # integer sums: exact

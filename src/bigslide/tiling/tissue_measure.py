@@ -107,13 +107,21 @@ def footprints(coords: np.ndarray, size0: int, ds: float, shape: tuple[int, int]
 
 
 def box_means(values: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Mean of `values` over each (row0, row1, col0, col1) box, via a summed-area table."""
+    """Mean of `values` over each (row0, row1, col0, col1) box, via a summed-area table taken only at
+    the boxes' rows: the rows between two of them are summed in one pass (`np.add.reduceat`), several
+    times cheaper than a table of every row."""
     # integer sums are exact; int32 (half the memory to run through) holds any count below 2**31
     dtype = np.float64 if values.dtype.kind == "f" else np.int32 if values.size < 2**31 // 255 else np.int64
-    table = np.zeros((values.shape[0] + 1, values.shape[1] + 1), dtype)
-    table[1:, 1:] = values.astype(dtype).cumsum(0).cumsum(1)
     r0, r1, c0, c1 = boxes.T
-    total = table[r1, c1] - table[r0, c1] - table[r1, c0] + table[r0, c0]
+    h, w = values.shape
+    starts = np.unique(np.concatenate([[0], r0, r1]))
+    starts = starts[starts < h]
+    table = np.zeros((len(starts) + 1, w + 1), dtype)
+    np.cumsum(np.add.reduceat(values, starts, axis=0, dtype=dtype), axis=0, out=table[1:, 1:])
+    np.cumsum(table[1:, 1:], axis=1, out=table[1:, 1:])
+    edges = np.append(starts, h)  # table row k sums the values above row edges[k]
+    i0, i1 = np.searchsorted(edges, r0), np.searchsorted(edges, r1)
+    total = table[i1, c1] - table[i0, c1] - table[i1, c0] + table[i0, c0]
     return total / ((r1 - r0) * (c1 - c0))
 
 
