@@ -13,7 +13,7 @@ from scipy import ndimage
 
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
-from bigslide.tiling.blur import sharpness_level, tile_sharpness
+from bigslide.tiling.blur import GREY_NOISE, sharpness_level, tile_sharpness
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings, greyscale
 from bigslide.tiling.tissue_measure import footprints, measure_raster
@@ -81,7 +81,9 @@ def test_focus_read_in_runs_equals_the_measure_on_the_whole_level(slide_path: Pa
         whole = greyscale(slide.read_level(level)).astype(np.float64)
         boxes = footprints(grid.coords, TILE, slide.level_downsamples[level], whole.shape)
     lap = ndimage.laplace(whole, mode="nearest")
-    expected = [lap[r0:r1, c0:c1].var() / (whole[r0:r1, c0:c1].var() + 1) for r0, r1, c0, c1 in boxes]
+    expected = [
+        lap[r0:r1, c0:c1].var() / (whole[r0:r1, c0:c1].var() + GREY_NOISE) for r0, r1, c0, c1 in boxes
+    ]
     np.testing.assert_allclose(values, expected, rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(grid.sharpness, values)
     # and the measure tells the halves apart

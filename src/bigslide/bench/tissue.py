@@ -252,7 +252,7 @@ def _measure_tiling(slide, marked: MarkedSlide, tiling: Tiling, result: SetResul
             result.tallies[(name, tiling)].add(kind, kept, among)
         if name == DEFAULT_RULE:
             flagged = np.zeros(len(whole), bool)
-            flagged[rows] = grid.sharpness < settings.min_sharpness
+            flagged[rows] = grid.out_of_focus
             blurred = (t["blur"] >= 0.9) & (t["ink"] == 0) & kept
             sharp = found["clean"] & (t["blur"] == 0) & kept
             result.blur[tiling].add("blurred", flagged, blurred)

@@ -187,8 +187,9 @@ class DataConfig:
         default=0.1,
         metadata={
             "min": 0,
-            "help": "tiles whose Laplacian variance over their own greyscale variance is below this are "
-            "out of focus (measured at about 32 px per tile; reported per slide)",
+            "help": "tiles whose Laplacian variance over their own greyscale variance is below this, and "
+            "below 0.4 x their slide's median, are out of focus (measured at about 32 px per tile; reported "
+            "per slide)",
         },
     )
     exclude_blurred: bool = field(

@@ -5,7 +5,10 @@ left out for ink (magenta) or blur (yellow) shaded, and a CSV line with what was
 every slide it predicts. A slide where no tile is kept is named in a warning (the tissue was missed), and so
 is one where nearly every tile is kept and most of what was kept is flat, without the texture cells give
 (glass, ink or a dark scan passed for tissue); a slide cut to its tissue, a TMA core or a region crop is
-legitimately full of textured tissue and is not named.
+legitimately full of textured tissue and is not named. So is a slide whose tissue mostly measures out of
+focus (its median sharpness below `data.min_sharpness`): tiles are flagged only where far softer than the
+rest of their slide (`bigslide.tiling.blur.out_of_focus`), so most of such a slide is not, and it may want
+scanning again.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def check_row(slide: str | Path, grid: TileGrid) -> dict[str, Any]:
 
 def warning(slide: str | Path, grid: TileGrid) -> str | None:
     """A one-line warning when no tile of the slide is kept, or nearly every tile is and what was kept is
-    mostly flat (no cell texture)."""
+    mostly flat (no cell texture), or most of its tissue is out of focus."""
     c = grid.check
     if c.tiles and c.kept == 0:
         return f"{slide}: tissue check kept no tile of {c.tiles} (no tissue found: look at its thumbnail)"
@@ -80,6 +83,13 @@ def warning(slide: str | Path, grid: TileGrid) -> str | None:
             f"{slide}: tissue check kept {c.kept} of {c.tiles} tiles ({100 * c.kept_fraction:.0f} %), "
             f"and only {100 * c.textured_fraction:.0f} % of what it kept shows cell texture: is glass, ink "
             "or a dark background taken for tissue? Look at its thumbnail"
+        )
+    reference, least = c.focus_reference, grid.tissue_settings.min_sharpness
+    if reference is not None and reference < least and c.kept + c.blurred * c.blur_excluded >= 20:
+        return (
+            f"{slide}: most of its tissue measures out of focus (median sharpness {reference:.3f}, below "
+            f"data.min_sharpness {least:g}); only the {c.blurred} tiles far softer than the rest are "
+            "flagged. Scan it again? Look at its thumbnail"
         )
     return None
 
@@ -91,7 +101,7 @@ def check_image(slide: Slide, grid: TileGrid, *, max_size: int = THUMBNAIL_SIZE)
     h, w = thumb.shape[:2]
     scale = (w / slide.dimensions[0] + h / slide.dimensions[1]) / 2
     kept = _paint(grid.coords, grid.tile_size_level0, scale, (h, w))
-    flagged = grid.sharpness < grid.tissue_settings.min_sharpness
+    flagged = grid.out_of_focus
     blurred = _paint(grid.coords[flagged], grid.tile_size_level0, scale, (h, w))
     for reason, colour in ((INK, INK_COLOUR), (BLUR, BLUR_COLOUR)):
         rows = grid.rejected[grid.rejected_reason == reason]

@@ -24,7 +24,7 @@ def left_out(grid: TileGrid) -> tuple[np.ndarray, np.ndarray]:
     flagged, per `data.exclude_blurred`)."""
     from bigslide.tiling.grid import BLUR, INK
 
-    flagged = grid.coords[grid.sharpness < grid.tissue_settings.min_sharpness]
+    flagged = grid.coords[grid.out_of_focus]
     ink = grid.rejected[grid.rejected_reason == INK]
     blur = np.concatenate([grid.rejected[grid.rejected_reason == BLUR], flagged]).reshape(-1, 2)
     labels = np.concatenate([np.full(len(ink), INK_LABEL), np.full(len(blur), BLUR_LABEL)])

@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from bigslide.errors import ConfigError, SlideError
-from bigslide.tiling.blur import tile_sharpness
+from bigslide.tiling.blur import focus_reference, out_of_focus, tile_sharpness
 from bigslide.tiling.cell_check import tiles_with_cells
 from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings
 from bigslide.tiling.regions import Region, centres_sampled, check_inside
@@ -52,6 +52,9 @@ class TissueCheck:
     ink_fraction: float = 0.0
     textured_fraction: float = 1.0
     """Share of the kept tiles' tissue that shows cell texture (glass, a dark background or ink does not)."""
+    focus_reference: float | None = None
+    """The median sharpness of the slide's tissue tiles, which out-of-focus tiles are judged against
+    (`bigslide.tiling.blur.out_of_focus`; None: none measured, or a grid made before it was kept)."""
 
     @property
     def blurred_fraction(self) -> float:
@@ -113,6 +116,13 @@ class TileGrid:
 
     def __len__(self) -> int:
         return len(self.coords)
+
+    @property
+    def out_of_focus(self) -> np.ndarray:
+        """Which kept tiles are out of focus (`bigslide.tiling.blur.out_of_focus`; none when they were
+        left out, `data.exclude_blurred`)."""
+        settings = self.tissue_settings
+        return out_of_focus(self.sharpness, settings.min_sharpness, self.check.focus_reference)
 
     @classmethod
     def from_slide(
@@ -322,7 +332,8 @@ def _pick(
         tissue = tissue.copy()
         tissue[back] += measured.ink[back]
     sharp = tile_sharpness(slide, coords[keep], size0, read_level)
-    blurred = sharp < settings.min_sharpness
+    reference = focus_reference(sharp)
+    blurred = out_of_focus(sharp, settings.min_sharpness, reference)
     rejected = [coords[ink]]
     reasons = [np.full(int(ink.sum()), INK, np.uint8)]
     if settings.exclude_blurred and blurred.any():
@@ -340,6 +351,7 @@ def _pick(
         tissue_fraction=measured.slide_tissue,
         ink_fraction=measured.slide_ink,
         textured_fraction=_textured_share(measured, keep),
+        focus_reference=reference,
     )
     order = np.lexsort((np.concatenate(rejected)[:, 0], np.concatenate(rejected)[:, 1]))
     return _Picked(
