@@ -31,9 +31,10 @@ HED_SCALE = -math.log(OD_EPS)  # scikit-image's HED unit: OD / ln(1e6)
 RGB_FROM_HED = np.asarray(rgb_from_hed, np.float64)  # rows: the H, E, DAB OD vectors
 HED_FROM_RGB = np.asarray(hed_from_rgb, np.float64)
 
-# Ranges at strength 1 (the default), chosen on the stain benchmark's tuning labs
-# (`bigslide.synthetic.labs.draw_lab`: dye amounts 0.5-1.6x a reference lab's, stain hues turned by up to
-# 30°, casts up to 0.1 OD, JPEG; docs/benchmarks.md) among 1/3, 2/3, 1 and 4/3 of these: a slide's dye
+# Ranges at strength 1; `data.stain_augment_strength` defaults to 0.67 of them, chosen on the stain
+# benchmark's tuning labs (`bigslide.synthetic.labs.draw_lab`: dye amounts 0.5-1.6x a reference lab's,
+# stain hues turned by up to 30°, casts up to 0.1 OD, JPEG; docs/benchmarks.md) among 1/3, 2/3, 1 and 4/3
+# of these. At strength 1 a slide's dye
 # amounts vary by a factor of up to exp(±1.05) (0.35-2.86) and shift by up to ±0.06 OD, each stain
 # vector's hue turns about the grey axis by up to ±45° and tilts by ~6° (normal 0.075 per component),
 # each RGB channel gets a cast of up to ±0.15 OD, the hue of the whole turns by up to ±0.045 of a turn

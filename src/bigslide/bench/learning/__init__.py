@@ -127,8 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stain-held-out-labs",
         default=",".join(str(s) for s in HELD_OUT_LABS),
-        help="seeds of the drawn labs held out: scored only for the stain runs before and after "
-        "(disjoint from the tuning labs)",
+        help="seeds of the drawn labs held out: scored only with the defaults and the augmentations chosen "
+        "(disjoint from the tuning labs; the retired held-out labs are scored the same way)",
     )
     parser.add_argument("--study-slides", type=int, default=48, help="slides per study set (cases: 16 of 3)")
     parser.add_argument("--study-epochs", type=int, default=30, help="epochs on the study sets")

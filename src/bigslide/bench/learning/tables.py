@@ -10,6 +10,7 @@ import numpy as np
 
 from bigslide.bench.learning.annotations import AUC_GOAL, LESION_SHARE, NORMAL_SIDE
 from bigslide.bench.learning.runs import BEGIN, END, SUBTLE_LR, ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH
+from bigslide.bench.learning.stain import HELD_OUT_RUNS
 
 
 def mean_sd(values: list[float]) -> str:
@@ -121,11 +122,16 @@ def _stain_tables(runs: dict[str, dict[str, float]], labs: dict[str, Any], meta:
         "rendered by each lab; ABMIL-ACC with `bigslide demo`'s settings: tiles of 32 px at 1 µm/px, bag 24, "
         f"learning rate 2e-3, but {meta.get('stain_epochs')} epochs; classes called at the threshold chosen "
         "on lab A's validation slides. *flips_only*: stain settings off; *defaults*: the product's "
-        "defaults; *stain_augment_xS*: data.stain_augment on, data.stain_augment_strength S (1: the default "
-        "range). Tuning labs: "
+        "defaults; *stain_augment_xS*: data.stain_augment on, data.stain_augment_strength S (1: the full "
+        "ranges). Tuning labs: "
         + ", ".join(tuning)
-        + "; held-out labs, drawn once after the augmentation was chosen, scored with flips_only and "
-        "stain_augment_x1: " + (", ".join(held_out) or "none yet") + ")",
+        + "; held-out labs, drawn once after the augmentation was chosen, scored with "
+        + ", ".join(HELD_OUT_RUNS)
+        + ": "
+        + (", ".join(held_out) or "none yet")
+        + "; retired held-out labs (of the choice before), scored the same way: "
+        + (", ".join(labs.get("retired", [])) or "none")
+        + ")",
         "",
         "| run | seeds | lab A AUC | lab A bal. acc. | lab B bal. acc. | lab C bal. acc. | tuning labs AUC "
         "| tuning labs bal. acc. | worst tuning lab bal. acc. |",
@@ -143,29 +149,31 @@ def _stain_tables(runs: dict[str, dict[str, float]], labs: dict[str, Any], meta:
 
 
 def _per_lab_table(names: dict[str, list[dict[str, float]]], labs: dict[str, Any]) -> list[str]:
-    before, chosen = names.get("flips_only", []), names.get("stain_augment_x1", [])
+    runs = [(name, names.get(name, [])) for name in HELD_OUT_RUNS]
     described = labs.get("described", {})
     lines = [
-        "Each lab with the defaults (*flips_only*) and with the augmentation chosen on the tuning labs "
-        "(*stain_augment_x1*), mean ± sd over seeds; how the lab stains against lab A: dye amounts, stain "
-        "vectors' hue turns (degrees), cast (OD added to R, G, B), JPEG quality of its tiles (— lossless):",
+        "Each lab with the defaults (*flips_only*), the augmentation chosen before (*stain_augment_x1*) and "
+        "the one chosen now on tuning labs 1-16 (*stain_augment_x0.67*), balanced accuracy (AUC) mean ± sd "
+        "over seeds; how the lab stains against lab A: dye amounts, stain vectors' hue turns (degrees), "
+        "cast (OD added to R, G, B), JPEG quality of its tiles (— lossless):",
         "",
-        "| lab | role | H amount | E amount | H turn | E turn | cast | JPEG | seeds | AUC flips only | "
-        "bal. acc. flips only | AUC augmented | bal. acc. augmented |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| lab | role | H amount | E amount | H turn | E turn | cast | JPEG | seeds | "
+        + " | ".join(f"bal. acc. {name} | AUC {name}" for name, _rows in runs)
+        + " |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|" + "---:|" * (2 * len(runs)),
     ]
     roles = [("bundled", lab) for lab in labs.get("bundled", [])[1:]]
-    roles += [(role, lab) for role in ("tuning", "held_out") for lab in labs.get(role, [])]
+    roles += [(role, lab) for role in ("tuning", "held_out", "retired") for lab in labs.get(role, [])]
     for role, lab in roles:
         d = described.get(lab, {})
         cast = ", ".join(f"{c:.3f}" for c in d.get("cast", []))
         quality = d.get("jpeg_quality") or "—"
         cells = [
             mean_sd([r.get(f"{m}_{lab}", np.nan) for r in rows])
-            for rows in (before, chosen)
-            for m in ("auc", "balanced_accuracy")
+            for _name, rows in runs
+            for m in ("balanced_accuracy", "auc")
         ]
-        seeds = min(sum(f"auc_{lab}" in r for r in before), sum(f"auc_{lab}" in r for r in chosen))
+        seeds = min(sum(f"auc_{lab}" in r for r in rows) for _name, rows in runs)
         lines.append(
             f"| {lab} | {role.replace('_', '-')} | {d.get('h_amount', '')} | {d.get('e_amount', '')} | "
             f"{d.get('h_turn', '')} | {d.get('e_turn', '')} | {cast} | {quality} | {seeds} | "
