@@ -40,7 +40,7 @@ def _blurred(rgb: np.ndarray, sigma: float) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tissue() -> np.ndarray:
-    return synthesize_slide((1280, 1280), lesions=1, seed=21).rgb
+    return synthesize_slide((1280, 1280), lesions=1, seed=21).rgb  # the tissue the slides below scan
 
 
 def _scan(path: Path, rgb: np.ndarray) -> Path:
@@ -49,12 +49,20 @@ def _scan(path: Path, rgb: np.ndarray) -> Path:
     )
 
 
+def soft_scan_with_a_blurred_patch(path: Path, tissue: np.ndarray | None = None) -> Path:
+    """A slide scanned a little soft throughout (σ 2.5 px at 0.5 µm/px: 1.25 µm) with a patch out of focus
+    (σ 6 px) over the level-0 columns PATCH, written to `path`."""
+    if tissue is None:
+        tissue = synthesize_slide((1280, 1280), lesions=1, seed=21).rgb
+    soft = _blurred(tissue, 2.5)
+    soft[:, PATCH[0] : PATCH[1]] = _blurred(tissue, 6.0)[:, PATCH[0] : PATCH[1]]
+    return _scan(path, soft)
+
+
 def test_a_patch_far_softer_than_its_slide_is_out_of_focus_and_a_soft_scan_is_not(
     tissue: np.ndarray, tmp_path: Path
 ) -> None:
-    soft = _blurred(tissue, 2.5)  # the whole slide scanned soft (1.25 µm)
-    soft[:, PATCH[0] : PATCH[1]] = _blurred(tissue, 6.0)[:, PATCH[0] : PATCH[1]]  # and a patch out of focus
-    with open_slide(_scan(tmp_path / "soft.svs", soft)) as slide:
+    with open_slide(soft_scan_with_a_blurred_patch(tmp_path / "soft.svs", tissue)) as slide:
         grid = TileGrid.from_slide(slide, 64, target_mpp=0.5)
     x = grid.coords[:, 0]
     patch = (x >= PATCH[0] + 16) & (x + 64 <= PATCH[1] - 16)

@@ -12,6 +12,7 @@ import shapely
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.regions import load_regions
 from bigslide.wsi.slide import open_slide
+from tests.test_focus_rule import PATCH, soft_scan_with_a_blurred_patch
 
 
 def test_sample_slide_and_lesions(viewer: Any) -> None:
@@ -118,21 +119,28 @@ def marked_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_pyramid(path, downsample_pyramid(marked.rgb, 4), mpp=2.0, flavour="tiff")
 
 
-def test_tile_preview_shows_the_tiles_left_out_in_another_colour(
-    viewer: Any, dock: Any, qtbot: Any, marked_slide: Path
-) -> None:
-    [slide] = viewer.open(marked_slide, plugin="bigslide")
+def _preview(viewer: Any, dock: Any, qtbot: Any, path: Path) -> tuple[Any, Any, Any, TileGrid]:
+    """Open the slide at `path`, tick the Sampling regions panel's tile preview and wait for its layer of
+    tiles left out: (slide layer, panel, that layer, the grid the panel's tiling makes)."""
+    [slide] = viewer.open(path, plugin="bigslide")
     panel = dock("Sampling regions")
     with qtbot.waitSignal(panel.preview.toggled):
         panel.preview.setChecked(True)
     qtbot.waitUntil(lambda: any(lay.metadata.get("left_out") for lay in viewer.layers), timeout=30_000)
     left_out = next(lay for lay in viewer.layers if lay.metadata.get("left_out"))
+    s = panel.session
+    with open_slide(path) as opened:
+        grid = TileGrid.from_slide(opened, s.tile_size, target_mpp=s.target_mpp, min_tissue=s.min_tissue)
+    return slide, panel, left_out, grid
+
+
+def test_tile_preview_shows_the_tiles_left_out_in_another_colour(
+    viewer: Any, dock: Any, qtbot: Any, marked_slide: Path
+) -> None:
+    slide, panel, left_out, grid = _preview(viewer, dock, qtbot, marked_slide)
     kept = next(
         lay for lay in viewer.layers if lay.metadata.get("bigslide_role") == "tiles" and lay is not left_out
     )
-    s = panel.session
-    with open_slide(marked_slide) as opened:
-        grid = TileGrid.from_slide(opened, s.tile_size, target_mpp=s.target_mpp, min_tissue=s.min_tissue)
     assert kept.metadata["count"] == len(grid)
     assert grid.check.ink > 50
     labels = np.asarray(left_out.data)
@@ -165,47 +173,21 @@ def test_saving_an_empty_leave_out_layer_names_that_layer(
 
 @pytest.fixture(scope="module")
 def soft_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A slide scanned a little soft throughout (σ 2.5 px at 0.5 µm/px), with a patch out of focus
-    (σ 6 px) over level-0 columns 512-768."""
-    from scipy import ndimage
-
-    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.synthetic.slides import synthesize_slide
-
-    tissue = synthesize_slide((1280, 1280), lesions=1, seed=21).rgb.astype(np.float32)
-
-    def blurred(sigma: float) -> np.ndarray:
-        channels = [ndimage.gaussian_filter(tissue[..., c], sigma) for c in range(3)]
-        return np.rint(np.stack(channels, -1)).astype(np.uint8)
-
-    rgb = blurred(2.5)
-    rgb[:, 512:768] = blurred(6.0)[:, 512:768]
-    path = tmp_path_factory.mktemp("soft") / "soft.svs"
-    return write_pyramid(
-        path, downsample_pyramid(rgb, 4), mpp=0.5, tile=64, flavour="svs", compression="jpeg"
-    )
+    return soft_scan_with_a_blurred_patch(tmp_path_factory.mktemp("soft") / "soft.svs")
 
 
 def test_tile_preview_paints_the_patch_out_of_focus_orange_and_not_the_soft_scan(
     viewer: Any, dock: Any, qtbot: Any, soft_slide: Path
 ) -> None:
-    [slide] = viewer.open(soft_slide, plugin="bigslide")
-    panel = dock("Sampling regions")
-    with qtbot.waitSignal(panel.preview.toggled):
-        panel.preview.setChecked(True)
-    qtbot.waitUntil(lambda: any(lay.metadata.get("left_out") for lay in viewer.layers), timeout=30_000)
-    left_out = next(lay for lay in viewer.layers if lay.metadata.get("left_out"))
-    s = panel.session
-    with open_slide(soft_slide) as opened:
-        grid = TileGrid.from_slide(opened, s.tile_size, target_mpp=s.target_mpp, min_tissue=s.min_tissue)
+    slide, panel, left_out, grid = _preview(viewer, dock, qtbot, soft_slide)
     rows, cols = np.nonzero(np.asarray(left_out.data) == 2)  # orange: out of focus
     assert len(rows) == grid.out_of_focus.sum() >= 15
     np.testing.assert_allclose(left_out.colormap.map(2)[:3], [1.0, 0x8C / 255, 0.0], atol=0.01)
-    # on the canvas (pixel centres), the orange cells lie on the patch: level-0 columns 512-768; of the
+    # on the canvas (pixel centres), the orange cells lie on the patch (level-0 columns PATCH); of the
     # soft scan around it, a tile or two at most
     centres = np.array([left_out.data_to_world((r, c)) for r, c in zip(rows, cols)])
     column = centres[:, -1] / slide.scale[-1]
-    on_patch = (column > 512) & (column < 768)
+    on_patch = (column > PATCH[0]) & (column < PATCH[1])
     assert on_patch.sum() >= 15
     assert (~on_patch).sum() <= 2
     assert f"{len(rows)} out of focus (orange" in panel.status.text()
