@@ -85,7 +85,7 @@ def warning(slide: str | Path, grid: TileGrid) -> str | None:
             "or a dark background taken for tissue? Look at its thumbnail"
         )
     reference, least = c.focus_reference, grid.tissue_settings.min_sharpness
-    if reference is not None and reference < least and c.kept + c.blurred * c.blur_excluded >= 20:
+    if reference is not None and reference < least and c.tissue_tiles >= 20:
         return (
             f"{slide}: most of its tissue measures out of focus (median sharpness {reference:.3f}, below "
             f"data.min_sharpness {least:g}); only the {c.blurred} tiles far softer than the rest are "

@@ -57,10 +57,14 @@ class TissueCheck:
     (`bigslide.tiling.blur.out_of_focus`; None: none measured, or a grid made before it was kept)."""
 
     @property
+    def tissue_tiles(self) -> int:
+        """Tissue tiles: the kept ones, and the blurred ones left out."""
+        return self.kept + (self.blurred if self.blur_excluded else 0)
+
+    @property
     def blurred_fraction(self) -> float:
-        """Blurred tiles over tissue tiles (kept ones, and blurred ones left out)."""
-        tissue_tiles = self.kept + (self.blurred if self.blur_excluded else 0)
-        return self.blurred / tissue_tiles if tissue_tiles else 0.0
+        """Blurred tiles over tissue tiles."""
+        return self.blurred / self.tissue_tiles if self.tissue_tiles else 0.0
 
     @property
     def kept_fraction(self) -> float:
