@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from bigslide.synthetic.marks import random_pen, synthesize_marked_slide
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling import tissue_measure
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings
+from bigslide.tiling.pixel_classes import GREYSCALE_RULE, TissueSettings, gaussian_planes
 from bigslide.tiling.tissue import block_mean
 from bigslide.tiling.tissue_measure import MEASURE_UM, measure_raster, measure_tiles
 from bigslide.wsi.slide import open_slide
@@ -131,3 +132,16 @@ def test_box_means_are_each_boxs_own_mean(dtype: type) -> None:
         np.testing.assert_allclose(got, truth, rtol=1e-9, atol=1e-9)
     else:
         np.testing.assert_array_equal(got, truth)  # integer sums: exact
+
+
+@pytest.mark.parametrize("sigma", [0.7, 1.0, 2.5])
+@pytest.mark.parametrize("mode", ["nearest", "reflect"])
+def test_planes_smoothed_together_equal_each_plane_smoothed_alone(sigma: float, mode: str) -> None:
+    # the ink and film rules smooth their channels and products in one call; their thresholds were chosen
+    # on scipy's own filter, so the stack must give its values
+    rng = np.random.default_rng(5)
+    planes = rng.random((4, 37, 53), dtype=np.float32) * 3
+    together = gaussian_planes(planes, sigma, mode=mode)
+    for plane, smoothed in zip(planes, together, strict=True):
+        alone = ndimage.gaussian_filter(plane, sigma, mode=mode)
+        np.testing.assert_allclose(smoothed, alone, rtol=1e-6, atol=1e-7)

@@ -29,6 +29,7 @@ from bigslide.tiling.pixel_classes import (
     TissueSettings,
     enclosed,
     flatness_window,
+    gaussian_planes,
     light_texture,
     summed,
 )
@@ -212,7 +213,8 @@ def _soft_edge(
     if not near.any():
         return out
     weight = ink.astype(np.float32)
-    beside = np.stack([ndimage.gaussian_filter(od[..., c] * weight, sigma)[near] for c in range(3)], axis=-1)
+    weighted = np.stack([od[..., c] * weight for c in range(3)])
+    beside = np.moveaxis(gaussian_planes(weighted, sigma, mode="reflect")[:, near], 0, -1)
     out[near] = (_cosine(od[near], beside) >= EDGE_COSINE) | (total[near] < INK_MIN_OD)
     return out
 

@@ -26,6 +26,7 @@ from bigslide.tiling.pixel_classes import (
     INK_MIN_OD,
     TissueSettings,
     enclosed,
+    gaussian_planes,
     summed,
 )
 
@@ -114,13 +115,10 @@ def dye_films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, s
 
 def _films(od: np.ndarray, candidate: np.ndarray, settings: TissueSettings, sigma: float) -> np.ndarray:
     """Candidate pixels in smooth films of dye, measured over the whole of `od`."""
-    smooth = (candidate & (colour_texture(od, sigma) < settings.ink_texture)).astype(np.float32)
+    smooth = candidate & (colour_texture(od, sigma) < settings.ink_texture)
     # a film is smooth nearly everywhere; tissue has smooth spots (a nucleus's inside) among texture
-    window = VOTE_SIGMA * sigma
-    vote = ndimage.gaussian_filter(smooth, window, mode="nearest")
-    return candidate & (
-        vote >= 0.5 * ndimage.gaussian_filter(candidate.astype(np.float32), window, mode="nearest")
-    )
+    vote, candidates = gaussian_planes(np.stack([smooth, candidate]).astype(np.float32), VOTE_SIGMA * sigma)
+    return candidate & (vote >= 0.5 * candidates)
 
 
 def _grown(ink: np.ndarray, inky: np.ndarray, sigma: float) -> np.ndarray:
@@ -174,19 +172,22 @@ def colour_texture(od: np.ndarray, sigma: float = 1.0) -> np.ndarray:
     A film of dye varies in amount only (streaks, soft edges on glass: the same colour scaled), so it
     scores ~0; tissue is nuclei beside cytoplasm and stroma, each its own mix of the two dyes.
     """
-
-    def smooth(x: np.ndarray) -> np.ndarray:
-        return ndimage.gaussian_filter(x, sigma, mode="nearest")
-
-    mean = [smooth(od[..., c]) for c in range(3)]
+    h, w = od.shape[:2]
+    planes = np.empty((9, h, w), od.dtype)  # the three channels, then their six products
+    pairs = [(i, j) for i in range(3) for j in range(i, 3)]
+    for c in range(3):
+        planes[c] = od[..., c]
+    for k, (i, j) in enumerate(pairs, start=3):
+        np.multiply(od[..., i], od[..., j], out=planes[k])
+    smoothed = gaussian_planes(planes, sigma)
+    mean = smoothed[:3]
     strength = np.sqrt(mean[0] * mean[0] + mean[1] * mean[1] + mean[2] * mean[2])
     unit = [m / np.maximum(strength, 1e-6) for m in mean]
     spread = np.zeros_like(strength)
     along = np.zeros_like(strength)
-    for i in range(3):
-        for j in range(i, 3):
-            moment = smooth(od[..., i] * od[..., j])
-            if i == j:
-                spread += moment
-            along += (1 if i == j else 2) * unit[i] * unit[j] * moment
+    for k, (i, j) in enumerate(pairs, start=3):
+        moment = smoothed[k]
+        if i == j:
+            spread += moment
+        along += (1 if i == j else 2) * unit[i] * unit[j] * moment
     return np.sqrt(np.maximum(spread - along, 0)) / np.maximum(strength, 1e-3)
