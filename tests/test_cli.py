@@ -135,6 +135,22 @@ def test_help_answers_without_loading_torch_or_the_benches() -> None:
     assert "benchmarks (side-by-side timings and memory)" in done.stdout
 
 
+PREDICT_IMPORTS = """
+import sys
+import bigslide.cli.predict, bigslide.cli.main, bigslide.napari
+print("sklearn" if any(m.split(".")[0] == "sklearn" for m in sys.modules) else "no sklearn")
+"""
+
+
+def test_prediction_starts_without_loading_sklearn() -> None:
+    # sklearn takes about a second to import on one core; every rank of a prediction under torchrun, and
+    # every decode worker started afresh, would pay it for metrics it computes at the end, if at all
+    command = [sys.executable, "-c", PREDICT_IMPORTS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no sklearn"
+
+
 def test_a_bench_takes_its_own_arguments_and_help() -> None:
     cmd = [sys.executable, "-m", "bigslide", "bench", "grid"]
     done = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=120)

@@ -85,7 +85,8 @@ def test_the_predict_bench_times_the_command_under_torchrun(tmp_path: Path) -> N
     """`bench predict --ranks 1,2` runs the predict command as one process and as two ranks, both through to
     their CSV, and reports each against one rank."""
     command = [sys.executable, "-m", "bigslide", "bench", "predict", "--slides", "2", "--width", "1024"]
-    command += ["--height", "1024", "--workers", "1", "--repeats", "1", "--ranks", "1,2", "--no-targets"]
+    command += ["--height", "1024", "--workers", "1", "--repeats", "1", "--no-targets"]
+    command += ["--ranks", "1,2", "--rank-slides", "2"]
     done = subprocess.run(
         [*command, "--cache", str(tmp_path)], capture_output=True, text=True, timeout=600, env=os.environ
     )

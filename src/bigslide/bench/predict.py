@@ -22,7 +22,10 @@ floor timed around it.
 
 `--ranks 1,2` times the whole `bigslide predict` command (a process of its own, its start included, the
 tile cache cold) with one process, then under `torchrun --nproc_per_node r`, each rank with one decode
-worker; target: r ranks >= 0.8 x r x one rank's slides/s (median over repeats of paired ratios).
+worker; target: r ranks >= 0.8 x r x one rank's slides/s (median over repeats of paired ratios). Each rank,
+its decode worker with it, is held to one core of its own (`os.sched_setaffinity`), as on a machine with a
+core or a GPU per rank: what the ratio shows is what sharing the cohort costs, not how many cores one
+process can use (unheld, one rank and its worker already keep two cores busy).
 """
 
 from __future__ import annotations
@@ -62,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ranks",
         default="",
         help="also time the predict command under torchrun at these rank counts (e.g. 1,2)",
+    )
+    parser.add_argument(
+        "--rank-slides",
+        type=int,
+        default=24,
+        help="slides the --ranks rows predict (default 24: each rank's start, about 5 s on one core "
+        "whatever the cohort, is then a small part of the run)",
     )
     add_target_argument(parser)
     parser.add_argument(
@@ -175,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     )
     targets = Targets.from_args(args)
     if args.ranks:
-        _time_ranks(args, cache, table, ckpt, n_tiles, targets)
+        _time_ranks(args, cache, ckpt, targets)
     if failed:
         targets.fail(f"predict: {failed} slide reads or predictions failed")
     for name, (w, _fn) in runs.items():
@@ -184,7 +194,10 @@ def run(args: argparse.Namespace) -> int:
     return targets.exit_code()
 
 
-RANK_SCRIPT = """import sys
+RANK_SCRIPT = """import os, sys
+# one core per rank (torchrun's LOCAL_RANK; 0 for one process), held before anything starts a thread or a
+# worker, which inherit it
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[int(os.environ.get("LOCAL_RANK", "0"))]})
 from bigslide.bench.predict import register_16_pixels
 register_16_pixels()  # the bench's encoder, known to this process too
 from bigslide.cli.main import main
@@ -192,14 +205,27 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _time_ranks(
-    args: argparse.Namespace, cache: Path, table: Any, ckpt: Path, n_tiles: int, targets: Targets
-) -> None:
-    """`bigslide predict` as a command, one process and under torchrun, one decode worker per rank."""
+def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targets) -> None:
+    """`bigslide predict` as a command on `--rank-slides` slides, one process and under torchrun, one
+    decode worker and one core per rank."""
     import subprocess
     import sys
 
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.table import SlideEntry, SlideTable
+
     counts = [int(r) for r in args.ranks.split(",")]
+    cores = len(os.sched_getaffinity(0))
+    if max(counts) > cores:
+        raise SystemExit(
+            f"--ranks {args.ranks}: each rank gets a core of its own, and this machine has {cores}"
+        )
+    paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(args.rank_slides)]
+    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    grids = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
+    n_tiles = sum(len(g) for g in grids.grids)
+    grids.slides.close()
+
     script = cache / "predict_rank.py"
     script.write_text(RANK_SCRIPT)
     csv = table.to_csv(cache / "predict_cohort.csv")
@@ -221,12 +247,16 @@ def _time_ranks(
             shutil.rmtree(out, ignore_errors=True)
             if done.returncode != 0:
                 targets.fail(f"predict with {r} rank(s) failed: {done.stderr.strip().splitlines()[-1:]}")
-    header = "predict command (its start included, tile cache cold)"
+    print(
+        f"\nthe predict command on {args.rank_slides} slides ({n_tiles} tissue tiles), its start included, "
+        "tile cache cold; each rank and its decode worker on a core of its own"
+    )
+    header = "predict command"
     print(f"\n| {header} | slides/s, min | slides/s, median | tiles/s, median | x 1 rank (median) |")
     print("|---|---|---|---|---|")
     first = statistics.median(times[counts[0]])
     for r in counts:
-        rates = [args.slides / t for t in times[r]]
+        rates = [args.rank_slides / t for t in times[r]]
         median = statistics.median(times[r])
         name = f"{r} rank{'s' if r > 1 else ''} x 1 worker"
         print(

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from bigslide.errors import DataError
 from bigslide.wsi.dicom_series import looks_like_dicom_folder
@@ -253,6 +252,8 @@ class SlideTable:
     def with_splits(self, *, val_fraction: float = 0.25, seed: int = 0) -> SlideTable:
         """Fill missing splits with a train/val split by case (a case's slides stay on one side),
         stratified by class or event; existing splits are kept."""
+        from sklearn.model_selection import train_test_split  # here: sklearn takes a second to import
+
         cases = self.cases()
         todo = [rows for rows in cases.values() if all(self.entries[i].split is None for i in rows)]
         if not todo:

@@ -12,7 +12,6 @@ import contextlib
 import warnings
 
 import numpy as np
-from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.engine.decision import Decision
@@ -66,6 +65,9 @@ def classification_metrics(
     """`probs` is (n, C). AUC is one-vs-rest macro for C > 2; NaN when a class is missing from y_true.
     Classes are called by `decision` (None: the most probable class); with one, `threshold` is its
     threshold on P(class 1)."""
+    # here: sklearn takes a second to import, and a prediction without labels never scores
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score, cohen_kappa_score, roc_auc_score
+
     y_true = np.asarray(y_true, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if len(y_true) == 0:

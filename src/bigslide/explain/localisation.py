@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.synthetic.slides import lesion_fraction
@@ -27,6 +26,8 @@ def lesion_cell_auc(grid: ScoreGrid, lesions: Sequence[np.ndarray]) -> float:
 
     NaN when the slide has no lesion cell or only lesion cells (the AUC is undefined there).
     """
+    from sklearn.metrics import roc_auc_score  # here: sklearn takes a second to import
+
     if grid.is_rgb:
         raise ValueError(f"{grid.name}: an RGB grid has no scalar score to rank")
     seen = np.isfinite(grid.scores)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.decomposition import PCA
 from torch import nn
 
 from bigslide.errors import ConfigError
@@ -222,6 +221,8 @@ def pca_rgb(values: np.ndarray) -> np.ndarray:
     rgb = np.zeros((rows * cols, 3))
     n_components = min(3, rows * cols - 1, channels)
     if n_components >= 1:
+        from sklearn.decomposition import PCA  # here: sklearn takes a second to import
+
         projected = PCA(n_components=n_components, svd_solver="full").fit_transform(samples)
         extreme = projected[np.abs(projected).argmax(axis=0), np.arange(n_components)]
         projected = projected * np.where(extreme < 0, -1.0, 1.0)

@@ -19,7 +19,6 @@ from typing import Literal
 
 import numpy as np
 from skimage import transform
-from sklearn.datasets import load_digits
 
 from bigslide.errors import DataError
 
@@ -43,6 +42,8 @@ class UltraMNISTCanvas:
 
 @lru_cache(maxsize=1)
 def _digit_pool() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits  # here: sklearn takes a second to import
+
     bunch = load_digits()
     return (bunch.images / 16.0).astype(np.float32), bunch.target.astype(np.int64)
 
