@@ -31,9 +31,14 @@ HEAVY_MODULES = (
     "bigslide.explain.heatmap",
     "bigslide.tiling.regions",
     "bigslide.tiling.grid",
+    "sklearn.model_selection",
+    "sklearn.metrics",
+    "sklearn.decomposition",
 )
 """What the panels use as they are built and as they run (a module imported on the GUI thread while the
-warm-up thread imports it would wait for it there)."""
+warm-up thread imports it would wait for it there). The engine imports sklearn only where it splits a
+table, scores or projects Z-blocks, so that a prediction starts without it: the panels check a run's
+split on the GUI thread."""
 VIEWER_MODULES = ("tiffslide", "imagecodecs", "scipy.ndimage")
 """What opening the first slide needs besides (the TIFF reader, its decoders, napari's thumbnails)."""
 TORCH_LIBRARIES = ("libtorch_global_deps.so", "libtorch_python.so")
