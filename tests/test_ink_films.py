@@ -109,13 +109,14 @@ def test_an_ihc_section_on_glass_keeps_what_colour_alone_keeps(make_slide: MakeS
     np.testing.assert_array_equal(default.coords, colour.coords)
 
 
-@pytest.mark.parametrize(("seed", "lab", "lesions"), [(7, "A", 1), (13, "B", 2)])
+@pytest.mark.parametrize(("seed", "lab", "lesions", "edge_decides"), [(7, "A", 1, False), (13, "B", 2, True)])
 def test_a_dense_orange_stroke_round_the_tissue_is_ink_to_its_edge(
-    seed: int, lab: str, lesions: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, lab: str, lesions: int, edge_decides: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A dense orange-red stroke 180 µm wide drawn round the tissue, scanned (JPEG, focus blur) and read on
     8 µm pixels: its soft edge fills the narrow ring a film's surroundings are judged on. Its hue is one
-    no stain makes, so that edge counts with the glass, and the whole stroke is ink."""
+    no stain makes, so that edge counts with the glass, and the whole stroke is ink. On seed 13 that is
+    what decides; on seed 7 the stroke is ink either way."""
     pen = Pen("red", (208, 89, 65), (0.9, 0.97), (180.0, 180.0))
     marked = synthesize_marked_slide(
         (1024, 1024), seed=seed, mpp=2.0, lab=lab, lesions=lesions, inks=(pen,), aggregates=2
@@ -134,5 +135,25 @@ def test_a_dense_orange_stroke_round_the_tissue_is_ink_to_its_edge(
     stain_hued = classify_pixels(image, FILMS, pixel_um=8.0)
     assert on_glass.sum() > 3000
     assert (classes[on_glass] == INK).mean() >= 0.97
-    assert (stain_hued[on_glass] == INK).mean() < 0.92
+    if edge_decides:
+        assert (stain_hued[on_glass] == INK).mean() < 0.92
     np.testing.assert_array_equal(classes[clean], stain_hued[clean])  # the tissue keeps its classes
+
+
+def test_a_pen_crossed_by_a_bubbles_rim_is_ink_inside_the_rim_too() -> None:
+    # the rim (dark, ink by colour) closes the glass inside it; that glass is still open glass, which a film
+    # must lie on: tissue, not ink, is what makes glass a lumen
+    rng = np.random.default_rng([404, 11])
+    pens = (random_pen("violet", rng), random_pen("violet", rng))
+    slide = synthesize_marked_slide((512, 512), seed=51, mpp=4.0, inks=pens)
+    on_glass = slide.ink & ~ndimage.binary_dilation(slide.tissue | slide.dust, iterations=12)
+    middle = np.argwhere(ndimage.binary_erosion(on_glass, iterations=4))
+    y, x = middle[len(middle) // 2]
+    yy, xx = np.ogrid[:512, :512]
+    distance = np.hypot(yy - y, xx - x)
+    rgb = slide.rgb.copy()
+    rgb[(distance >= 34) & (distance < 36)] = 70  # the rim: 280 µm across, a lumen's size
+    inside = on_glass & (distance < 30)
+    assert inside.sum() > 1000
+    classes = classify_pixels(rgb, FILMS, pixel_um=4.0)
+    assert (classes[inside] == INK).mean() > 0.85

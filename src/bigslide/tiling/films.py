@@ -57,6 +57,12 @@ OPEN_GLASS_UM = 300.0
 """Glass enclosed by tissue or ink up to this many µm across (fat, lumens) is not open glass."""
 
 
+THIN_INK_UM = 30.0
+"""Ink thinner than this (a bubble's rim, dust) does not enclose glass: a rim drawn across a pen's stroke
+had closed the glass inside it, and the stroke's segment there was kept as tissue (on the tissue bench's
+tuning slides, 46 of one stroke's 580 tiles). A pen's stroke (80-180 µm) still does."""
+
+
 FILM_MIN_UM = 25.0
 """A flat area on the glass is ink from a 25 µm radius disk's area on (pen strokes are 80-180 µm wide)."""
 
@@ -100,10 +106,10 @@ def films_on_glass(
     min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
     ink = np.zeros(flat.shape, bool)
     # glass among tissue (fat cells, lumens) is no place for a pen: only glass reaching the image's edge, or
-    # wider than a lumen, is open
-    open_glass = (classes == GLASS) & ~enclosed(
-        classes == GLASS, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2
-    )
+    # wider than a lumen, is open; a thin line of ink (a bubble's rim) does not close it
+    thin = math.ceil(THIN_INK_UM / pixel_um / 2)
+    walls = (classes == TISSUE) | ndimage.binary_opening(classes == INK, iterations=thin)
+    open_glass = (classes == GLASS) & ~enclosed(~walls, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2)
     # a film of one hue lies within a flat area of any hue: only areas of a film's size with open glass
     # within reach can hold one, and each is judged on its own rectangle (together a few % of the image)
     areas, _count = ndimage.label(flat)

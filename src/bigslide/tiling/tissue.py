@@ -20,6 +20,7 @@ from bigslide.tiling.pixel_classes import (
     FILM,
     GLASS,
     GLASS_OD,
+    GLASS_WINDOW_UM,
     INK,
     PEN_FLATNESS,
     RULE_HIGH,
@@ -30,6 +31,7 @@ from bigslide.tiling.pixel_classes import (
     TissueSettings,
     enclosed,
     flatness_window,
+    gaussian_planes,
     greyscale,
     light_texture,
     optical_density,
@@ -126,14 +128,28 @@ def classify_pixels(
     total = summed(od)
     sigma = max(1.0, TEXTURE_UM / pixel_um) if pixel_um else 1.0
     ink = ink_mask(od, settings, sigma) | (grey < RULE_LOW)
-    out = np.where(total >= GLASS_OD, TISSUE, GLASS).astype(np.uint8)
+    window = max(0.5, GLASS_WINDOW_UM / pixel_um) if pixel_um else 0.5
+    faint = total >= 0.5 * GLASS_OD  # bare glass stays glass, however near a tissue's edge
+    around = gaussian_planes(total[None], window)[0]
+    out = _classes(np.where(faint, np.maximum(total, around), total), ink, pixel_um, settings)
+    if settings.ink_flatness > 0:
+        # films are judged on glass pixel by pixel: a stroke's faint halo is glass around it, not tissue
+        plain = _classes(total, ink, pixel_um, settings)
+        films = films_on_glass(od, plain, settings, pixel_um or UNKNOWN_PIXEL_UM)
+        out[films & (out != INK)] = FILM if mark_films else INK
+    return out
+
+
+def _classes(
+    absorbing: np.ndarray, ink: np.ndarray, pixel_um: float | None, settings: TissueSettings
+) -> np.ndarray:
+    """TISSUE where `absorbing` (summed OD above the glass) reaches GLASS_OD, else GLASS; INK at `ink`;
+    glass enclosed by tissue up to `settings.fill_holes_um` across is tissue."""
+    out = np.where(absorbing >= GLASS_OD, TISSUE, GLASS).astype(np.uint8)
     out[ink] = INK
     if pixel_um and settings.fill_holes_um > 0:
         hole = math.pi * (settings.fill_holes_um / pixel_um / 2) ** 2
         out[enclosed(out != TISSUE, hole) & (out == GLASS)] = TISSUE
-    if settings.ink_flatness > 0:
-        films = films_on_glass(od, out, settings, pixel_um or UNKNOWN_PIXEL_UM)
-        out[films & (out != INK)] = FILM if mark_films else INK
     return out
 
 
