@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         given = [
             f"--{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items()) if v not in (None, False)
         ]
-    command = "bigslide bench learning " + " ".join(given)
+    niceness = os.nice(0)  # the runs' times depend on it: the table says how each command ran
+    command = (f"nice -n {niceness} " if niceness else "") + "bigslide bench learning " + " ".join(given)
     meta = {
         "torch": torch.__version__,
         "python": platform.python_version(),

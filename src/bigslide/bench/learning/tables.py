@@ -190,7 +190,7 @@ def render_tables(state: dict[str, Any]) -> str:
     lines = [
         f"Machine: 2-core CPU VM, shared; torch {meta.get('torch')}, Python "
         f"{meta.get('python')}. Commands: "
-        + ", ".join(f"`nice -n 5 {c}`" for c in state.get("commands", []))
+        + ", ".join(f"`{c}`" for c in state.get("commands", []))
         + f". {meta.get('slides')} (tumour) and {meta.get('subtle_slides')} (subtle) slides of 1024² per set "
         f"(half train, a quarter validation, a quarter test), backbone "
         f"`{meta.get('backbone')}` from random weights; epochs: "
