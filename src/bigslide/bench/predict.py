@@ -38,10 +38,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bigslide.bench.io_slide import MPP, QUALITY, TILE, DecodeFloor, ensure_slide, touched_file_tiles
 from bigslide.bench.targets import Targets, add_target_argument, machine_line
+
+if TYPE_CHECKING:
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.table import SlideTable
 
 PIXELS16 = "bench_16_pixels"
 
@@ -83,21 +87,16 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bigslide.cli.predict import predict_to
-    from bigslide.data.bags import BagDataset
-    from bigslide.data.table import SlideEntry, SlideTable
     from bigslide.engine.cohort import read_cohort
     from bigslide.engine.inference import load_trained
 
     print(machine_line(), flush=True)
     print(f"command: bigslide bench predict {' '.join(_argv(args))}", flush=True)
     cache = Path(args.cache)
-    paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(args.slides)]
-    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    paths, table, grids = _cohort(args, cache, args.slides)
     ckpt = _checkpoint(cache, args)
     trained = load_trained(ckpt, device=args.device)
     counts = [int(w) for w in args.workers.split(",")]
-
-    grids = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
     n_tiles = sum(len(g) for g in grids.grids)
     file_tiles = [touched_file_tiles(g.coords, g.plan.read_size, TILE) for g in grids.grids]
     n_file_tiles = sum(len(f) for f in file_tiles)
@@ -205,14 +204,22 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _cohort(args: argparse.Namespace, cache: Path, count: int) -> tuple[list[Path], SlideTable, BagDataset]:
+    """The bench's first `count` slides (written once), their table and their tile grids (a
+    `BagDataset` of whole-slide bags; close its `slides` when done)."""
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.table import SlideEntry, SlideTable
+
+    paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(count)]
+    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    return paths, table, BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
+
+
 def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targets) -> None:
     """`bigslide predict` as a command on `--rank-slides` slides, one process and under torchrun, one
     decode worker and one core per rank."""
     import subprocess
     import sys
-
-    from bigslide.data.bags import BagDataset
-    from bigslide.data.table import SlideEntry, SlideTable
 
     counts = [int(r) for r in args.ranks.split(",")]
     cores = len(os.sched_getaffinity(0))
@@ -220,9 +227,7 @@ def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targ
         raise SystemExit(
             f"--ranks {args.ranks}: each rank gets a core of its own, and this machine has {cores}"
         )
-    paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(args.rank_slides)]
-    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
-    grids = BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
+    _paths, table, grids = _cohort(args, cache, args.rank_slides)
     n_tiles = sum(len(g) for g in grids.grids)
     grids.slides.close()
 
