@@ -285,3 +285,37 @@ def test_a_viewer_slice_of_many_tiles_decodes_them_on_the_tile_threads(
     np.testing.assert_array_equal(pixels, expected)
     np.testing.assert_array_equal(again, pixels)
     assert not [t for t in threading.enumerate() if t.name.startswith("bigslide-tiles")]  # none lingers
+
+
+def _halved(image: np.ndarray) -> np.ndarray:
+    """2 x 2 block means, rounded half up; a last odd row or column dropped."""
+    h, w = image.shape[0] // 2 * 2, image.shape[1] // 2 * 2
+    blocks = image[:h, :w].astype(np.uint16)
+    sums = blocks[0::2, 0::2] + blocks[1::2, 0::2] + blocks[0::2, 1::2] + blocks[1::2, 1::2]
+    return ((sums + 2) // 4).astype(np.uint8)
+
+
+def test_a_slide_without_small_levels_gets_overviews_for_a_viewer(tmp_path: Path) -> None:
+    """A single-level slide larger than the screen: the viewer's pyramid halves it until it fits
+    OVERVIEW_SIDE, each overview the block means of the level above, every file tile decoded once."""
+    from bigslide.wsi.slide_view import OVERVIEW_SIDE
+
+    image = textured_image(2200, 2601, seed=5)
+    flat = tmp_path / "flat.tif"
+    tifffile.imwrite(flat, image, photometric="rgb", tile=(256, 256))
+    with open_slide(flat) as slide:
+        pyramid = slide.pyramid()
+        assert slide.level_count == 1
+        assert [p.shape for p in pyramid] == [(2200, 2601, 3), (1100, 1300, 3), (550, 650, 3)]
+        assert max(pyramid[-1].shape[:2]) <= OVERVIEW_SIDE < max(pyramid[-2].shape[:2])
+        smallest = np.asarray(pyramid[-1])
+        assert slide.pixels_read[0] == 2200 * 2601  # every file tile, once
+        np.testing.assert_array_equal(np.asarray(pyramid[1]), _halved(image))
+        np.testing.assert_array_equal(smallest, _halved(_halved(image)))
+        np.testing.assert_array_equal(pyramid[1][1000:1100:3, 1207:1300], _halved(image)[1000:1100:3, 1207:])
+        assert slide.pixels_read[0] == 2200 * 2601  # kept: nothing decoded again
+
+
+def test_a_pyramid_that_reaches_the_screen_gets_no_overview(svs_slide: WrittenSlide) -> None:
+    with open_slide(svs_slide.path) as slide:
+        assert len(slide.pyramid()) == slide.level_count

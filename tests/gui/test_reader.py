@@ -99,9 +99,13 @@ def test_huge_slide_opens_lazily(viewer: Any, qtbot: Any, huge_slide: Path) -> N
     qtbot.wait(300)  # let napari draw what is on screen
     assert opened < 2.0
     assert layer.data[0].shape == (16384, 24576, 3)
-    decoded = layer.data[0].cache.slide.pixels_read
-    assert decoded[len(layer.data) - 1] > 0  # napari did draw, from the coarsest level
+    slide = layer.data[0].cache.slide
+    decoded = slide.pixels_read
+    assert decoded[slide.level_count - 1] > 0  # napari did draw, from the file's coarsest level
     assert decoded[0] == 0
+    # below it, overviews the size of the screen: what napari shows of the whole slide
+    assert len(layer.data) == slide.level_count + 2
+    assert [d.shape[:2] for d in layer.data[-2:]] == [(1024, 1536), (512, 768)]
 
 
 def test_a_tile_that_will_not_decode_is_striped_named_once_and_marked_in_the_slides_table(

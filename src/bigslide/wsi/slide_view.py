@@ -5,6 +5,11 @@ tissue) instead of failing the whole view.
 A real scanner's file can hold a few damaged tiles; a viewer reading through zarr or dask raises the
 decoder's error from its first draw and shows nothing. Here the error goes to `on_error` (once per tile)
 and the rest of the slide is shown.
+
+Below a pyramid whose coarsest level is still large (a file of two or three levels, or of one), overview
+levels halve it until it fits OVERVIEW_SIDE: a viewer showing the whole slide then uploads and keeps a
+picture the size of the screen, not the coarsest level whole (a 4096 x 3072 level is 38 MB to copy and
+to send to the graphics card on every first view; a single-level slide would be gigabytes).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ STRIPE_PX = 8
 PARALLEL_TILES = 8
 """A slice needing at least this many tiles not yet decoded decodes them on several threads."""
 MAX_TILE_THREADS = 4
+OVERVIEW_SIDE = 1024
+"""Overview levels are added below the file's coarsest level until the longer side is at most this."""
 OnError = Callable[[SlideError], None]
 
 
@@ -53,13 +60,24 @@ class TileCache:
 
     def __init__(self, slide: Slide, on_error: OnError | None = None, max_bytes: int = CACHE_BYTES) -> None:
         self.slide, self.on_error, self.max_bytes = slide, on_error, max_bytes
+        self.shapes = [(h, w) for w, h in slide.level_dimensions]
+        """(height, width) of each level: the file's, then the overview levels below them."""
+        while max(self.shapes[-1]) > OVERVIEW_SIDE and min(self.shapes[-1]) >= 2:
+            self.shapes.append((self.shapes[-1][0] // 2, self.shapes[-1][1] // 2))
         self._tiles: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
         self._failed: set[tuple[int, int, int]] = set()
         self._bytes = 0
         self._lock = threading.Lock()
 
+    def tile_shape(self, level: int) -> tuple[int, int]:
+        """(height, width) of a tile of `level`: an overview level's are its file level's."""
+        return self.slide.tile_shape(min(level, self.slide.level_count - 1))
+
     def tile(self, level: int, row: int, col: int) -> np.ndarray | None:
-        """The decoded tile, or None when it will not decode."""
+        """The decoded tile, or None when it will not decode (an overview tile is never None: the parts
+        that will not decode are striped)."""
+        if level >= self.slide.level_count:
+            return self._overview_tile(level, row, col)
         key = (level, row, col)
         with self._lock:
             if key in self._failed:
@@ -77,27 +95,81 @@ class TileCache:
             if first and self.on_error is not None:
                 self.on_error(err)
             return None
+        self._keep(key, tile)
+        return tile
+
+    def _keep(self, key: tuple[int, int, int], tile: np.ndarray) -> None:
         with self._lock:
             if key not in self._tiles:
                 self._tiles[key] = tile
                 self._bytes += tile.nbytes
             while self._bytes > self.max_bytes and len(self._tiles) > 1:
                 self._bytes -= self._tiles.popitem(last=False)[1].nbytes
+
+    def _overview_tile(self, level: int, row: int, col: int) -> np.ndarray:
+        """Tile (row, col) of an overview level: the 2 x 2 tiles of the level above it, averaged in
+        blocks of 2 x 2 pixels."""
+        key = (level, row, col)
+        with self._lock:
+            tile = self._tiles.get(key)
+            if tile is not None:
+                self._tiles.move_to_end(key)
+                return tile
+        th, tw = self.tile_shape(level)
+        h, w = self.shapes[level]
+        above = np.full((2 * th, 2 * tw, 3), BACKGROUND, np.uint8)
+        for dr in (0, 1):
+            for dc in (0, 1):
+                r, c = 2 * row + dr, 2 * col + dc
+                if r * th >= self.shapes[level - 1][0] or c * tw >= self.shapes[level - 1][1]:
+                    continue
+                part = self.tile(level - 1, r, c)
+                if part is None:
+                    ph, pw = (
+                        min(th, self.shapes[level - 1][0] - r * th),
+                        min(tw, self.shapes[level - 1][1] - c * tw),
+                    )
+                    part = _stripes(ph, pw, r * th, c * tw)
+                above[dr * th : dr * th + part.shape[0], dc * tw : dc * tw + part.shape[1]] = part
+        sums = above[0::2, 0::2].astype(np.uint16)
+        sums += above[1::2, 0::2]
+        sums += above[0::2, 1::2]
+        sums += above[1::2, 1::2]
+        tile = ((sums + 2) // 4).astype(np.uint8)[: min(th, h - row * th), : min(tw, w - col * tw)]
+        self._keep(key, tile)
         return tile
 
     def decode_many(self, level: int, tiles: list[tuple[int, int]]) -> None:
         """Decode the tiles of `level` not yet kept, on several threads when there are many (the decoders
         let go of the interpreter lock): a view of a slide's coarsest level, JPEG 2000 above all, is
-        hundreds of tiles that one thread decodes in turn."""
+        hundreds of tiles that one thread decodes in turn. An overview level's tiles are made from its
+        file level's, decoded so."""
+        if level >= self.slide.level_count:
+            above = {(2 * r + dr, 2 * c + dc) for r, c in tiles for dr in (0, 1) for dc in (0, 1)}
+            h, w = self.shapes[level - 1]
+            th, tw = self.tile_shape(level)
+            self.decode_many(level - 1, sorted((r, c) for r, c in above if r * th < h and c * tw < w))
+            self._in_parallel(lambda rc: self._overview_tile(level, *rc), self._missing(level, tiles))
+            return
+        self._in_parallel(lambda rc: self.tile(level, *rc), self._missing(level, tiles))
+
+    def _missing(self, level: int, tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:
         with self._lock:
-            known = [(level, r, c) in self._tiles or (level, r, c) in self._failed for r, c in tiles]
-        missing = [rc for rc, seen in zip(tiles, known, strict=True) if not seen]
-        if len(missing) < PARALLEL_TILES:
+            return [
+                (r, c)
+                for r, c in tiles
+                if (level, r, c) not in self._tiles and (level, r, c) not in self._failed
+            ]
+
+    @staticmethod
+    def _in_parallel(make: Callable[[tuple[int, int]], Any], tiles: list[tuple[int, int]]) -> None:
+        """`make` each tile, on several threads when there are many (else they are made when read)."""
+        if len(tiles) < PARALLEL_TILES:
             return
         # threads made for the call and joined before it returns: none lingers into a later fork
-        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(missing))
+        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(tiles))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
-            list(pool.map(lambda rc: self.tile(level, *rc), missing))
+            list(pool.map(make, tiles))
 
     @property
     def failed(self) -> set[tuple[int, int, int]]:
@@ -110,11 +182,11 @@ class TileLevel:
 
     def __init__(self, cache: TileCache, level: int) -> None:
         self.cache, self.level = cache, level
-        w, h = cache.slide.level_dimensions[level]
+        h, w = cache.shapes[level]
         self.shape = (h, w, 3)
         self.dtype = np.dtype(np.uint8)
         self.ndim = 3
-        self.tile_shape = cache.slide.tile_shape(level)
+        self.tile_shape = cache.tile_shape(level)
 
     @property
     def size(self) -> int:
@@ -161,9 +233,10 @@ def _stripes(height: int, width: int, y0: int, x0: int) -> np.ndarray:
 
 
 def tile_levels(slide: Slide, on_error: OnError | None = None) -> list[TileLevel]:
-    """Every level of `slide` as a `TileLevel`, sharing one cache of decoded tiles."""
+    """Every level of `slide` as a `TileLevel`, then its overview levels, sharing one cache of decoded
+    tiles."""
     cache = TileCache(slide, on_error)
-    return [TileLevel(cache, level) for level in range(slide.level_count)]
+    return [TileLevel(cache, level) for level in range(len(cache.shapes))]
 
 
 def _split_key(key: Any) -> tuple[slice, slice, Any, tuple[bool, bool]]:
