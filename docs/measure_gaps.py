@@ -81,11 +81,16 @@ def retrain(viewer: Any, panels: Any, gaps: Gaps, checkpoint: Any) -> float:
     r.slide_box.setCurrentText(taught.name)
     h, w = taught.level_shapes[0][:2]
     box = r.annotate
-    for name, (y, x) in (("tumor", (h / 2, w / 2)), (NOT_LESION, (h / 8, w / 8))):
-        box.class_box.setCurrentText(name)
-        box.draw_button.click()
-        side = min(h, w) / 8
-        box.layer().add_polygons([np.array([[y, x], [y, x + side], [y + side, x + side], [y + side, x]])])
+
+    def draw() -> None:
+        for name, (y, x) in (("tumor", (h / 2, w / 2)), (NOT_LESION, (h / 8, w / 8))):
+            box.class_box.setCurrentText(name)
+            box.draw_button.click()
+            side = min(h, w) / 8
+            box.layer().add_polygons([np.array([[y, x], [y, x + side], [y + side, x + side], [y + side, x]])])
+
+    # drawn (and painted) before Save is pressed, as a person's outlines are
+    act_on(gaps, "draw two outlines (first: a new layer)", draw)
     act_on(gaps, "save the outlines", box.save)
     until(lambda: panels.slides.session.row(row.path).annotated is not None)
     r.checkpoint.setText(str(checkpoint))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import shapely
 import yaml
 from qtpy.QtCore import Qt
@@ -137,8 +138,11 @@ def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
 
 
 def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_and_shows_both_maps(
-    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from bigslide.napari import _retrain as retrain_module
+    from bigslide.napari._compare import in_turns
+
     checkpoint = tiny_checkpoint(
         tiny_set, tmp_path / "runs" / "first", "abmil_acc", {"hidden": 32, "attention_dim": 16}
     )
@@ -153,10 +157,20 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     type_into(qtbot, retrain.weight, "2.5")
     seen: list[Path] = []
     panel.session.checkpoint_saved.connect(seen.append)
+    held: list[Any] = []
+    monkeypatch.setattr(retrain_module, "in_turns", held.append)
     qtbot.mouseClick(retrain.button, Qt.MouseButton.LeftButton)
     assert retrain.worker is not None, retrain.status.text()
     assert retrain.button.text() == "Stop retraining"
+    qtbot.waitUntil(lambda: bool(held), timeout=120_000)
+    # the fine-tune waits for the viewer to draw the map before retraining: held back here, nothing trains
+    steps: list[str] = []
+    retrain.worker.yielded.connect(lambda event: steps.append(type(event).__name__))
+    qtbot.wait(1500)
+    assert "Progress" not in steps, steps
+    in_turns(held.pop())
     qtbot.waitUntil(lambda: retrain.worker is None, timeout=240_000)
+    assert "Progress" in steps
     assert retrain.status.text().startswith("Retrained:"), retrain.status.text()
 
     folder = retrain.run_dir

@@ -13,6 +13,7 @@ the same validation slides. "Close the comparison" removes the copy and its capt
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from bigslide.napari._session import Session
 
 BEFORE = "before retraining"
+DRAWING_WAIT_S = 5.0
+"""Longest the fine-tune waits for the viewer to draw the map before retraining (a few layers, made one
+per event-loop turn): made while training runs, each froze the viewer a third longer."""
 
 
 class ResultsPanel(Protocol):
@@ -64,6 +68,7 @@ class RetrainBox(QGroupBox):
         self.run_gen: Any = None
         self.run_dir: Path | None = None
         self.last_checkpoint: Path | None = None
+        self.before_drawn = threading.Event()  # set: the fine-tune may start (see `_retrain`)
         self.epochs = NumberField(
             int, 5, name="retraining epochs", minimum=1, maximum=10_000, tip="Epochs of the fine-tune run"
         )
@@ -160,11 +165,13 @@ class RetrainBox(QGroupBox):
         self.last_checkpoint = None
         self.summary.setText("")
         table = panel.session.table()
+        self.before_drawn = threading.Event()
         self.run_gen = _retrain(
             checkpoint,
             slide.metadata["path"],
             config,
             table.like([e for e in table.entries if e.annotations is not None]),
+            before_drawn=self.before_drawn,
             regions=row.regions if row is not None else None,
             device=panel.device.currentText(),
             slide_mpp=panel.session.slide_mpp,
@@ -188,6 +195,7 @@ class RetrainBox(QGroupBox):
         return worker
 
     def stop(self) -> None:
+        self.before_drawn.set()
         if self.worker is not None:
             self.status.setText("Stopping after the current step; saving a checkpoint…")
             self.worker.quit()
@@ -222,6 +230,7 @@ class RetrainBox(QGroupBox):
         is the run's from now on."""
         viewer = self.panel.viewer
         if slide not in viewer.layers or "attention" not in prediction.grids:
+            self.before_drawn.set()
             return
         beside = beside_steps(
             viewer,
@@ -234,14 +243,17 @@ class RetrainBox(QGroupBox):
         )
 
         def steps() -> Iterator[None]:
-            yield from beside
-            yield
-            if not layers_with_role(viewer, COMPARISON):
-                return  # the comparison was closed (or never made) meanwhile
-            if slide in viewer.layers:
-                caption(viewer, slide, "after retraining", slide.metadata.get("path"))
-            self.close_comparison.setVisible(True)
-            viewer.reset_view()
+            try:
+                yield from beside
+                yield
+                if not layers_with_role(viewer, COMPARISON):
+                    return  # the comparison was closed (or never made) meanwhile
+                if slide in viewer.layers:
+                    caption(viewer, slide, "after retraining", slide.metadata.get("path"))
+                self.close_comparison.setVisible(True)
+                viewer.reset_view()
+            finally:
+                self.before_drawn.set()  # the fine-tune goes on
 
         in_turns(steps())  # four layers: 0.5-0.8 s made in one turn
 
@@ -286,11 +298,13 @@ def _retrain(
     config: TrainConfig,
     annotated: SlideTable,
     session: Session,
+    before_drawn: threading.Event | None = None,
     **predict: Any,
 ) -> Generator[Any, None, Retrained]:
     """The checkpoint's map of the slide (yielded as (BEFORE, prediction)), the attention inside the
     outlines of the `annotated` slides, the fine-tune run's events, then the attention again; on the
-    session's decode workers, started (on first use) by the thread running this."""
+    session's decode workers, started (on first use) by the thread running this. After BEFORE it waits
+    (DRAWING_WAIT_S at most) for `before_drawn`: the viewer draws that map before training starts."""
     from bigslide.engine.events import Message
     from bigslide.engine.inference import predict_slide
     from bigslide.engine.loop import train
@@ -307,6 +321,8 @@ def _retrain(
     chosen = next((p for p in first if Path(p.slide).resolve() == Path(slide).resolve()), None)
     yield BEFORE, chosen if chosen is not None else predict_slide(checkpoint, slide, **predict)
     before = outline_shares(first, drawn)
+    if before_drawn is not None:
+        before_drawn.wait(DRAWING_WAIT_S)
     result = yield from train(config, processes=predict["processes"])
     after = []
     if result.checkpoint is not None:
