@@ -298,7 +298,7 @@ def _halved(image: np.ndarray) -> np.ndarray:
 def test_a_slide_without_small_levels_gets_overviews_for_a_viewer(tmp_path: Path) -> None:
     """A single-level slide larger than the screen: the viewer's pyramid halves it until it fits
     OVERVIEW_SIDE, each overview the block means of the level above, every file tile decoded once."""
-    from bigslide.wsi.slide_view import OVERVIEW_SIDE
+    from bigslide.wsi.slide_view import OVERVIEW_SIDE, TileCache, TileLevel
 
     image = textured_image(2200, 2601, seed=5)
     flat = tmp_path / "flat.tif"
@@ -314,6 +314,11 @@ def test_a_slide_without_small_levels_gets_overviews_for_a_viewer(tmp_path: Path
         np.testing.assert_array_equal(smallest, _halved(_halved(image)))
         np.testing.assert_array_equal(pyramid[1][1000:1100:3, 1207:1300], _halved(image)[1000:1100:3, 1207:])
         assert slide.pixels_read[0] == 2200 * 2601  # kept: nothing decoded again
+    with open_slide(flat) as slide:  # a level larger than the cache: still each file tile decoded once
+        cache = TileCache(slide, max_bytes=2 << 20)
+        small = np.asarray(TileLevel(cache, len(cache.shapes) - 1))
+        np.testing.assert_array_equal(small, _halved(_halved(image)))
+        assert slide.pixels_read[0] == 2200 * 2601
 
 
 def test_a_pyramid_that_reaches_the_screen_gets_no_overview(svs_slide: WrittenSlide) -> None:
