@@ -296,29 +296,35 @@ def _halved(image: np.ndarray) -> np.ndarray:
 
 
 def test_a_slide_without_small_levels_gets_overviews_for_a_viewer(tmp_path: Path) -> None:
-    """A single-level slide larger than the screen: the viewer's pyramid halves it until it fits
+    """A single-level slide larger than OVERVIEW_FROM: the viewer's pyramid halves it until it fits
     OVERVIEW_SIDE, each overview the block means of the level above, every file tile decoded once."""
-    from bigslide.wsi.slide_view import OVERVIEW_SIDE, TileCache, TileLevel
+    from bigslide.wsi.slide_view import OVERVIEW_FROM, OVERVIEW_SIDE, TileCache, TileLevel
 
-    image = textured_image(2200, 2601, seed=5)
+    image = np.random.default_rng(5).integers(0, 256, (4400, 4201, 3), np.uint8)
     flat = tmp_path / "flat.tif"
     tifffile.imwrite(flat, image, photometric="rgb", tile=(256, 256))
+    assert max(image.shape[:2]) > OVERVIEW_FROM
     with open_slide(flat) as slide:
         pyramid = slide.pyramid()
         assert slide.level_count == 1
-        assert [p.shape for p in pyramid] == [(2200, 2601, 3), (1100, 1300, 3), (550, 650, 3)]
+        assert [p.shape for p in pyramid] == [
+            (4400, 4201, 3),
+            (2200, 2100, 3),
+            (1100, 1050, 3),
+            (550, 525, 3),
+        ]
         assert max(pyramid[-1].shape[:2]) <= OVERVIEW_SIDE < max(pyramid[-2].shape[:2])
         smallest = np.asarray(pyramid[-1])
-        assert slide.pixels_read[0] == 2200 * 2601  # every file tile, once
+        assert slide.pixels_read[0] == 4400 * 4201  # every file tile, once
         np.testing.assert_array_equal(np.asarray(pyramid[1]), _halved(image))
-        np.testing.assert_array_equal(smallest, _halved(_halved(image)))
-        np.testing.assert_array_equal(pyramid[1][1000:1100:3, 1207:1300], _halved(image)[1000:1100:3, 1207:])
-        assert slide.pixels_read[0] == 2200 * 2601  # kept: nothing decoded again
+        np.testing.assert_array_equal(smallest, _halved(_halved(_halved(image))))
+        np.testing.assert_array_equal(pyramid[1][2100:2200:3, 2007:2100], _halved(image)[2100:2200:3, 2007:])
+        assert slide.pixels_read[0] == 4400 * 4201  # kept: nothing decoded again
     with open_slide(flat) as slide:  # a level larger than the cache: still each file tile decoded once
-        cache = TileCache(slide, max_bytes=2 << 20)
+        cache = TileCache(slide, max_bytes=4 << 20)
         small = np.asarray(TileLevel(cache, len(cache.shapes) - 1))
-        np.testing.assert_array_equal(small, _halved(_halved(image)))
-        assert slide.pixels_read[0] == 2200 * 2601
+        np.testing.assert_array_equal(small, _halved(_halved(_halved(image))))
+        assert slide.pixels_read[0] == 4400 * 4201
 
 
 def test_a_pyramid_that_reaches_the_screen_gets_no_overview(svs_slide: WrittenSlide) -> None:
