@@ -9,7 +9,7 @@ and the rest of the slide is shown.
 Below a pyramid whose coarsest level is still larger than OVERVIEW_FROM (a file of one level, or of two),
 overview levels halve it until it fits OVERVIEW_SIDE: a viewer showing the whole slide then keeps a picture
 the size of the screen, not the coarsest level whole (a single-level slide of 20,000 x 16,000 px took 3.6 GB
-and a 10.8 s freeze in napari; with overviews 0.6 GB and 5.4 s, its tiles decoded once).
+and a 10.8 s freeze in napari; with overviews 0.6 GB and 5-6 s, its tiles decoded once).
 """
 
 from __future__ import annotations
