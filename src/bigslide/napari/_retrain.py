@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 BEFORE = "before retraining"
 DRAWING_WAIT_S = 5.0
 """Longest the fine-tune waits for the viewer to draw the map before retraining (a few layers, made one
-per event-loop turn): made while training runs, each froze the viewer a third longer."""
+per event-loop turn), so that they are not made while training takes the cores."""
 
 
 class ResultsPanel(Protocol):
