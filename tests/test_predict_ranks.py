@@ -97,6 +97,9 @@ def test_the_predict_bench_times_the_command_under_torchrun(tmp_path: Path) -> N
     )
     assert "failed" not in done.stdout
     assert "target predict, 2 ranks >= 0.8 x 2 x 1 rank" in done.stdout
+    # prediction is held to the slower of its reading and its model, reading to the workers' decode floor
+    assert "target predict, 1 worker >= 0.8 x min(reading, 1 worker; model alone)" in done.stdout
+    assert "target reading, 1 worker >= 0.8 x 1 x decode floor" in done.stdout
 
 
 DYING_RANK = """
