@@ -22,9 +22,19 @@ __all__ = ["DataConfig", "MethodConfig", "ModelConfig", "OptimConfig", "RunConfi
 
 @dataclass
 class ModelConfig:
-    backbone: str = field(default="resnet18", metadata={"help": "timm model name"})
-    pretrained: bool = field(default=False, metadata={"help": "ImageNet weights from the timm hub"})
-    weights: str | None = field(default=None, metadata={"help": "local backbone state dict"})
+    backbone: str = field(
+        default="resnet18",
+        metadata={
+            "help": "timm model name, hf-hub:ORG/NAME, or package.module:factory (an nn.Module of your own)"
+        },
+    )
+    pretrained: bool = field(
+        default=False,
+        metadata={"help": "the hub's weights (timm's ImageNet weights, or the hf-hub repository's)"},
+    )
+    weights: str | None = field(
+        default=None, metadata={"help": "local backbone state dict (.safetensors, .pt, .pth, .bin)"}
+    )
     init_from: str | None = field(
         default=None,
         metadata={

@@ -218,7 +218,7 @@ def load_trained(
             f"{checkpoint}: trained with data.stain_normalise={config.data.stain_normalise} but holds no "
             "stain reference; retrain it with this version"
         )
-    method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain)
+    method = setup.build_method(config, endpoint, setup.resolve_device(device), stain=stain, checkpoint=state)
     method.model.load_state_dict(state["model"])
     method.model.eval()
     decision = Decision.from_state(state.get("decision"), len(classes))

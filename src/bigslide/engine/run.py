@@ -42,6 +42,7 @@ from bigslide.errors import DataError, SlideError, TrainingError
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, StepResult
+from bigslide.nn.backbones import hub_recipe
 
 NEXT_EPOCH_AHEAD = 2
 """Batches of the next epoch read while an epoch validates."""
@@ -159,6 +160,8 @@ class Run:
             "endpoint": self.endpoint.state(),
             "method": method.name,
             "model": method.model.state_dict(),
+            # how a hub encoder is built again without the hub (None for every other backbone)
+            "encoder": hub_recipe(self.config.model.backbone),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "stepper": self.stepper.state_dict(),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -54,17 +55,26 @@ def build_method(
     device: torch.device,
     *,
     stain: StainFit | Literal["fit"] | None = "fit",
+    checkpoint: Mapping[str, Any] | None = None,
 ) -> Method:
     """The configured method predicting `target`: an endpoint, or a list of classes. `stain`: the stain
     reference slides are normalised to; "fit": the one `config.data` names (a trained checkpoint passes
-    the one it saved instead, so prediction maps slides exactly as training did)."""
+    the one it saved instead, so prediction maps slides exactly as training did). `checkpoint`: the saved
+    state whose weights will replace the model's first ones.
+
+    Weights that a checkpoint (this one, or `model.init_from`'s) replaces are neither downloaded nor read:
+    a checkpoint predicts on a machine without network, without the hub's cache and without the file
+    `model.weights` named where it was trained. A Hugging Face hub encoder is built from the description
+    saved with it."""
     cls = get_method(config.method.name)
     params = make_params(config.method.name, config.method.params)
     endpoint = target if isinstance(target, Endpoint) else Endpoint(classes=list(target))
+    replaced = checkpoint is not None or bool(config.model.init_from)
     spec = ModelSpec(
         backbone=config.model.backbone,
-        pretrained=config.model.pretrained,
-        weights=config.model.weights,
+        pretrained=config.model.pretrained and not replaced,
+        weights=None if replaced else config.model.weights,
+        recipe=checkpoint.get("encoder") if checkpoint is not None else None,
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,

@@ -26,6 +26,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
 from bigslide.data.stain_norm import StainFit
 from bigslide.errors import ConfigError
+from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
 if TYPE_CHECKING:
@@ -114,11 +115,24 @@ class ModelSpec:
     instance_weight: float = 0.0
     # the tile encoder's memory layout ("auto": channels-last for a CNN on CUDA; `encoder_layout`)
     channels_last: str = "auto"
+    # how a checkpoint's hub encoder is built without the hub (`bigslide.nn.backbones.hub_recipe`)
+    recipe: dict[str, Any] | None = None
 
     @property
     def outputs(self) -> int:
         """Logits the model gives per item."""
         return self.endpoint.n_outputs if self.endpoint is not None else self.num_classes
+
+    def encoder(self, out_dim: int | None = None, **kwargs: Any) -> Encoder:
+        """The tile encoder this spec names, with its starting weights (`create_encoder`)."""
+        return create_encoder(
+            self.backbone,
+            pretrained=self.pretrained,
+            weights=self.weights,
+            out_dim=out_dim,
+            recipe=self.recipe,
+            **kwargs,
+        )
 
 
 P = TypeVar("P", bound=MethodParams)

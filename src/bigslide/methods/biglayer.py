@@ -54,7 +54,7 @@ from bigslide.methods.encoder_layout import wants_channels_last
 from bigslide.methods.instances import check_support, instance_term, tile_classifier, with_instances
 from bigslide.methods.mil import BN_WORDS, MILParams, aggregator_kwargs, bn_policy
 from bigslide.methods.replay import batchnorm_mode, is_channels_last
-from bigslide.nn.backbones import Encoder, create_encoder
+from bigslide.nn.backbones import Encoder
 from bigslide.nn.big import make_big
 from bigslide.nn.mil import bag_loss, make_aggregator
 
@@ -71,7 +71,7 @@ _MIL_BN_HELP = (
 
 
 def _big_encoder(spec: ModelSpec, stages: int, budget_mb: float, device: torch.device) -> Encoder:
-    encoder = create_encoder(spec.backbone, pretrained=spec.pretrained, weights=spec.weights)
+    encoder = spec.encoder()
     make_big(encoder, stages, int(budget_mb * 2**20))
     if wants_channels_last(spec.channels_last, encoder, device):
         # the host activations follow the input's layout: channels-last rows are one block per partition

@@ -27,7 +27,6 @@ from bigslide.methods.base import (
     register,
 )
 from bigslide.methods.batchnorm import IMAGE_BN_MODE_HELP, ImageBnMode, frozen_batchnorm
-from bigslide.nn.backbones import create_encoder
 
 if TYPE_CHECKING:
     from bigslide.memory.targets import Candidate, Settings, Target
@@ -77,13 +76,7 @@ class FullImage(Method[FullImageParams]):
 
     def build_model(self) -> nn.Module:
         extra: dict[str, object] = {"img_size": self.params.img_size} if self.params.img_size else {}
-        model: nn.Module = create_encoder(
-            self.spec.backbone,
-            pretrained=self.spec.pretrained,
-            weights=self.spec.weights,
-            out_dim=self.spec.outputs,
-            **extra,
-        )
+        model: nn.Module = self.spec.encoder(self.spec.outputs, **extra)
         if self.params.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return model

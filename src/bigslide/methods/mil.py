@@ -20,7 +20,7 @@ from bigslide.methods.batchnorm import freeze_batchnorm_affine
 from bigslide.methods.encoder_layout import wants_channels_last
 from bigslide.methods.instances import InstanceTerm, check_support, instance_term, tile_classifier
 from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, encode_chunks
-from bigslide.nn.backbones import Encoder, NoEncoder, create_encoder
+from bigslide.nn.backbones import Encoder, NoEncoder
 from bigslide.nn.mil import Aggregator, make_aggregator
 from bigslide.nn.mil.base import split_head_output
 
@@ -216,13 +216,9 @@ class MILMethod(Method[P]):
 
     def build_model(self) -> nn.Module:
         p = self.params
-        encoder: Encoder | NoEncoder
-        if self.spec.feature_dim:
-            encoder = NoEncoder(self.spec.feature_dim)
-        else:
-            encoder = create_encoder(
-                self.spec.backbone, pretrained=self.spec.pretrained, weights=self.spec.weights
-            )
+        encoder: Encoder | NoEncoder = (
+            NoEncoder(self.spec.feature_dim) if self.spec.feature_dim else self.spec.encoder()
+        )
         aggregator = make_aggregator(p.aggregator, encoder.dim, self.spec.outputs, **aggregator_kwargs(p))
         if getattr(p, "bn_mode", None) == "frozen":
             freeze_batchnorm_affine(encoder)

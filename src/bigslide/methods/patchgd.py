@@ -65,7 +65,7 @@ from bigslide.methods.zblock import (
     patch_view,
     zblock_maps,
 )
-from bigslide.nn.backbones import Encoder, create_encoder, normalised_in_place
+from bigslide.nn.backbones import Encoder, normalised_in_place
 from bigslide.nn.patchgd_heads import make_head
 
 if TYPE_CHECKING:
@@ -157,9 +157,7 @@ class PatchGD(Method[PatchGDParams]):
 
     def build_model(self) -> nn.Module:
         p = self.params
-        encoder = _patch_encoder(
-            self.spec.backbone, self.spec.pretrained, self.spec.weights, p.latent_dim, p.patch_size
-        )
+        encoder = _patch_encoder(self.spec, p.latent_dim, p.patch_size)
         if p.channels_last:
             encoder = channels_last_encoder(encoder, host=self.device.type == "cpu")
         head = make_head(
@@ -289,14 +287,10 @@ def _encode(encoder: nn.Module, patches: torch.Tensor) -> torch.Tensor:
         ) from None
 
 
-def _patch_encoder(
-    name: str, pretrained: bool, weights: str | None, latent_dim: int, patch_size: int
-) -> Encoder:
-    """A timm encoder projecting each patch to `latent_dim`; models with a fixed input size (ViTs) are built
-    for `patch_size` so their position embeddings fit."""
+def _patch_encoder(spec: ModelSpec, latent_dim: int, patch_size: int) -> Encoder:
+    """The spec's encoder projecting each patch to `latent_dim`; models with a fixed input size (ViTs) are
+    built for `patch_size` so their position embeddings fit."""
     try:
-        return create_encoder(
-            name, pretrained=pretrained, weights=weights, out_dim=latent_dim, img_size=patch_size
-        )
+        return spec.encoder(latent_dim, img_size=patch_size)
     except TypeError:  # the model takes any input size and has no img_size argument
-        return create_encoder(name, pretrained=pretrained, weights=weights, out_dim=latent_dim)
+        return spec.encoder(latent_dim)

@@ -102,7 +102,14 @@ class TrainForm(Panel):
         normalise.currentIndexChanged.connect(lambda _i: self._show_reference())
 
         defaults = OptimConfig()
-        self.backbone = combo_box(BACKBONES, editable=True, tip="Any timm model name")
+        self.backbone = combo_box(
+            BACKBONES,
+            editable=True,
+            tip=(
+                "Any timm model name; hf-hub:ORG/NAME for a model in the Hugging Face cache; "
+                "package.module:factory for an nn.Module of your own"
+            ),
+        )
         self.epochs = NumberField(int, defaults.epochs, name="epochs", minimum=1, maximum=100_000)
         self.lr = NumberField(
             float,

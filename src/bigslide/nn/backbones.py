@@ -1,11 +1,16 @@
-"""Encoders from timm: any timm model name, with ImageNet normalisation built in.
+"""Tile encoders: any timm model name, a timm model on the Hugging Face hub (`hf-hub:org/name`, read from
+the local Hugging Face cache when there is no network), or a plain `nn.Module` of the user's own
+(`package.module:factory`), with the backbone's normalisation built in.
 
 Inputs everywhere in bigslide are RGB floats in [0, 1]; the encoder normalises them with the
-backbone's own mean/std so pretrained weights see what they were trained on.
+backbone's own mean/std (timm's `pretrained_cfg`; ImageNet's when the model states none) so pretrained
+weights see what they were trained on.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,12 @@ import torch
 from torch import nn
 
 from bigslide.errors import ConfigError
+
+HUB_PREFIXES = ("hf-hub:", "hf_hub:")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+PROBE_SIDE = 224
+"""Side of the blank tiles a plain module's feature width is measured on when it does not state it."""
 
 
 class Normalize(nn.Module):
@@ -36,11 +47,13 @@ class Normalize(nn.Module):
 class Encoder(nn.Module):
     """`normalize` then a timm backbone with its classifier removed: (B, 3, H, W) -> (B, dim)."""
 
-    def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def __init__(
+        self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...], dim: int | None = None
+    ) -> None:
         super().__init__()
         self.normalize = Normalize(mean, std)
         self.backbone = backbone
-        self.dim: int = int(getattr(backbone, "num_features"))  # noqa: B009 (typed as Tensor | Module)
+        self.dim: int = int(getattr(backbone, "num_features") if dim is None else dim)  # noqa: B009
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(self.normalize(x))
@@ -79,35 +92,159 @@ def create_encoder(
     pretrained: bool = False,
     weights: str | Path | None = None,
     out_dim: int | None = None,
+    recipe: dict[str, Any] | None = None,
     **timm_kwargs: Any,
 ) -> Encoder:
-    """A timm backbone by name as an `Encoder`.
+    """An encoder by name (see the module's notes for the three kinds of name).
 
-    `pretrained=True` uses timm's hub weights; `weights` loads a local state dict (timm naming) instead.
-    `out_dim` adds a linear projection to that size (timm's `num_classes`), e.g. PatchGD's latent size.
+    `pretrained=True` uses the hub's weights (timm's, or the `hf-hub:` repository's); `weights` loads a
+    local state dict instead (a `.safetensors` file, or a torch file of the state dict itself or holding
+    it under "state_dict" or "model"). `out_dim` adds a linear projection to that size (timm's
+    `num_classes`), e.g. PatchGD's latent size. `recipe`: a hub encoder's `hub_recipe`, saved in a
+    checkpoint: the model is built from it without the hub (its weights come from the checkpoint).
     """
-    try:
-        backbone = timm.create_model(
-            name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
-        )
-    except RuntimeError as err:  # timm raises RuntimeError for unknown names
-        raise ConfigError(f"model.backbone: {err}") from None
-    if weights is not None:
-        path = Path(weights)
-        if not path.is_file():
-            raise ConfigError(f"model.weights: no such file {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        missing, unexpected = backbone.load_state_dict(state, strict=False)
-        ignorable = {k for k in missing if k.startswith(("fc.", "head", "classifier"))}
-        if set(missing) - ignorable or unexpected:
-            raise ConfigError(
-                f"model.weights: {path} does not fit {name}: missing {sorted(set(missing) - ignorable)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]}"
+    dim = None
+    if recipe is not None:
+        args = {**recipe["model_args"], "num_classes": out_dim or 0, **timm_kwargs}
+        backbone = timm.create_model(recipe["architecture"], pretrained=False, **args)
+        mean, std = tuple(recipe["mean"]), tuple(recipe["std"])
+    elif _is_import_path(name):
+        backbone, dim = _plain_module(name, out_dim, weights, timm_kwargs)
+        weights = None  # loaded into the module itself, before any projection
+        cfg = getattr(backbone, "pretrained_cfg", None) or {}
+        mean, std = tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+    else:
+        if name.startswith(HUB_PREFIXES):
+            hub_recipe(name)  # the hub's configuration, or a ConfigError saying why it cannot be read
+        try:
+            backbone = timm.create_model(
+                name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
             )
-    cfg: dict[str, Any] = getattr(backbone, "pretrained_cfg", None) or {}
-    mean = tuple(cfg.get("mean", (0.485, 0.456, 0.406)))
-    std = tuple(cfg.get("std", (0.229, 0.224, 0.225)))
-    encoder = Encoder(backbone, mean, std)
+        except RuntimeError as err:  # timm raises RuntimeError for unknown names
+            raise ConfigError(f"model.backbone: {err}") from None
+        except OSError as err:  # the hub's weights neither in the local cache nor reachable
+            raise ConfigError(f"model.pretrained: {name}: {_hub_error(err)}") from None
+        cfg = getattr(backbone, "pretrained_cfg", None) or {}
+        mean, std = tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+    if weights is not None:
+        _load_weights(backbone, Path(weights), name)
+    encoder = Encoder(backbone, mean, std, dim)
     if out_dim:
         encoder.dim = out_dim
     return encoder
+
+
+@functools.lru_cache(maxsize=16)
+def hub_recipe(name: str) -> dict[str, Any] | None:
+    """For a Hugging Face hub name (`hf-hub:org/name`): what builds its model without the hub, from its
+    `config.json` (the local cache first, as timm reads it): {"architecture", "model_args", "mean",
+    "std"}; None for any other name. A `ConfigError` when it can be read from neither."""
+    if not name.startswith(HUB_PREFIXES):
+        return None
+    from timm.models import load_model_config_from_hf
+
+    try:
+        cfg, architecture, model_args = load_model_config_from_hf(name.split(":", 1)[1])
+    except Exception as err:  # huggingface_hub's errors: offline and not cached, no such repository
+        raise ConfigError(f"model.backbone: {name}: {_hub_error(err)}") from None
+    return {
+        "architecture": architecture,
+        "model_args": dict(model_args or {}),
+        "mean": list(cfg.get("mean", IMAGENET_MEAN)),
+        "std": list(cfg.get("std", IMAGENET_STD)),
+    }
+
+
+def _hub_error(err: BaseException) -> str:
+    return (
+        f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (the model is read from the "
+        "Hugging Face cache, HF_HOME or ~/.cache/huggingface, when there is no network: download it there "
+        "once, e.g. `huggingface-cli download ORG/NAME`, on a machine that can)"
+    )
+
+
+def _is_import_path(name: str) -> bool:
+    return ":" in name and not name.startswith(HUB_PREFIXES)
+
+
+def _plain_module(
+    name: str, out_dim: int | None, weights: str | Path | None, kwargs: dict[str, Any]
+) -> tuple[nn.Module, int]:
+    """The module `package.module:factory` makes (a class or function called with `kwargs`; no
+    arguments by default) with `weights` loaded, a linear projection to `out_dim` when asked, and its
+    feature width: its `num_features`, or measured on blank tiles."""
+    module_name, _, attr = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"model.backbone: {name}: {type(err).__name__}: {err} (a plain module is named "
+            "'package.module:factory', importable where bigslide runs)"
+        ) from None
+    made = factory(**kwargs)  # a TypeError for arguments it does not take: the callers may retry
+    if not isinstance(made, nn.Module):
+        raise ConfigError(f"model.backbone: {name} returned a {type(made).__name__}, not a torch nn.Module")
+    if weights is not None:
+        _load_weights(made, Path(weights), name)
+    dim = getattr(made, "num_features", None)
+    if not isinstance(dim, int):
+        dim = _measured_width(made, name)
+    if out_dim:
+        projected = nn.Sequential(made, nn.Linear(dim, out_dim))
+        projected.pretrained_cfg = getattr(made, "pretrained_cfg", None)  # type: ignore[assignment]
+        return projected, out_dim
+    return made, dim
+
+
+def _measured_width(module: nn.Module, name: str) -> int:
+    """The feature width of `module`'s (B, D) output on two blank PROBE_SIDE tiles (its mode restored)."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(2, 3, PROBE_SIDE, PROBE_SIDE))
+    except Exception as err:
+        raise ConfigError(
+            f"model.backbone: {name} failed on a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch of tiles "
+            f"({type(err).__name__}: {err}); give the module a `num_features` attribute (its output width) "
+            "if it needs another tile size"
+        ) from None
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(
+            f"model.backbone: {name} returns {shape} for a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch; an "
+            "encoder returns (tiles, features): end it with a pooling layer and a flatten"
+        )
+    return int(out.shape[1])
+
+
+def _load_weights(backbone: nn.Module, path: Path, name: str) -> None:
+    """`path`'s state dict into `backbone`; a `ConfigError` naming the file when it does not fit."""
+    if not path.is_file():
+        raise ConfigError(f"model.weights: no such file {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        detail = f"{type(err).__name__}: {err}"
+        raise ConfigError(f"model.weights: {path} is not a state dict ({detail})") from None
+    for key in ("state_dict", "model"):  # a training script's checkpoint around the state dict
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ConfigError(f"model.weights: {path} holds a {type(state).__name__}, not a state dict")
+    if state and all(k.startswith("module.") for k in state):  # saved from DistributedDataParallel
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    ignorable = {k for k in missing if k.startswith(("fc.", "head", "classifier"))}
+    if set(missing) - ignorable or unexpected:
+        raise ConfigError(
+            f"model.weights: {path} does not fit {name}: missing {sorted(set(missing) - ignorable)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )

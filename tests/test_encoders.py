@@ -1,0 +1,235 @@
+"""Encoders users bring: a timm model from the Hugging Face cache (`hf-hub:org/name`, no network), a plain
+`nn.Module` of their own (`package.module:factory`), state dicts as other tools save them; and a checkpoint
+that predicts without any of them (no hub, no cache, no `model.weights` file)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from bigslide.engine import TrainConfig, run_to_end, train
+from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.inference import load_trained, predict_slide
+from bigslide.errors import ConfigError
+from bigslide.nn.backbones import create_encoder, hub_recipe
+from bigslide.synthetic.slide_set import make_slide_set
+
+HUB_ID = "bigslide-test/tiny-encoder"
+HUB_MEAN, HUB_STD = [0.6, 0.5, 0.7], [0.2, 0.25, 0.15]
+
+
+@pytest.fixture(scope="module")
+def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_slide_set(tmp_path_factory.mktemp("encoder-slides"), n_slides=4, size=(512, 512), seed=5)
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face cache holding one timm model, laid out as `huggingface-cli download` leaves it, and
+    the hub offline (`HF_HUB_OFFLINE=1`): only the cache can answer."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf" / "hub"
+    repo = cache / f"models--{HUB_ID.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    torch.manual_seed(1)
+    model = timm.create_model("test_resnet", num_classes=0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, snapshot / "model.safetensors")
+    config = {
+        "architecture": "test_resnet",
+        "num_classes": 0,
+        "pretrained_cfg": {"input_size": [3, 64, 64], "mean": HUB_MEAN, "std": HUB_STD, "num_classes": 0},
+    }
+    (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_recipe.cache_clear()
+    yield cache
+    hub_recipe.cache_clear()
+
+
+def small_config(csv: Path, out: Path, backbone: str, method: str = "abmil_acc") -> TrainConfig:
+    config = TrainConfig()
+    config.data.csv = str(csv)
+    config.data.tile_size = 32
+    config.data.bag_size = 6
+    config.data.image_size = 64
+    config.model.backbone = backbone
+    config.method.name = method
+    config.optim.epochs = 1
+    config.optim.max_steps = 2
+    config.run.out_dir = str(out)
+    config.run.device = "cpu"
+    return config
+
+
+def test_a_hub_encoder_trains_from_the_local_cache_and_its_checkpoint_predicts_without_it(
+    hub_cache: Path, slide_csv: Path, tmp_path: Path
+) -> None:
+    encoder = create_encoder(f"hf-hub:{HUB_ID}", pretrained=True)
+    # the repository's own weights and normalisation, not timm's defaults for the architecture
+    torch.manual_seed(1)
+    reference = timm.create_model("test_resnet", num_classes=0)
+    for name, value in reference.state_dict().items():
+        assert torch.equal(encoder.backbone.state_dict()[name], value), name
+    assert encoder.normalize.mean.flatten().tolist() == pytest.approx(HUB_MEAN)
+    assert encoder.normalize.std.flatten().tolist() == pytest.approx(HUB_STD)
+
+    config = small_config(slide_csv, tmp_path / "run", f"hf-hub:{HUB_ID}")
+    config.model.pretrained = True
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    saved = load_checkpoint(result.checkpoint)
+    assert saved["encoder"]["architecture"] == "test_resnet"
+    slide = slide_csv.parent / "slide_000.svs"
+    with_cache = predict_slide(result.checkpoint, slide, device="cpu")
+
+    shutil.rmtree(hub_cache)  # another machine: no network, nothing cached
+    hub_recipe.cache_clear()
+    with pytest.raises(ConfigError, match=r"model.backbone: hf-hub:.*Hugging Face cache"):
+        create_encoder(f"hf-hub:{HUB_ID}")
+    trained = load_trained(result.checkpoint, device="cpu")
+    assert trained.method.model.encoder.normalize.mean.flatten().tolist() == pytest.approx(HUB_MEAN)
+    without = predict_slide(result.checkpoint, slide, device="cpu")
+    np.testing.assert_allclose(without.probs, with_cache.probs, rtol=1e-6)
+    np.testing.assert_allclose(
+        without.grids["attention"].scores, with_cache.grids["attention"].scores, rtol=1e-5, equal_nan=True
+    )
+
+
+def test_a_hub_encoder_missing_from_the_cache_offline_is_a_config_error(hub_cache: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model.backbone: hf-hub:bigslide-test/absent: .*HF_HOME"):
+        create_encoder("hf-hub:bigslide-test/absent", pretrained=True)
+
+
+PLAIN_MODULES = """
+import torch
+from torch import nn
+
+
+def pooled():  # no num_features: its width is measured
+    torch.manual_seed(2)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+    )
+
+
+class Stated(nn.Module):
+    num_features = 5
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+
+    def forward(self, x):
+        return self.conv(x).mean(dim=(2, 3))
+
+
+def unpooled():
+    return nn.Conv2d(3, 4, 3)
+
+
+def not_a_module():
+    return "a string"
+"""
+
+
+@pytest.fixture
+def plain_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "my_encoders.py").write_text(textwrap.dedent(PLAIN_MODULES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_encoders"
+
+
+def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> None:
+    pooled = create_encoder(f"{plain_modules}:pooled")
+    assert pooled.dim == 8  # measured on blank tiles
+    assert pooled.backbone.training  # the measurement leaves its mode as it was
+    assert pooled.normalize.mean.flatten().tolist() == pytest.approx([0.485, 0.456, 0.406])
+    assert pooled(torch.rand(3, 3, 32, 32)).shape == (3, 8)
+    stated = create_encoder(f"{plain_modules}:Stated")
+    assert stated.dim == 5
+    assert stated.normalize.mean.flatten().tolist() == pytest.approx([0.5, 0.5, 0.5])
+    projected = create_encoder(f"{plain_modules}:pooled", out_dim=3)  # PatchGD's latent projection
+    assert projected.dim == 3
+    assert projected(torch.rand(2, 3, 32, 32)).shape == (2, 3)
+    with pytest.raises(ConfigError, match=r"returns \(2, 4, 222, 222\).*pooling layer"):
+        create_encoder(f"{plain_modules}:unpooled")
+    with pytest.raises(ConfigError, match=r"returned a str, not a torch nn\.Module"):
+        create_encoder(f"{plain_modules}:not_a_module")
+    with pytest.raises(
+        ConfigError, match=r"model\.backbone: no_such_package\.encoders:f: ModuleNotFoundError"
+    ):
+        create_encoder("no_such_package.encoders:f")
+
+
+@pytest.mark.parametrize("method", ["abmil_acc", "patchgd"])
+def test_a_plain_module_trains_and_predicts(
+    method: str, plain_modules: str, slide_csv: Path, tmp_path: Path
+) -> None:
+    config = small_config(slide_csv, tmp_path / method, f"{plain_modules}:pooled", method)
+    if method == "patchgd":
+        config.method.params = {"patch_size": 32, "latent_dim": 8, "epsilon": 2, "encoder_bn": "frozen"}
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    pred = predict_slide(result.checkpoint, slide_csv.parent / "slide_001.svs", device="cpu")
+    assert pred.probs.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("form", ["safetensors", "state_dict_key", "model_key", "ddp_prefix"])
+def test_weights_load_as_other_tools_save_them(form: str, tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    source = timm.create_model("test_resnet", num_classes=0)
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    path = tmp_path / ("w.safetensors" if form == "safetensors" else "w.pt")
+    if form == "safetensors":
+        save_file(state, path)
+    else:
+        saved: dict[str, object] = {
+            "state_dict_key": {"state_dict": state, "epoch": 3},
+            "model_key": {"model": state, "optimizer": {}},
+            "ddp_prefix": {f"module.{k}": v for k, v in state.items()},
+        }[form]
+        torch.save(saved, path)
+    encoder = create_encoder("test_resnet", weights=path)
+    for name, value in state.items():
+        assert torch.equal(encoder.backbone.state_dict()[name], value), name
+
+
+def test_weights_that_are_not_a_state_dict_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "notes.pt"
+    path.write_text("not weights")
+    with pytest.raises(ConfigError, match=r"model.weights: .*notes.pt is not a state dict"):
+        create_encoder("test_resnet", weights=path)
+    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match=r"model.weights: .*other.pt does not fit test_resnet"):
+        create_encoder("test_resnet", weights=tmp_path / "other.pt")
+
+
+def test_a_checkpoint_predicts_without_the_weights_file_it_started_from(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    weights = tmp_path / "start.pt"
+    torch.save(timm.create_model("test_resnet", num_classes=0).state_dict(), weights)
+    config = small_config(slide_csv, tmp_path / "run", "test_resnet")
+    config.model.weights = str(weights)
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    slide = slide_csv.parent / "slide_002.svs"
+    before = predict_slide(result.checkpoint, slide, device="cpu")
+    weights.unlink()  # the checkpoint holds every weight: predicting elsewhere needs no copy of the file
+    after = predict_slide(result.checkpoint, slide, device="cpu")
+    np.testing.assert_allclose(after.probs, before.probs, rtol=1e-6)
