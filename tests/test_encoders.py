@@ -233,3 +233,17 @@ def test_a_checkpoint_predicts_without_the_weights_file_it_started_from(
     weights.unlink()  # the checkpoint holds every weight: predicting elsewhere needs no copy of the file
     after = predict_slide(result.checkpoint, slide, device="cpu")
     np.testing.assert_allclose(after.probs, before.probs, rtol=1e-6)
+
+
+def test_a_vit_of_a_fixed_input_size_takes_tiles_of_any_size_and_is_unchanged_at_its_own() -> None:
+    torch.manual_seed(4)
+    fixed = timm.create_model("vit_tiny_patch16_224", num_classes=0).eval()
+    encoder = create_encoder("vit_tiny_patch16_224").eval()
+    encoder.backbone.load_state_dict(fixed.state_dict())
+    tiles = torch.rand(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(tiles), fixed(encoder.normalize(tiles)), rtol=1e-5, atol=1e-5)
+        assert encoder(torch.rand(2, 3, 256, 256)).shape == (2, encoder.dim)  # a foundation model's tiles
+        assert encoder(torch.rand(2, 3, 64, 64)).shape == (2, encoder.dim)
+    with pytest.raises(AssertionError, match="doesn't match model"):
+        fixed(torch.rand(1, 3, 256, 256))  # what timm's model alone does

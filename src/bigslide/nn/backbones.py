@@ -106,7 +106,7 @@ def create_encoder(
     dim = None
     if recipe is not None:
         args = {**recipe["model_args"], "num_classes": out_dim or 0, **timm_kwargs}
-        backbone = timm.create_model(recipe["architecture"], pretrained=False, **args)
+        backbone = _timm_model(recipe["architecture"], pretrained=False, **args)
         mean, std = tuple(recipe["mean"]), tuple(recipe["std"])
     elif _is_import_path(name):
         backbone, dim = _plain_module(name, out_dim, weights, timm_kwargs)
@@ -117,7 +117,7 @@ def create_encoder(
         if name.startswith(HUB_PREFIXES):
             hub_recipe(name)  # the hub's configuration, or a ConfigError saying why it cannot be read
         try:
-            backbone = timm.create_model(
+            backbone = _timm_model(
                 name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
             )
         except RuntimeError as err:  # timm raises RuntimeError for unknown names
@@ -132,6 +132,16 @@ def create_encoder(
     if out_dim:
         encoder.dim = out_dim
     return encoder
+
+
+def _timm_model(name: str, **kwargs: Any) -> nn.Module:
+    """timm's model; one with a fixed input size (a ViT) built to take tiles of any size
+    (`dynamic_img_size`: its position embeddings resampled to the tile's grid of patches, unchanged at
+    its own size), as pathology foundation models are used on 256 px tiles and on smaller ones."""
+    try:
+        return timm.create_model(name, **{"dynamic_img_size": True, **kwargs})
+    except TypeError:  # models that take any size have no such argument
+        return timm.create_model(name, **kwargs)
 
 
 @functools.lru_cache(maxsize=16)
