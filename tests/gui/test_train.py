@@ -228,3 +228,38 @@ def test_the_metrics_plot_keeps_its_legend_off_the_lines_and_says_what_it_leaves
     assert "nan" not in widget.status.text()
     plot.grab()  # drawn: the plot grows a row for each legend line, below the axes
     assert plot.minimumHeight() >= 150 + 15 * len(lines)
+
+
+def test_the_backbone_starts_from_a_weights_file_typed_in_and_a_missing_one_is_named(
+    dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any]
+) -> None:
+    import timm
+    import torch
+    from qtpy.QtCore import QPoint, Qt
+
+    weights = tmp_path / "encoder.pt"
+    torch.manual_seed(5)
+    torch.save({"state_dict": timm.create_model("test_resnet", num_classes=0).state_dict()}, weights)
+    widget = train_panel(dock, tiny_set, tmp_path / "run", "abmil_acc")
+    widget.backbone.lineEdit().clear()
+    qtbot.keyClicks(widget.backbone.lineEdit(), "test_resnet")
+    qtbot.keyClicks(widget.weights, str(tmp_path / "missing.pt"))
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
+    assert record.fired == ["errored", "finished"]
+    assert any("model.weights" in n.message and "missing.pt" in n.message for n in notifications)
+
+    widget.weights.clear()
+    qtbot.keyClicks(widget.weights, str(weights))
+    box = widget.pretrained  # clicked on its tick box (the file is used instead of the published weights)
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
+    assert box.isChecked()
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    assert record.fired == ["returned", "finished"]
+    config = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
+    assert (config.model.backbone, config.model.weights, config.model.pretrained) == (
+        "test_resnet",
+        str(weights),
+        True,
+    )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -30,6 +31,7 @@ from bigslide.napari._panel import Panel
 from bigslide.napari._qt import combo_box, set_items
 
 if TYPE_CHECKING:
+    from bigslide.engine.config import ModelConfig
     from bigslide.napari._forms import DataclassForm
     from bigslide.napari._session import Session
 
@@ -110,6 +112,21 @@ class TrainForm(Panel):
                 "package.module:factory for an nn.Module of your own"
             ),
         )
+        # where the backbone's weights start: random, the published ones, or a file of the user's
+        self.pretrained = QCheckBox("published weights")
+        self.pretrained.setToolTip(
+            "Start from the backbone's published weights: timm's ImageNet weights (downloaded once), or an "
+            "hf-hub:ORG/NAME model's own, from the Hugging Face cache. Off: random weights"
+        )
+        self.weights = QLineEdit()
+        self.weights.setPlaceholderText("none (.safetensors, .pt, .pth, .bin)")
+        self.weights.setToolTip(
+            "A state dict of the backbone (e.g. a pathology foundation model's), used instead of the "
+            "published weights"
+        )
+        weights_browse = QPushButton("…")
+        weights_browse.setMaximumWidth(30)
+        weights_browse.clicked.connect(self._browse_weights)
         self.epochs = NumberField(int, defaults.epochs, name="epochs", minimum=1, maximum=100_000)
         self.lr = NumberField(
             float,
@@ -143,6 +160,11 @@ class TrainForm(Panel):
         settings.addRow("method", self.method_box)
         settings.addRow(self.summary)
         settings.addRow("backbone", self.backbone)
+        settings.addRow("start from", self.pretrained)
+        weights_row = QHBoxLayout()
+        weights_row.addWidget(self.weights)
+        weights_row.addWidget(weights_browse)
+        settings.addRow("weights file", weights_row)
         settings.addRow("epochs", self.epochs)
         settings.addRow("learning rate", self.lr)
         settings.addRow("max steps (0 = no limit)", self.max_steps)
@@ -203,6 +225,27 @@ class TrainForm(Panel):
         if self.params_form is not None:
             self.params_form.set_values(params)
 
+    def _browse_weights(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Backbone weights",
+            self.weights.text(),
+            "Weights (*.safetensors *.pt *.pth *.bin);;All files (*)",
+        )
+        if path:
+            self.weights.setText(path)
+
+    def model_config(self) -> ModelConfig:
+        """The backbone and where its weights start, as chosen."""
+        from bigslide.engine.config import ModelConfig
+
+        weights = self.weights.text().strip()
+        return ModelConfig(
+            backbone=self.backbone.currentText().strip(),
+            pretrained=self.pretrained.isChecked(),
+            weights=weights or None,
+        )
+
     def _browse_out_dir(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Run folder", self.out_dir.text())
         if folder:
@@ -248,7 +291,7 @@ class TrainForm(Panel):
     # -- the choices as a run ------------------------------------------------------------------------
     def write_config(self) -> Any:
         """Write a new run folder for the current choices (`<run>/config.yaml` and the slide table)."""
-        from bigslide.engine.config import ModelConfig, OptimConfig
+        from bigslide.engine.config import OptimConfig
         from bigslide.napari._run import new_run_folder, write_run_folder
 
         optim = OptimConfig(
@@ -267,7 +310,7 @@ class TrainForm(Panel):
             method=self.method_name(),
             method_params=self.params_form.values() if self.params_form is not None else {},
             data_values=data_values,
-            model=ModelConfig(backbone=self.backbone.currentText().strip()),
+            model=self.model_config(),
             optim=optim,
             device=self.device.currentText(),
         )
