@@ -45,7 +45,8 @@ class Normalize(nn.Module):
 
 
 class Encoder(nn.Module):
-    """`normalize` then a timm backbone with its classifier removed: (B, 3, H, W) -> (B, dim)."""
+    """`normalize` then the backbone (a timm model without its classifier, or a plain module):
+    (B, 3, H, W) -> (B, dim)."""
 
     def __init__(
         self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...], dim: int | None = None

@@ -11,7 +11,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="images per batch (image methods)")
     parser.add_argument("--bag", type=int, default=0, help="tiles per bag (bag methods)")
     parser.add_argument("--tile", type=int, default=256, help="MIL tile / PatchGD patch side (default 256)")
-    parser.add_argument("--backbone", default="resnet50", help="timm backbone (default resnet50)")
+    parser.add_argument(
+        "--backbone",
+        default="resnet50",
+        help="as model.backbone: a timm name, hf-hub:ORG/NAME or package.module:factory (default resnet50)",
+    )
     parser.add_argument("--method", default="auto", help="a method name (`bigslide methods`), or auto")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument(
