@@ -287,6 +287,7 @@ SCALE_BAR_DELAY_MS = 300
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from qtpy.QtCore import QTimer
 
+    from bigslide.napari._glyphs import warm_glyphs
     from bigslide.napari._placement import set_fallback_mpp
     from bigslide.napari._reader import prefer_this_reader
     from bigslide.napari._tile_errors import on_damaged
@@ -302,6 +303,7 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
 
     # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
     QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
+    warm_glyphs(viewer, 2 * SCALE_BAR_DELAY_MS)
     window = getattr(viewer.window, "_qt_window", None)
     if window is not None:  # the viewer's decode workers end with its window
         window.destroyed.connect(lambda *_: session.close_processes())
