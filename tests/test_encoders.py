@@ -112,6 +112,11 @@ def test_a_hub_encoder_trains_from_the_local_cache_and_its_checkpoint_predicts_w
 def test_a_hub_encoder_missing_from_the_cache_offline_is_a_config_error(hub_cache: Path) -> None:
     with pytest.raises(ConfigError, match=r"model.backbone: hf-hub:bigslide-test/absent: .*HF_HOME"):
         create_encoder("hf-hub:bigslide-test/absent", pretrained=True)
+    # its configuration cached but not its weights: random weights are fine, the published ones are named
+    next(hub_cache.rglob("model.safetensors")).unlink()
+    assert create_encoder(f"hf-hub:{HUB_ID}").dim > 0
+    with pytest.raises(ConfigError, match=rf"model.pretrained: hf-hub:{HUB_ID}: .*Hugging Face cache"):
+        create_encoder(f"hf-hub:{HUB_ID}", pretrained=True)
 
 
 PLAIN_MODULES = """
