@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import napari
 
-CHARACTERS = string.ascii_letters + string.digits + " .,:;!?()[]-–—/%'+=×·µ≥≤<>_#"
+CHARACTERS = "".join(
+    dict.fromkeys(
+        string.digits
+        + " µmn.,"
+        + string.ascii_lowercase
+        + string.ascii_uppercase
+        + ":;!?()[]-–—/%'+=×·≥≤<>_#"
+    )
+)
+"""The scale bar's characters first: it is redrawn with the first slide."""
 CHUNK = 4
 """Characters drawn per event-loop turn (a turn stays well under the 50 ms a person would notice)."""
 

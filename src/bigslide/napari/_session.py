@@ -303,7 +303,7 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
 
     # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
     QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
-    warm_glyphs(viewer, 2 * SCALE_BAR_DELAY_MS)
+    warm_glyphs(viewer, SCALE_BAR_DELAY_MS + 50)
     window = getattr(viewer.window, "_qt_window", None)
     if window is not None:  # the viewer's decode workers end with its window
         window.destroyed.connect(lambda *_: session.close_processes())
