@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
     QComboBox,
     QFrame,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
     QScrollArea,
     QSlider,
     QVBoxLayout,
@@ -19,6 +24,17 @@ def combo_box(items: list[str] | tuple[str, ...], *, editable: bool = False, tip
     box.addItems(list(items))
     box.setToolTip(tip)
     return box
+
+
+def path_row(field: QLineEdit, browse: Callable[[], None]) -> QHBoxLayout:
+    """`field` with a narrow "…" button after it that calls `browse` (a file or folder dialog)."""
+    button = QPushButton("…")
+    button.setMaximumWidth(30)
+    button.clicked.connect(browse)
+    row = QHBoxLayout()
+    row.addWidget(field)
+    row.addWidget(button)
+    return row
 
 
 def percent_slider(value: int) -> QSlider:

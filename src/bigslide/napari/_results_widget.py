@@ -23,7 +23,7 @@ from bigslide.napari._annotate import AnnotateBox
 from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
-from bigslide.napari._qt import percent_slider, scrolled, set_items
+from bigslide.napari._qt import path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
@@ -53,9 +53,6 @@ class ResultsWidget(Panel):
 
         self.checkpoint = QLineEdit()
         self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
-        browse = QPushButton("…")
-        browse.setMaximumWidth(30)
-        browse.clicked.connect(self._browse_checkpoint)
         self.slide_box = QComboBox()
         self.device = QComboBox()
         self.device.addItems(["auto", "cpu", "cuda"])
@@ -98,11 +95,8 @@ class ResultsWidget(Panel):
         self.npz_button.clicked.connect(lambda: self.export_npz())
         self.geojson_button.clicked.connect(lambda: self.export_geojson())
 
-        ckpt_row = QHBoxLayout()
-        ckpt_row.addWidget(self.checkpoint)
-        ckpt_row.addWidget(browse)
         form = QFormLayout()
-        form.addRow("checkpoint", ckpt_row)
+        form.addRow("checkpoint", path_row(self.checkpoint, self._browse_checkpoint))
         form.addRow("slide", self.slide_box)
         form.addRow("device", self.device)
         display = QFormLayout()

@@ -17,10 +17,8 @@ from qtpy.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPushButton,
     QScrollArea,
     QVBoxLayout,
     QWidget,
@@ -28,7 +26,7 @@ from qtpy.QtWidgets import (
 
 from bigslide.napari._number import NumberField
 from bigslide.napari._panel import Panel
-from bigslide.napari._qt import combo_box, set_items
+from bigslide.napari._qt import combo_box, path_row, set_items
 
 if TYPE_CHECKING:
     from bigslide.engine.config import ModelConfig
@@ -124,9 +122,6 @@ class TrainForm(Panel):
             "A state dict of the backbone (e.g. a pathology foundation model's), used instead of the "
             "published weights"
         )
-        weights_browse = QPushButton("…")
-        weights_browse.setMaximumWidth(30)
-        weights_browse.clicked.connect(self._browse_weights)
         self.epochs = NumberField(int, defaults.epochs, name="epochs", minimum=1, maximum=100_000)
         self.lr = NumberField(
             float,
@@ -147,13 +142,6 @@ class TrainForm(Panel):
             "Each Start makes a new run folder in here, named by method, date and time (never overwritten): "
             "slide table, regions, config.yaml, checkpoints and metrics"
         )
-        browse = QPushButton("…")
-        browse.setMaximumWidth(30)
-        browse.clicked.connect(self._browse_out_dir)
-
-        out_row = QHBoxLayout()
-        out_row.addWidget(self.out_dir)
-        out_row.addWidget(browse)
         settings = QFormLayout()
         settings.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         settings.addRow("slides", self.table_info)
@@ -161,15 +149,12 @@ class TrainForm(Panel):
         settings.addRow(self.summary)
         settings.addRow("backbone", self.backbone)
         settings.addRow("start from", self.pretrained)
-        weights_row = QHBoxLayout()
-        weights_row.addWidget(self.weights)
-        weights_row.addWidget(weights_browse)
-        settings.addRow("weights file", weights_row)
+        settings.addRow("weights file", path_row(self.weights, self._browse_weights))
         settings.addRow("epochs", self.epochs)
         settings.addRow("learning rate", self.lr)
         settings.addRow("max steps (0 = no limit)", self.max_steps)
         settings.addRow("device", self.device)
-        settings.addRow("runs folder", out_row)
+        settings.addRow("runs folder", path_row(self.out_dir, self._browse_out_dir))
         data_box = QGroupBox("Data")
         QVBoxLayout(data_box).addWidget(self.data_form)
         form = QWidget()
