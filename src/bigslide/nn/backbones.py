@@ -112,8 +112,7 @@ def create_encoder(
     elif _is_import_path(name):
         backbone, dim = _plain_module(name, out_dim, weights, timm_kwargs)
         weights = None  # loaded into the module itself, before any projection
-        cfg = getattr(backbone, "pretrained_cfg", None) or {}
-        mean, std = tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+        mean, std = _normalisation(backbone)
     else:
         if name.startswith(HUB_PREFIXES):
             hub_recipe(name)  # the hub's configuration, or a ConfigError saying why it cannot be read
@@ -125,14 +124,19 @@ def create_encoder(
             raise ConfigError(f"model.backbone: {err}") from None
         except OSError as err:  # the hub's weights neither in the local cache nor reachable
             raise ConfigError(f"model.pretrained: {name}: {_hub_error(err)}") from None
-        cfg = getattr(backbone, "pretrained_cfg", None) or {}
-        mean, std = tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+        mean, std = _normalisation(backbone)
     if weights is not None:
         _load_weights(backbone, Path(weights), name)
     encoder = Encoder(backbone, mean, std, dim)
     if out_dim:
         encoder.dim = out_dim
     return encoder
+
+
+def _normalisation(backbone: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of a timm-style `pretrained_cfg`; ImageNet's where the model states none."""
+    cfg = getattr(backbone, "pretrained_cfg", None) or {}
+    return tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
 
 
 def _timm_model(name: str, **kwargs: Any) -> nn.Module:
