@@ -220,6 +220,41 @@ def test_an_item_is_read_in_parts_by_the_idle_workers_as_one_process_reads_it(
         bags.slides.close()
 
 
+def test_items_read_at_once_by_as_many_workers_are_each_read_whole_and_one_alone_in_parts(
+    slide_csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # parts of the first item over both workers would leave one idle at the last
+    monkeypatch.setattr(processes_module, "_START_METHOD", "fork")
+    bags = BagDataset(SlideTable.from_csv(slide_csv), tile_size=16, bag_size=0)
+    sizes = [len(g) for g in bags.grids]
+    assert min(sizes) >= 2 * processes_module.MIN_PART_TILES
+    processes = DecodeProcesses(2)
+    assert processes._split(sizes[0]) == 2
+    with worker_pool.among_reads(lambda: 2):
+        assert processes._split(sizes[0]) == 1
+    parts: list[int] = []
+    seen: list[int] = []  # items in flight as each read chose its parts
+    split = processes._split
+    monkeypatch.setattr(processes, "_split", lambda n: seen.append(worker_pool.reads_at_once()) or split(n))
+    monkeypatch.setattr(processes, "_run", _recording(processes._run, parts))
+    loader = BatchLoader(bags, processes=processes)
+    try:
+        order = [[0], [1], [2]]  # the loader's depth: all three start at once
+        loader.plan(order)
+        assert [len(b) for b in (loader.take(batch)[0].x for batch in order)] == sizes[:3]
+        assert seen[0] == 3  # the first read knew of the other two ...
+        assert parts[0] in sizes[:3]  # ... and was read whole
+        parts.clear()
+        loader.plan([[3]])
+        loader.take([3])
+        assert sorted(parts) == sorted(len(p) for p in np.array_split(np.arange(sizes[3]), 2))
+        assert loader._in_flight.count == 0
+    finally:
+        loader.close()
+        processes.close()
+        bags.slides.close()
+
+
 def _recording(run: Any, parts: list[int]) -> Any:
     """`DecodeProcesses._run` noting the tiles of each read task it runs."""
 

@@ -15,13 +15,14 @@ and of every later one, and named in `bad`.
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Generic, Protocol, TypeVar
 
 from bigslide.data.processes import DecodeProcesses, Pool
-from bigslide.data.worker_pool import in_background
+from bigslide.data.worker_pool import among_reads, in_background
 from bigslide.errors import DataError, SlideError
 
 MAX_DEFAULT_WORKERS = 8
@@ -49,9 +50,26 @@ def load_item(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
     return load(i, pool) if load is not None else dataset[i]
 
 
-def _in_background(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
-    with in_background():
-        return load_item(dataset, i, pool)
+class _InFlight:
+    """How many items a loader has asked for and not yet got back (read by its item threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.count += n
+
+    def read(self, dataset: ItemDataset[Item], i: int, pool: Pool, background: bool) -> Item:
+        try:
+            with among_reads(lambda: self.count):
+                if not background:
+                    return load_item(dataset, i, pool)
+                with in_background():
+                    return load_item(dataset, i, pool)
+        finally:
+            self.add(-1)
 
 
 Batch = tuple[int, ...]
@@ -90,6 +108,7 @@ class BatchLoader(Generic[Item]):
         self._ahead: int | None = None  # fewer read ahead until the next take
         # submitted, in plan order: each item of the batch not known to be bad, and its read
         self._pending: deque[tuple[Batch, dict[int, Future[Item]]]] = deque()
+        self._in_flight = _InFlight()
 
     # -- the engine's side ------------------------------------------------------------------------
     def plan(self, batches: Sequence[Iterable[int]], *, ahead: int | None = None) -> None:
@@ -149,16 +168,22 @@ class BatchLoader(Generic[Item]):
 
     # -- reading ahead ----------------------------------------------------------------------------
     def _fill(self) -> None:
-        while self._todo and len(self._pending) < (self._ahead or self.depth):
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
-                # datasets that decode slide tiles (stored features need no decoding processes)
-                if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
-                    self._processes = self._shared or DecodeProcesses(self.workers, buffers=self.depth)
-            key = self._todo.popleft()
-            todo = [i for i in key if i not in self.bad]
-            read = _in_background if self._ahead else load_item  # read ahead of time: after reads needed now
-            futures = {i: self._threads.submit(read, self.dataset, i, self._processes) for i in todo}
+        room = (self._ahead or self.depth) - len(self._pending)
+        keys = [self._todo.popleft() for _ in range(min(room, len(self._todo)))]
+        if not keys:
+            return
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self.depth, thread_name_prefix="bigslide-load")
+            # datasets that decode slide tiles (stored features need no decoding processes)
+            if hasattr(self.dataset, "load") and getattr(self.dataset, "decodes_tiles", True):
+                self._processes = self._shared or DecodeProcesses(self.workers, buffers=self.depth)
+        todos = [[i for i in key if i not in self.bad] for key in keys]
+        # counted before any starts: the first read must know of the others to leave them workers
+        self._in_flight.add(sum(len(t) for t in todos))
+        background = bool(self._ahead)  # read ahead of time: after reads needed now
+        read, pool = self._in_flight.read, self._processes
+        for key, todo in zip(keys, todos):
+            futures = {i: self._threads.submit(read, self.dataset, i, pool, background) for i in todo}
             self._pending.append((key, futures))
 
     def _halt(self) -> None:
@@ -166,6 +191,8 @@ class BatchLoader(Generic[Item]):
         self._todo.clear()
         started = []
         for _, futures in self._pending:
-            started += [f for f in futures.values() if not f.cancel()]
+            cancelled = [f.cancel() for f in futures.values()]
+            started += [f for f, gone in zip(futures.values(), cancelled) if not gone]
+            self._in_flight.add(-sum(cancelled))  # a cancelled read never runs to count itself out
         self._pending.clear()
         wait(started)

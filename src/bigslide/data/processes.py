@@ -47,7 +47,7 @@ import torch
 from bigslide.data.decode import channels_first, read_squares
 from bigslide.data.decode_worker import Returned, Unreceived, serve
 from bigslide.data.slides import SlideCache
-from bigslide.data.worker_pool import IdleWorkers, Worker, is_background
+from bigslide.data.worker_pool import IdleWorkers, Worker, is_background, reads_at_once
 from bigslide.errors import DataError
 from bigslide.files import open_files_limit, out_of_files, too_many_open_files
 from bigslide.wsi.resolution import ReadPlan
@@ -135,7 +135,11 @@ class DecodeProcesses:
 
     def _split(self, tiles: int) -> int:
         """Parts to read `tiles` in: one per idle worker, none under MIN_PART_TILES (a part boundary
-        decodes the file tiles it cuts through twice)."""
+        decodes the file tiles it cuts through twice); one while the loader reads as many items at once as
+        there are workers (each item whole on one worker: parts of the first leave workers idle at the
+        last; `bigslide bench io`'s 4 bags on 2 workers took 0.87 of the time split, 8 paired timings)."""
+        if reads_at_once() >= self.workers:
+            return 1
         return max(1, min(self._idle.qsize(), tiles // MIN_PART_TILES))
 
     def call(self, fn: Callable[..., T], *args: Any, what: str) -> T:

@@ -1,6 +1,6 @@
 """One decode worker process as its parent sees it (`Worker`: a task sent, the answer or how it died), and
 the queue of idle ones (`IdleWorkers`), which hands workers to reads needed now before reads ahead
-(`in_background`)."""
+(`in_background`); `among_reads` tells a read how many items its loader reads at once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import signal
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
@@ -67,6 +67,25 @@ def in_background() -> Iterator[None]:
         yield
     finally:
         _BACKGROUND.on = False
+
+
+_PEERS = threading.local()
+
+
+def reads_at_once() -> int:
+    """Items read at once by this thread's loader, this one included (1 outside `among_reads`)."""
+    count: Callable[[], int] | None = getattr(_PEERS, "count", None)
+    return count() if count is not None else 1
+
+
+@contextlib.contextmanager
+def among_reads(count: Callable[[], int]) -> Iterator[None]:
+    """Reads made by this thread in the block are among `count()` items its loader reads at once."""
+    _PEERS.count = count
+    try:
+        yield
+    finally:
+        _PEERS.count = None
 
 
 class IdleWorkers:
