@@ -331,5 +331,13 @@ def test_a_fine_tune_folder_keeps_the_checkpoints_settings_and_a_copy_of_the_ann
     copied = SlideTable.from_csv(tmp_path / "tuned" / "slides.csv").entries[0].annotations
     assert copied == (tmp_path / "tuned" / "annotations" / f"{slide.name}.annotations.geojson").resolve()
     assert copied.read_text() == table.entries[0].annotations.read_text()  # type: ignore[union-attr]
+    anew = write_finetune_folder(checkpoint, tmp_path / "anew", table, epochs=7, anew=True)
+    assert anew.model.init_from is None  # trained from the model's own starting weights
+    assert (anew.optim.epochs, anew.optim.lr, anew.method.params) == (
+        7,
+        3e-4,
+        {"hidden": 16, "chunk_size": 4},
+    )
+    assert TrainConfig.from_yaml(tmp_path / "anew" / "config.yaml").model.init_from is None
     with pytest.raises(DataError, match="no slide of the training set has saved annotations"):
         write_finetune_folder(checkpoint, tmp_path / "bare", table.like(table.entries[1:]), epochs=1)

@@ -137,6 +137,34 @@ def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
     assert "tumor" in panel.annotate.status.text()
 
 
+def test_retrain_anew_trains_from_the_models_starting_weights_for_the_first_runs_epochs(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    checkpoint = tiny_checkpoint(
+        tiny_set, tmp_path / "runs" / "first", "abmil_acc", {"hidden": 32, "attention_dim": 16}
+    )
+    _slides, panel, _layer = annotated_panel(viewer, dock, tiny_set)
+    panel.annotate.save_button.click()
+    row = panel.session.row(tiny_set.parent / "slide_000.svs")
+    qtbot.waitUntil(lambda: row is not None and row.annotated is not None, timeout=60_000)
+    panel.checkpoint.setText(str(checkpoint))
+    retrain = panel.retrain
+    assert retrain.epochs.value() == 5  # a fine-tune's few epochs ...
+    qtbot.mouseClick(retrain.anew, Qt.MouseButton.LeftButton)
+    assert retrain.anew.isChecked()
+    assert retrain.epochs.value() == 1  # ... anew, as many as the first run's
+    config = retrain.write_folder()
+    assert retrain.run_dir is not None
+    saved = yaml.safe_load((retrain.run_dir / "config.yaml").read_text())
+    for model, epochs in (
+        (config.model.init_from, config.optim.epochs),
+        (saved["model"]["init_from"], saved["optim"]["epochs"]),
+    ):
+        assert model is None  # not the checkpoint's weights
+        assert epochs == 1
+    assert saved["data"]["instance_weight"] == 1.0
+
+
 def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_and_shows_both_maps(
     viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

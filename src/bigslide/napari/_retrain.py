@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from napari.qt.threading import create_worker
 from qtpy.QtCore import Qt
-from qtpy.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
+from qtpy.QtWidgets import (
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+)
 
 from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns
 from bigslide.napari._number import NumberField
@@ -30,7 +38,7 @@ from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
     import napari
-    from qtpy.QtWidgets import QCheckBox, QComboBox, QLineEdit
+    from qtpy.QtWidgets import QComboBox, QLineEdit
 
     from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
@@ -79,10 +87,19 @@ class RetrainBox(QGroupBox):
             minimum=0,
             tip="Weight of the loss on annotated tiles beside the slide loss (data.instance_weight)",
         )
+        self.anew = QCheckBox("train anew (teaches more; as many epochs as the first run)")
+        self.anew.setToolTip(
+            "Trains the checkpoint's model from its starting weights instead of continuing from the "
+            "checkpoint: slower (as many epochs as the first run), but the annotations teach far more "
+            "(on the learning bench's subtle lesions, the attention cell AUC rose by 0.11-0.12 anew, by 0.01 "
+            "continuing)"
+        )
+        self.anew.toggled.connect(self._on_anew)
         self.button = QPushButton("Retrain with annotations")
         self.button.setToolTip(
-            "Continues training the chosen checkpoint on the training set, learning from the saved "
-            "annotations, in a new run folder; the chosen slide's map follows the run"
+            "Continues training the chosen checkpoint (or, anew, its model from the start) on the "
+            "training set, learning from the saved annotations, in a new run folder; the chosen slide's "
+            "map follows the run"
         )
         self.button.clicked.connect(lambda: self.stop() if self.worker is not None else self.start())
         self.progress = QProgressBar()
@@ -101,6 +118,7 @@ class RetrainBox(QGroupBox):
         form.addRow("weight of annotated tiles", self.weight)
         rows = QVBoxLayout(self)
         rows.addLayout(form)
+        rows.addWidget(self.anew)
         rows.addWidget(self.button)
         rows.addWidget(self.progress)
         rows.addWidget(self.status)
@@ -123,8 +141,28 @@ class RetrainBox(QGroupBox):
         assert isinstance(epochs, int)
         assert isinstance(weight, float | int)
         return write_finetune_folder(
-            checkpoint, self.run_dir, session.table(), epochs=epochs, instance_weight=float(weight)
+            checkpoint,
+            self.run_dir,
+            session.table(),
+            epochs=epochs,
+            instance_weight=float(weight),
+            anew=self.anew.isChecked(),
         )
+
+    def _on_anew(self, anew: bool) -> None:
+        """Anew, the run takes as many epochs as the checkpoint's own run, read from the run folder's
+        `config.yaml` (loading the checkpoint itself would hold the viewer up)."""
+        if not anew:
+            return
+        import yaml
+
+        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        try:
+            config = yaml.safe_load((checkpoint.parent.parent / "config.yaml").read_text())
+            epochs = int(config["optim"]["epochs"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+            return  # no run folder beside the checkpoint: the epochs typed stay
+        self.epochs.setValue(epochs)
 
     def problems(self) -> list[str]:
         slide = self.panel.slide_layer()
