@@ -137,17 +137,26 @@ def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
     assert "tumor" in panel.annotate.status.text()
 
 
-def test_retrain_anew_trains_from_the_models_starting_weights_for_the_first_runs_epochs(
+def retrain_ready(
     viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
-) -> None:
+) -> tuple[Any, Any, Path]:
+    """(Slides panel, Results panel, checkpoint): a first run's checkpoint chosen, a slide's outlines saved
+    and counted."""
     checkpoint = tiny_checkpoint(
         tiny_set, tmp_path / "runs" / "first", "abmil_acc", {"hidden": 32, "attention_dim": 16}
     )
-    _slides, panel, _layer = annotated_panel(viewer, dock, tiny_set)
+    slides, panel, _layer = annotated_panel(viewer, dock, tiny_set)
     panel.annotate.save_button.click()
     row = panel.session.row(tiny_set.parent / "slide_000.svs")
-    qtbot.waitUntil(lambda: row is not None and row.annotated is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: row is not None and row.annotated is not None, timeout=60_000)  # counted
     panel.checkpoint.setText(str(checkpoint))
+    return slides, panel, checkpoint
+
+
+def test_retrain_anew_trains_from_the_models_starting_weights_for_the_first_runs_epochs(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    _slides, panel, _checkpoint = retrain_ready(viewer, dock, qtbot, tiny_set, tmp_path)
     retrain = panel.retrain
     assert retrain.epochs.value() == 5  # a fine-tune's few epochs ...
     qtbot.mouseClick(retrain.anew, Qt.MouseButton.LeftButton)
@@ -171,14 +180,7 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     from bigslide.napari import _retrain as retrain_module
     from bigslide.napari._compare import in_turns
 
-    checkpoint = tiny_checkpoint(
-        tiny_set, tmp_path / "runs" / "first", "abmil_acc", {"hidden": 32, "attention_dim": 16}
-    )
-    slides, panel, _layer = annotated_panel(viewer, dock, tiny_set)
-    panel.annotate.save_button.click()
-    row = panel.session.row(tiny_set.parent / "slide_000.svs")
-    qtbot.waitUntil(lambda: row is not None and row.annotated is not None, timeout=60_000)  # counted
-    panel.checkpoint.setText(str(checkpoint))
+    slides, panel, checkpoint = retrain_ready(viewer, dock, qtbot, tiny_set, tmp_path)
     panel.device.setCurrentText("cpu")
     retrain = panel.retrain
     type_into(qtbot, retrain.epochs, "1")
