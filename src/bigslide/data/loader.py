@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from typing import Any, Generic, Protocol, TypeVar
 
 from bigslide.data.processes import DecodeProcesses, Pool
@@ -63,11 +64,8 @@ class _InFlight:
 
     def read(self, dataset: ItemDataset[Item], i: int, pool: Pool, background: bool) -> Item:
         try:
-            with among_reads(lambda: self.count):
-                if not background:
-                    return load_item(dataset, i, pool)
-                with in_background():
-                    return load_item(dataset, i, pool)
+            with among_reads(lambda: self.count), in_background() if background else nullcontext():
+                return load_item(dataset, i, pool)
         finally:
             self.add(-1)
 

@@ -162,12 +162,16 @@ class ResultsWidget(Panel):
         self.run_plot.setToolTip(f"{km}: the test split's cases in two groups at the median predicted risk")
         self.run_plot.show()
 
+    def chosen_checkpoint(self) -> Path:
+        """The checkpoint typed or browsed to (`~` expanded)."""
+        return Path(self.checkpoint.text().strip()).expanduser()
+
     # -- inference -----------------------------------------------------------------------------------
     def run(self, checkpoint: Path | None = None, *, preview: bool = False) -> Any:
         """Predict the chosen slide in a worker thread; returns the started worker (or None). A `preview`
         reads a large slide's tiles on a lattice of about `PREVIEW_TILES` (quick, while a run trains)."""
         slide = self.slide_layer()
-        checkpoint = checkpoint or Path(self.checkpoint.text().strip()).expanduser()
+        checkpoint = checkpoint or self.chosen_checkpoint()
         if slide is None:
             self._fail("Open a slide first (File ▸ Open), then choose it above.")
             return None

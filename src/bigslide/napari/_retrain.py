@@ -38,7 +38,7 @@ from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
     import napari
-    from qtpy.QtWidgets import QComboBox, QLineEdit
+    from qtpy.QtWidgets import QComboBox
 
     from bigslide.data.table import SlideTable
     from bigslide.engine.config import TrainConfig
@@ -57,13 +57,14 @@ class ResultsPanel(Protocol):
 
     viewer: napari.Viewer
     session: Session
-    checkpoint: QLineEdit
     device: QComboBox
     follow: QCheckBox
     normalisation: QComboBox
     colormap: QComboBox
 
     def slide_layer(self) -> Any: ...
+
+    def chosen_checkpoint(self) -> Path: ...
 
 
 class RetrainBox(QGroupBox):
@@ -132,7 +133,7 @@ class RetrainBox(QGroupBox):
         from bigslide.napari._regions import write_run_regions
         from bigslide.napari._run import new_run_folder
 
-        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        checkpoint = self.panel.chosen_checkpoint()
         session = self.panel.session
         session.table()  # a slide without a label fails here, before anything is written
         self.run_dir = new_run_folder(checkpoint.resolve().parent.parent.parent, "retrained")
@@ -156,7 +157,7 @@ class RetrainBox(QGroupBox):
             return
         import yaml
 
-        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        checkpoint = self.panel.chosen_checkpoint()
         try:
             config = yaml.safe_load((checkpoint.parent.parent / "config.yaml").read_text())
             epochs = int(config["optim"]["epochs"])
@@ -166,7 +167,7 @@ class RetrainBox(QGroupBox):
 
     def problems(self) -> list[str]:
         slide = self.panel.slide_layer()
-        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        checkpoint = self.panel.chosen_checkpoint()
         typed = [text for text in (self.epochs.refusal(), self.weight.refusal()) if text]
         if typed:
             return typed
@@ -197,7 +198,7 @@ class RetrainBox(QGroupBox):
             return None
         panel = self.panel
         slide = panel.slide_layer()
-        checkpoint = Path(panel.checkpoint.text().strip()).expanduser()
+        checkpoint = panel.chosen_checkpoint()
         row = panel.session.row(slide.metadata["path"])
         panel.follow.setChecked(True)
         self.last_checkpoint = None

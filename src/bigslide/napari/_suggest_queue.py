@@ -31,7 +31,7 @@ from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colo
 
 if TYPE_CHECKING:
     import napari
-    from qtpy.QtWidgets import QComboBox, QLineEdit
+    from qtpy.QtWidgets import QComboBox
 
     from bigslide.napari._annotate import AnnotateBox
     from bigslide.napari._session import Session
@@ -53,10 +53,11 @@ class ResultsPanel(Protocol):
 
     viewer: napari.Viewer
     session: Session
-    checkpoint: QLineEdit
     device: QComboBox
     slide_box: QComboBox
     annotate: AnnotateBox
+
+    def chosen_checkpoint(self) -> Path: ...
 
 
 def answer_keys(lesions: Sequence[str]) -> dict[str, str]:
@@ -122,7 +123,7 @@ class SuggestBox(QGroupBox):
         """Suggest places in a worker thread; returns the worker (or None, the reason in the status)."""
         from bigslide.errors import BigslideError
 
-        checkpoint = Path(self.panel.checkpoint.text().strip()).expanduser()
+        checkpoint = self.panel.chosen_checkpoint()
         try:
             if self.count.refusal():
                 raise BigslideError(self.count.refusal() or "")
