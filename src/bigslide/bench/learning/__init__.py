@@ -108,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--suggest-epochs", type=int, default=20, help="suggest part: epochs of each retrain on the answers"
     )
+    parser.add_argument(
+        "--suggest-retrain",
+        choices=("anew", "continue"),
+        default="anew",
+        help="suggest part: each retrain trains the start's initial weights for the start's and the "
+        "retrain's epochs with the answers from the first epoch (anew, as 'train anew' in napari), or "
+        "the start's checkpoint for --suggest-epochs (continue)",
+    )
     parser.add_argument("--suggest-k", default="8,16", help="suggest part: answered areas per retrain")
     parser.add_argument(
         "--tile-label-epochs", type=int, default=4, help="epochs of the subtle task's tile-label control"

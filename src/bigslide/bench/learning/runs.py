@@ -41,6 +41,7 @@ PART_SETTINGS = {
         "subtle_bag",
         "suggest_start_epochs",
         "suggest_epochs",
+        "suggest_retrain",
     ),  # --suggest-k names its runs (suggested-k8, ...): more k join the same results
     "stain": ("stain_epochs",),
     "study": ("study_slides", "study_epochs", "study_bag"),

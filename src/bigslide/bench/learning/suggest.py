@@ -6,11 +6,13 @@ model a pathologist would be asked to improve). From that checkpoint each arm pi
 on the training slides, in its own order, and an oracle answers them from the lesion masks, as a
 pathologist would at a glance: the positive class when at least half the area's tiles lie in a lesion,
 "Not lesion" when none does, and skip otherwise. Each arm takes answers until it has k; the answers are
-the training slides' annotations of a retrain from the same checkpoint for `--suggest-epochs`
-(data.instance_weight 1, as *Retrain with annotations*). Arms: *suggested* (`bigslide.explain.suggest`),
-*random* (random tissue areas), *top_attention* (the highest attention of any training slide, relative to
-its slide's mean). Controls from the same checkpoint and epochs: *none* (no annotations) and *outlines*
-(the annotations part's outlines of a quarter of the training lesions and normal squares).
+the training slides' annotations of a retrain (data.instance_weight 1, as *Retrain with annotations*):
+with `--suggest-retrain anew` (the default, as its "train anew") from the start's initial weights for
+`--suggest-start-epochs` + `--suggest-epochs`, with `continue` from the checkpoint for
+`--suggest-epochs`. Arms: *suggested* (`bigslide.explain.suggest`), *random* (random tissue areas),
+*top_attention* (the highest attention of any training slide, relative to its slide's mean). Controls
+retrained the same way: *none* (no annotations) and *outlines* (the annotations part's outlines of a
+quarter of the training lesions and normal squares).
 """
 
 from __future__ import annotations
@@ -62,11 +64,15 @@ def retrain(
     seed: int,
     weight: float,
 ) -> dict[str, float]:
-    """`start`'s weights trained on `table` for `--suggest-epochs`, scored on the subtle test slides."""
+    """Trained on `table` and scored on the subtle test slides: `start`'s checkpoint for `--suggest-epochs`
+    (continue), or the start's initial weights (the same seed) for both parts' epochs (anew)."""
     assert start.checkpoint is not None
     config = slide_config(args, table, "subtle", "abmil_acc", seed, f"suggest-{name}")
-    config.optim.epochs = args.suggest_epochs
-    config.model.init_from = str(start.checkpoint)
+    if args.suggest_retrain == "anew":
+        config.optim.epochs = args.suggest_start_epochs + args.suggest_epochs
+    else:
+        config.optim.epochs = args.suggest_epochs
+        config.model.init_from = str(start.checkpoint)
     config.data.instance_weight = weight
     result = train_run(config)
     return scored_on_test(result, csv_path, csv_path.parent / "lesions.json", "attention")

@@ -56,6 +56,15 @@ def _annotation_table(runs: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def _retrain(meta: dict[str, Any]) -> str:
+    """How the suggest part's retrains were trained (results from before the choice continued)."""
+    start, more = meta.get("suggest_start_epochs"), meta.get("suggest_epochs")
+    if meta.get("suggest_retrain", "continue") == "continue":
+        return f"from that checkpoint {more} more epochs"
+    total = start + more if isinstance(start, int) and isinstance(more, int) else None
+    return f"from the same initial weights for {total} epochs, as 'train anew'"
+
+
 def _suggest_table(runs: dict[str, dict[str, float]]) -> list[str]:
     """The suggest part: the slide columns and the answers each arm got, then suggested against random
     and top attention, seed by seed, at each k."""
@@ -233,13 +242,13 @@ def render_tables(state: dict[str, Any]) -> str:
         "",
         *_annotation_table(runs),
         f"### Where to teach next, subtle lesions (ABMIL-ACC from random weights for "
-        f"{meta.get('suggest_start_epochs')} epochs without annotations (*start*), then from that checkpoint "
-        f"{meta.get('suggest_epochs')} more epochs (data.instance_weight 1) on k areas of 3 x 3 tiles "
+        f"{meta.get('suggest_start_epochs')} epochs without annotations (*start*), then {_retrain(meta)} "
+        "(data.instance_weight 1) with k areas of 3 x 3 tiles picked on the start's checkpoint and "
         "answered by an oracle from the lesion masks (the lesion class when at least half the area's tiles "
         "lie in a lesion, 'Not lesion' when none does, skipped otherwise; each arm takes areas in its order "
         "until it has k answers). *suggested*: `bigslide suggest`'s order; *random*: random tissue areas; "
-        "*top_attention*: the highest attention relative to its slide's mean. Controls from the same "
-        "checkpoint and epochs: *none*, no annotations; *outlines*, the annotations part's outlines of a "
+        "*top_attention*: the highest attention relative to its slide's mean. Controls retrained the same "
+        "way: *none*, no annotations; *outlines*, the annotations part's outlines of a "
         "quarter of the training lesions and normal squares. Attention cell AUC on the test slides, which "
         "carry no annotations)",
         "",
