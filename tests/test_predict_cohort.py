@@ -214,3 +214,31 @@ def test_a_slide_interrupted_while_written_leaves_no_file_under_a_final_name(
     assert code == 0
     assert "1 slides predicted, 2 skipped (outputs present), 0 failed" in stdout
     assert len(read_csv(out / "predictions.csv")) == 3
+
+
+def test_slides_of_one_name_in_different_case_folders_each_get_their_own_heatmaps_and_thumbnail(
+    cohort: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    for case, source in (("case1", "slide_000.svs"), ("case2", "slide_001.svs")):
+        (tmp_path / case).mkdir()
+        shutil.copy(cohort.parent / source, tmp_path / case / "HE.svs")
+    table = tmp_path / "slides.csv"
+    table.write_text("slide\ncase1/HE.svs\ncase2/HE.svs\n")
+    out = tmp_path / "out"
+    args = ["--slides", str(table), "--checkpoint", str(ckpt), "--out", str(out), "--workers", "2"]
+    assert predict(args, capsys)[0] == 0
+
+    got = heatmap_arrays(out)
+    assert sorted(got) == ["case1-HE.attention.npz", "case2-HE.attention.npz"]
+    assert sorted(p.name for p in (out / "tissue_check").glob("*.png")) == ["case1-HE.png", "case2-HE.png"]
+    # each file is its own slide's: the same as predicting that slide alone
+    for case, source in (("case1", "slide_000"), ("case2", "slide_001")):
+        alone = tmp_path / f"alone-{case}"
+        one = tmp_path / f"{case}.csv"
+        one.write_text(f"slide\n{cohort.parent / source}.svs\n")
+        assert predict(["--slides", str(one), "--checkpoint", str(ckpt), "--out", str(alone)], capsys)[0] == 0
+        expected = heatmap_arrays(alone)[f"{source}.attention.npz"]
+        np.testing.assert_array_equal(got[f"{case}-HE.attention.npz"], expected)
+        thumbnail = (alone / "tissue_check" / f"{source}.png").read_bytes()
+        assert (out / "tissue_check" / f"{case}-HE.png").read_bytes() == thumbnail

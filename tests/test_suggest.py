@@ -118,7 +118,7 @@ def test_suggestions_are_qupath_geojson_of_a_class_bigslide_does_not_train_on(tm
     ]
     written = write_suggestions(places, tmp_path / "suggestions.geojson")
     assert written[0] == tmp_path / "suggestions.geojson"
-    assert [p.name for p in written[1:]] == ["a.svs.suggestions.geojson", "b.svs.suggestions.geojson"]
+    assert [p.name for p in written[1:]] == ["a.suggestions.geojson", "b.suggestions.geojson"]
     assert read_suggestions(written[0]) == places
     assert read_suggestions(written[2]) == places[1:]  # one slide's file, for QuPath's import
     features = read_features(written[0], "suggestions", DataError)

@@ -43,6 +43,7 @@ from bigslide.engine.inference import Trained, load_trained
 from bigslide.engine.slide_prediction import SlideFailure
 from bigslide.errors import ConfigError, DataError
 from bigslide.explain.tissue_check import FOLDER, warning
+from bigslide.wsi.slide import output_names
 
 
 @dataclass
@@ -206,6 +207,7 @@ def predict_to(
     # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
     # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.
     writes: deque[tuple[SlideOutcome, Future[None]]] = deque()
+    names = output_names(e.path for e in table.entries)
 
     def settle(keep: int) -> None:
         while len(writes) > keep:
@@ -218,7 +220,10 @@ def predict_to(
         writer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-write")
         try:
             for outcome in outcomes:
-                writes.append((outcome, writer.submit(_write, out, outcome, settings, heatmaps, slides)))
+                name = names[Path(outcome.result.slide)]
+                writes.append(
+                    (outcome, writer.submit(_write, out, outcome, settings, heatmaps, slides, name))
+                )
                 settle(WRITES_AHEAD)
                 if stop.is_set():
                     stopped = True
@@ -292,7 +297,12 @@ class _Tally:
 
 
 def _write(
-    out: Path, outcome: SlideOutcome, settings: dict[str, Any], heatmaps: bool, slides: SlideCache | None
+    out: Path,
+    outcome: SlideOutcome,
+    settings: dict[str, Any],
+    heatmaps: bool,
+    slides: SlideCache | None,
+    name: str,
 ) -> None:
     try:
         slide_rows.write_slide_outputs(
@@ -303,6 +313,7 @@ def _write(
             tiles=outcome.tiles,
             grid=outcome.grid,
             slides=slides,
+            name=name,
         )
     except OSError as err:  # a full disk, a folder not ours: the run cannot go on
         raise DataError(

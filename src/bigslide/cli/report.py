@@ -17,22 +17,25 @@ from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
 from bigslide.files import atomic_path, atomic_write_text
-from bigslide.wsi.slide import open_slide, slide_stem
+from bigslide.wsi.slide import open_slide, output_names, slide_stem
 
 
-def write_heatmaps(pred: SlidePrediction, out: Path, slides: SlideCache | None = None) -> list[Path]:
-    """Per map: the grid (npz), its overlay on the thumbnail (PNG) and QuPath tiles (GeoJSON); each file
-    written under a temporary name and renamed, so none is ever found half written. With `slides`, done
-    where they decode (a decode worker: the thumbnail is read, the PNG encoded there)."""
+def write_heatmaps(
+    pred: SlidePrediction, out: Path, slides: SlideCache | None = None, name: str | None = None
+) -> list[Path]:
+    """Per map: the grid (npz), its overlay on the thumbnail (PNG) and QuPath tiles (GeoJSON), named
+    `<name>.<map>.<suffix>` (`name`: the slide's `output_names` among its cohort; by default its stem);
+    each file written under a temporary name and renamed, so none is ever found half written. With
+    `slides`, done where they decode (a decode worker: the thumbnail is read, the PNG encoded there)."""
+    stem = name or slide_stem(pred.slide)
     if slides is not None:
         what = f"{pred.slide}: a decode worker process died while drawing its heatmaps"
-        return slides.run(_write_heatmaps, pred, out, what=what)
-    return _write_heatmaps(None, pred, out)
+        return slides.run(_write_heatmaps, pred, out, stem, what=what)
+    return _write_heatmaps(None, pred, out, stem)
 
 
-def _write_heatmaps(slides: SlideCache | None, pred: SlidePrediction, out: Path) -> list[Path]:
+def _write_heatmaps(slides: SlideCache | None, pred: SlidePrediction, out: Path, stem: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    stem = slide_stem(pred.slide)
     paths: list[Path] = []
     with slides.opened(pred.slide) if slides is not None else open_slide(pred.slide) as slide:
         for name, grid in pred.grids.items():
@@ -72,11 +75,12 @@ def write_predictions(
     cases = {e.path: e.case for e in table.entries} if table is not None else {}
     by_case = any(p.case is not None for p in preds) or any(c is not None for c in cases.values())
     groups: dict[str, list[SlidePrediction | SlideFailure]] = {}
+    files = output_names(r.slide for r in results)
     for r in results:
         case = r.case if isinstance(r, SlidePrediction) and r.case is not None else cases.get(r.slide)
         groups.setdefault(case if by_case and case is not None else str(r.slide), []).append(r)
         if heatmaps and isinstance(r, SlidePrediction):
-            write_heatmaps(r, out / "heatmaps")
+            write_heatmaps(r, out / "heatmaps", name=files[Path(r.slide)])
     names = ["case", "slides"] if by_case else ["slide"]
     decision = next((p.decision for p in preds if p.decision is not None), None)
     # two classes: the threshold the class was called with, on every row

@@ -1,12 +1,13 @@
 """Per-slide outputs of `bigslide predict`, and `predictions.csv` assembled from them.
 
-Each slide, once predicted, gets its heatmaps (`heatmaps/<stem>.<map>.npz|png|geojson`) and then its row,
-`slides/<stem>.<key>.json` (key: a digest of the slide's path, so two slides of one name in different
-folders keep apart): the prediction's outputs, or the slide's error, with the settings it was predicted
-with. Every file is written under a temporary name and renamed, and the row last, so a row on disk means
-the slide's outputs are whole. A rerun keeps the slides whose row holds a prediction made with the same
-checkpoint (by content), repeats and slide_mpp (and heatmaps, when asked for) and predicts the others,
-failed ones included. `predictions.csv` is then rebuilt from the rows of the table's slides, in table order.
+Each slide, once predicted, gets its heatmaps (`heatmaps/<name>.<map>.npz|png|geojson`, its name from
+`output_names`) and then its row, `slides/<stem>.<key>.json` (key: a digest of the slide's path, so two
+slides of one name in different folders keep apart): the prediction's outputs, or the slide's error,
+with the settings it was predicted with. Every file is written under a temporary name and renamed, and
+the row last, so a row on disk means the slide's outputs are whole. A rerun keeps the slides whose row
+holds a prediction made with the same checkpoint (by content), repeats and slide_mpp (and heatmaps, when
+asked for) and predicts the others, failed ones included. `predictions.csv` is then rebuilt from the
+rows of the table's slides, in table order.
 """
 
 from __future__ import annotations
@@ -52,16 +53,18 @@ def write_slide_outputs(
     tiles: int = 0,
     grid: TileGrid | None = None,
     slides: SlideCache | None = None,
+    name: str | None = None,
 ) -> Path:
-    """The slide's heatmaps (a prediction's, when `heatmaps`; drawn where `slides` decode) and its tissue
-    check's line (with its `grid`; the thumbnail was drawn where the slide was read), then its row."""
+    """The slide's heatmaps (a prediction's, when `heatmaps`; drawn where `slides` decode; named `name`)
+    and its tissue check's line (with its `grid`; the thumbnail was drawn where the slide was read), then
+    its row."""
     row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
     if grid is not None:
         row["tissue_check"] = check_row(result.slide, grid)
     if isinstance(result, SlideFailure):
         row |= {"error": result.error, "outputs": None, "heatmaps": None}
     else:
-        files = write_heatmaps(result, out / HEATMAPS, slides) if heatmaps else None
+        files = write_heatmaps(result, out / HEATMAPS, slides, name) if heatmaps else None
         row |= {
             "error": "",
             # JSON numbers round-trip a float exactly; the dtype brings back the very array predicted

@@ -34,6 +34,7 @@ from bigslide.engine.tissue_report import draw_checks, slide_grids
 from bigslide.errors import BigslideError
 from bigslide.methods.base import Method
 from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import output_names
 
 
 @dataclass
@@ -79,6 +80,7 @@ class CohortSlides:
         self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
         self.repeats, self.slide_mpp, self.tiles, self.checks = repeats, slide_mpp, tiles, checks
         self.items = list(table.cases().values())  # table rows of each case
+        self.names = output_names(e.path for e in table.entries)  # of the thumbnails, unique in the cohort
 
     def __len__(self) -> int:
         return len(self.items)
@@ -102,7 +104,7 @@ class CohortSlides:
             checked = list(slide_grids(dataset, self.config.data, slides))
             samples = read_samples(dataset, 0, self.repeats, pool)
             if self.checks is not None:
-                for png in draw_checks(slides, checked, self.checks):
+                for png in draw_checks(slides, checked, self.checks, self.names):
                     if isinstance(png, Exception):
                         raise png
             return SlideRead(dataset, samples, "", {str(path): grid for path, grid in checked})

@@ -3,7 +3,7 @@ run folder (`bigslide.explain.tissue_check`), and a warning when no tile or near
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from bigslide.explain.tissue_check import (
     write_check_png,
 )
 from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import output_names
 
 
 def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[tuple[Path, TileGrid]]:
@@ -73,15 +74,21 @@ def write_tissue_check(
 
 
 def draw_checks(
-    slides: SlideCache, checked: list[tuple[Path, TileGrid]], folder: Path
+    slides: SlideCache,
+    checked: list[tuple[Path, TileGrid]],
+    folder: Path,
+    names: Mapping[Path, str] | None = None,
 ) -> list[Path | Exception]:
-    """Each slide's tissue-check thumbnail in `folder` (kept in the slides' tile cache when there is one),
-    or the error that stopped it: drawn in the decode workers, several slides at once."""
-    return slides.map(_draw_check, [(path, grid, folder) for path, grid in checked], _drawing)
+    """Each slide's tissue-check thumbnail in `folder`, named by `names` (by default `output_names` of the
+    slides checked; kept in the slides' tile cache when there is one), or the error that stopped it: drawn
+    in the decode workers, several slides at once."""
+    names = names or output_names(path for path, _ in checked)
+    items = [(path, grid, folder, names[Path(path)]) for path, grid in checked]
+    return slides.map(_draw_check, items, _drawing)
 
 
-def _draw_check(slides: SlideCache, path: Path, grid: TileGrid, folder: Path) -> Path:
-    return write_check_png(partial(slides.opened, path), path, grid, folder, slides.tiles)
+def _draw_check(slides: SlideCache, path: Path, grid: TileGrid, folder: Path, name: str) -> Path:
+    return write_check_png(partial(slides.opened, path), path, grid, folder, slides.tiles, name)
 
 
 def _drawing(item: tuple[Any, ...]) -> str:

@@ -41,6 +41,7 @@ from bigslide.tiling.annotations import (
     write_annotations,
 )
 from bigslide.tiling.regions import plain_geojson, read_features
+from bigslide.wsi.slide import output_names
 
 REVIEW_CLASS = "Suggestion*"
 """The class suggestions are written with: QuPath shows it, bigslide trains only on answered ones."""
@@ -228,7 +229,8 @@ def _covered(area: Polygon, annotated: shapely.Geometry) -> bool:
 
 def write_suggestions(suggestions: Sequence[Suggestion], path: str | Path) -> list[Path]:
     """Write every suggestion to `path` (each feature names its slide), and, for QuPath (which imports a
-    file onto the image open), each slide's to `<path without suffix>/<slide name>.suggestions.geojson`.
+    file onto the image open), each slide's to `<path without suffix>/<name>.suggestions.geojson` (the
+    slide's `output_names`: two slides called HE.svs in two case folders get a file each).
     Returns the files written, `path` first."""
     path = Path(path)
     written = [atomic_write_text(path, _collection(suggestions))]
@@ -236,8 +238,9 @@ def write_suggestions(suggestions: Sequence[Suggestion], path: str | Path) -> li
     for s in suggestions:
         by_slide.setdefault(s.slide, []).append(s)
     folder = path.with_suffix("")
+    names = output_names(by_slide)
     for slide, some in by_slide.items():
-        written.append(atomic_write_text(folder / f"{slide.name}.suggestions.geojson", _collection(some)))
+        written.append(atomic_write_text(folder / f"{names[slide]}.suggestions.geojson", _collection(some)))
     return written
 
 

@@ -150,8 +150,10 @@ def write_check_png(
     grid: TileGrid,
     folder: Path,
     tiles: TileCache | None = None,
+    name: str | None = None,
 ) -> Path:
-    """`<folder>/<slide stem>.png`, the thumbnail of `slide` (opened by `opened()` when it is drawn),
+    """`<folder>/<name>.png` (by default the slide's stem), the thumbnail of `slide` (opened by `opened()`
+    when it is drawn),
     written under a temporary name and renamed. With a tile cache `tiles` it is drawn once into the cache
     and linked from there (a second run, or a second prediction, over the same slides draws none)."""
 
@@ -159,7 +161,7 @@ def write_check_png(
         with opened() as open_slide:
             save_check_png(open_slide, grid, target)
 
-    path = Path(folder) / f"{slide_stem(slide)}.png"
+    path = Path(folder) / f"{name or slide_stem(slide)}.png"
     key = {"grid": grid_digest(grid), "code": code_digest(THUMBNAIL_MODULES)}
     kept = tiles.file("check", ".png", Path(slide), key, draw) if tiles is not None else None
     if kept is not None:

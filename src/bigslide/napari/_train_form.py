@@ -55,7 +55,7 @@ KIND_WORDS = {
 }
 BUNDLED_REFERENCE = "bundled H&E reference"
 CHOOSE_FILE = "a slide file…"
-SLIDE_FILES = "Slides (*.svs *.tif *.tiff *.ndpi *.dcm)"
+SLIDE_FILES = "Slides (*.svs *.tif *.tiff *.ndpi *.dcm *.png *.jpg *.jpeg)"
 
 
 class TrainForm(Panel):

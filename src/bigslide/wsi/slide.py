@@ -8,11 +8,13 @@ file) raises `SlideError` naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -249,11 +251,13 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
 
     backend "auto": OpenSlide for MRXS / SCN / BIF / VMS / NDPI when it is installed
     (`bigslide[openslide]`), else tiffslide (SVS, generic and OME pyramidal TIFF, NDPI).
+    A PNG or JPEG image is read whole, whatever the backend (`bigslide.wsi.plain_image`).
     DICOM — a .dcm file, or a folder holding one series — needs OpenSlide (see `bigslide.wsi.dicom_series`).
     """
     import tiffslide
 
     from bigslide.wsi.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
+    from bigslide.wsi.plain_image import PlainImageHandle, plain_image_format
 
     path = Path(path)
     if not path.exists():
@@ -262,6 +266,9 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         return _open_dicom(path, backend)
     if not path.is_file():
         raise SlideError(f"{path}: not a file")
+    image_format = plain_image_format(path)
+    if image_format is not None:
+        return Slide(path, PlainImageHandle(path, image_format))
     if backend == "auto":
         wanted = path.suffix.lower() in OPENSLIDE_SUFFIXES and openslide_available()
         backend = "openslide" if wanted else "tiffslide"
@@ -324,6 +331,7 @@ def reader_conflict() -> str:
 _NAMED_SUFFIXES = (
     *(".ome.tiff", ".ome.tif", ".svs", ".tiff", ".tif", ".ndpi"),
     *(".mrxs", ".scn", ".bif", ".vms", ".vmu"),
+    *(".png", ".jpg", ".jpeg"),
 )
 
 
@@ -338,6 +346,34 @@ def slide_stem(path: str | Path) -> str:
         if path.name.lower().endswith(suffix):
             return path.name[: -len(suffix)]
     return path.name
+
+
+def output_names(paths: Iterable[str | Path]) -> dict[Path, str]:
+    """A name for each slide's output files (heatmaps, tissue-check thumbnails), unique among `paths`:
+    its `slide_stem`, or where stems clash (`case1/HE.svs`, `case2/HE.svs`; letter case ignored, as some
+    file systems do) its stem behind as many of its folders as set it apart (`case1-HE`, `case2-HE`), then
+    its whole file name, then a digest of its path."""
+    unique = list(dict.fromkeys(Path(p) for p in paths))
+    names = {p: slide_stem(p) for p in unique}
+    for depth in range(1, max((len(p.parts) for p in unique), default=0) + 1):
+        clashes = Counter(n.lower() for n in names.values())
+        clashing = [p for p in unique if clashes[names[p].lower()] > 1]
+        if not clashing:
+            break
+        for p in clashing:
+            names[p] = "-".join([*(q.name for q in reversed(p.parents[:depth]) if q.name), slide_stem(p)])
+    for last_resort in (_with_suffix, _with_digest):  # a.png beside a.jpg; A/s.svs beside a/s.svs
+        clashes = Counter(n.lower() for n in names.values())
+        names = {p: last_resort(p, n) if clashes[n.lower()] > 1 else n for p, n in names.items()}
+    return names
+
+
+def _with_suffix(path: Path, name: str) -> str:
+    return name[: -len(slide_stem(path))] + path.name
+
+
+def _with_digest(path: Path, name: str) -> str:
+    return f"{name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
 
 
 def _open_dicom(path: Path, backend: Backend) -> Slide:
