@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from bigslide.cli import report
 from bigslide.cli.main import main
@@ -22,7 +23,9 @@ from bigslide.engine.checkpoint import save_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.inference import predict_slides
 from bigslide.explain.heatmap import ScoreGrid
+from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slide_set import make_slide_set
+from bigslide.wsi.slide import open_slide
 from tests.conftest import broken_tile_slide
 
 
@@ -242,3 +245,25 @@ def test_slides_of_one_name_in_different_case_folders_each_get_their_own_heatmap
         np.testing.assert_array_equal(got[f"{case}-HE.attention.npz"], expected)
         thumbnail = (alone / "tissue_check" / f"{source}.png").read_bytes()
         assert (out / "tissue_check" / f"{case}-HE.png").read_bytes() == thumbnail
+
+
+def test_a_slide_scanned_coarser_than_the_model_reads_is_predicted_with_a_warning(
+    cohort: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")  # reads at 0.5 µm/px
+    with open_slide(cohort.parent / "slide_000.svs") as fine:
+        pixels = fine.read_level(0)
+    coarse = tmp_path / "ten_x.svs"
+    half = np.asarray(Image.fromarray(pixels).reduce(2))
+    write_pyramid(coarse, downsample_pyramid(half, 2), mpp=2 * fine.mpp[0], flavour="svs")
+    table = tmp_path / "slides.csv"
+    table.write_text(f"slide\n{cohort.parent / 'slide_000.svs'}\n{coarse}\n")
+    args = ["--slides", str(table), "--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]
+    code, _, err = predict(args, capsys)
+    assert code == 0
+    warned = [line for line in err.splitlines() if "coarser than" in line]
+    assert warned == [
+        f"warning: {coarse}: scanned at 1 µm/px, coarser than the 0.5 µm/px the model reads: its tiles are "
+        "enlarged 2.0 times and show less detail than the model learnt from (a lower-magnification scan; "
+        "predictions on it are less reliable)"
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from skimage import data as skdata
 
-from bigslide.explain.tissue_check import warning
+from bigslide.explain.tissue_check import warning, warnings_for
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide
@@ -44,3 +44,22 @@ def test_a_slide_with_nothing_kept_is_named(make_slide: MakeSlide) -> None:
     text = warning("blank.tif", grid)
     assert text is not None
     assert "kept no tile" in text
+
+
+def test_a_slide_scanned_coarser_than_the_model_reads_is_named(make_slide: MakeSlide) -> None:
+    """A 10x scan (1 µm/px) read by a 20x model (0.5 µm/px) is enlarged: said, with by how much; a finer
+    scan, or one within the tolerance of reading a level as stored, is not."""
+    image = np.ascontiguousarray(skdata.immunohistochemistry())
+    for scanned, enlarged in ((1.0, "2.0"), (0.5, None), (0.54, None), (0.25, None)):
+        written = make_slide(image, flavour="tiff", mpp=scanned, n_levels=2, name=f"scan{scanned}")
+        with open_slide(written.path) as slide:
+            grid = TileGrid.from_slide(slide, 64, target_mpp=0.5, min_tissue=0.2)
+        texts = warnings_for("scan.tif", grid)
+        if enlarged is None:
+            assert texts == []
+        else:
+            assert texts == [
+                f"scan.tif: scanned at 1 µm/px, coarser than the 0.5 µm/px the model reads: its tiles are "
+                f"enlarged {enlarged} times and show less detail than the model learnt from (a "
+                "lower-magnification scan; predictions on it are less reliable)"
+            ]

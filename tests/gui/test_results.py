@@ -171,3 +171,22 @@ def test_checkpoint_heatmaps(
         with open_slide(slide_path) as s:
             tiles = len(TileGrid.from_slide(s, 32, min_tissue=0.6))
         assert np.isfinite(attention.metadata["grid"].scores).sum() == tiles
+
+
+def test_a_slide_scanned_coarser_than_the_model_reads_is_said_under_its_prediction(
+    viewer: Any, dock: Any, tmp_path: Path
+) -> None:
+    from bigslide.engine.slide_prediction import SlidePrediction
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.synthetic.slides import synthesize_slide
+
+    panel = dock("Results")
+    for mpp, said in ((1.0, True), (0.5, False)):
+        path = tmp_path / f"scan_{mpp}.svs"
+        write_pyramid(path, downsample_pyramid(synthesize_slide((256, 256), lesions=0, seed=1).rgb, 2), mpp=mpp)
+        [slide] = viewer.open(path, plugin="bigslide")
+        prediction = SlidePrediction(path, np.array([0.3, 0.7]), ["normal", "tumor"], {}, read_mpp=0.5)
+        panel.show_prediction(prediction, slide)
+        text = panel.result.text()
+        assert "<b>tumor</b>" in text
+        assert ("scanned at 1 µm/px, coarser than the 0.5 µm/px the model reads" in text) == said

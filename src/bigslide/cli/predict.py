@@ -42,7 +42,7 @@ from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.inference import Trained, load_trained
 from bigslide.engine.slide_prediction import SlideFailure
 from bigslide.errors import ConfigError, DataError
-from bigslide.explain.tissue_check import FOLDER, warning
+from bigslide.explain.tissue_check import FOLDER, warnings_for
 from bigslide.wsi.slide import output_names
 
 
@@ -287,8 +287,7 @@ class _Tally:
             tqdm.write(f"{outcome.result.slide}: failed: {outcome.result.error}", file=sys.stderr)
         else:
             self.predicted += 1
-        text = warning(outcome.result.slide, outcome.grid) if outcome.grid is not None else None
-        if text is not None:
+        for text in warnings_for(outcome.result.slide, outcome.grid) if outcome.grid is not None else []:
             tqdm.write(f"warning: {text}", file=sys.stderr)
         self.tiles += outcome.tiles
         self.bar.update()

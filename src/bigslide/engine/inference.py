@@ -311,6 +311,7 @@ def predict_slides(
                     reference,
                     step,
                     decision=decision,
+                    read_mpp=config.data.read_mpp,
                 )
             )
     return out, preds

@@ -28,6 +28,7 @@ class SlidePrediction:
     risk_reference: dict[str, Any] | None = None
     thinned: int = 1  # a preview: one tile in thinned x thinned was read, its score drawn over the block
     decision: Decision | None = None  # how a class is called (None: the most probable)
+    read_mpp: float | None = None  # the µm/px the model read the slide at (None: a pyramid level)
 
     @property
     def task(self) -> str:

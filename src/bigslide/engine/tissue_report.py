@@ -18,7 +18,7 @@ from bigslide.explain.tissue_check import (
     CSV_NAME,
     FOLDER,
     check_row,
-    warning,
+    warnings_for,
     write_check_csv,
     write_check_png,
 )
@@ -60,8 +60,7 @@ def write_tissue_check(
             if isinstance(png, Exception):
                 raise png
             rows.append(check_row(path, grid))
-            text = warning(path, grid)
-            if text is not None:
+            for text in warnings_for(path, grid):
                 yield Message(f"warning: {text}")
         if not rows:
             return None

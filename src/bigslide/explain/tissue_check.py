@@ -27,6 +27,7 @@ from scipy import ndimage
 from bigslide.data.tile_cache import TileCache, code_digest, grid_digest
 from bigslide.files import atomic_path, atomic_write_text, link_or_copy
 from bigslide.tiling.grid import BLUR, INK, TileGrid
+from bigslide.wsi.resolution import coarser_scan
 from bigslide.wsi.slide import Slide, slide_stem
 
 FOLDER = "tissue_check"
@@ -70,6 +71,17 @@ def check_row(slide: str | Path, grid: TileGrid) -> dict[str, Any]:
         "blurred_tiles": c.blurred,
         "blurred_left_out": c.blur_excluded,
     }
+
+
+def warnings_for(slide: str | Path, grid: TileGrid) -> list[str]:
+    """The slide's one-line warnings: its resolution's, then its tissue check's."""
+    return [text for text in (resolution_warning(slide, grid), warning(slide, grid)) if text is not None]
+
+
+def resolution_warning(slide: str | Path, grid: TileGrid) -> str | None:
+    """A warning when the slide was scanned coarser than the model reads (`coarser_scan`)."""
+    text = coarser_scan(grid.slide_mpp[0] if grid.slide_mpp else None, grid.target_mpp)
+    return f"{slide}: {text}" if text else None
 
 
 def warning(slide: str | Path, grid: TileGrid) -> str | None:

@@ -28,6 +28,7 @@ from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
 from bigslide.napari._toasts import show_error, show_info
+from bigslide.wsi.resolution import coarser_scan
 
 if TYPE_CHECKING:
     from bigslide.napari._session import Session
@@ -263,7 +264,12 @@ class ResultsWidget(Panel):
             else ""
         )
         decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
-        self.result.setText(f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}")
+        mpp = slide.metadata.get("mpp")
+        scan = coarser_scan(mpp[0] if mpp else None, prediction.read_mpp)
+        scan = f"<br><i>This slide was {scan}.</i>" if scan else ""
+        self.result.setText(
+            f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}{scan}"
+        )
         grids = [
             (grid, f"{slide.name} {prediction.titles.get(key, key)}")
             for key, grid in prediction.grids.items()

@@ -63,6 +63,18 @@ def slide_mpp(slide: Slide) -> float:
     return float(slide.mpp[0])
 
 
+def coarser_scan(scanned: float | None, read: float | None) -> str | None:
+    """Words for a slide scanned coarser than the model reads it (a 10x scan for a 20x model: its tiles are
+    enlarged and hold less detail than those the model learnt from), else None."""
+    if scanned is None or read is None or scanned <= read * (1 + TOLERANCE):
+        return None
+    return (
+        f"scanned at {scanned:.3g} µm/px, coarser than the {read:.3g} µm/px the model reads: its tiles are "
+        f"enlarged {scanned / read:.1f} times and show less detail than the model learnt from (a "
+        "lower-magnification scan; predictions on it are less reliable)"
+    )
+
+
 def check_mpp(value: float | None, name: str) -> None:
     """A pixel size is a positive, finite number of µm (None: not given); else a `ConfigError` naming it."""
     if value is not None and not (math.isfinite(value) and value > 0):
