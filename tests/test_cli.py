@@ -36,6 +36,30 @@ def test_train_without_config_or_demo(capsys: pytest.CaptureFixture[str]) -> Non
     assert "data.csv: no slide table given (or set data.source: demo" in one_line(err)
 
 
+def test_a_table_given_to_a_demo_config_is_not_silently_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo run's config.yaml taken as a template, its table changed but its source left demo."""
+    table = tmp_path / "mine.csv"
+    table.write_text("slide,label\na.svs,tumor\n")
+    args = ["train", "--demo", "--set", f"data.csv={table}", "--out", str(tmp_path / "r")]
+    code, err = run_cli(args, capsys)
+    assert code == 2
+    assert f"data.csv: {table} is not read while data.source is demo" in one_line(err)
+    assert "set data.source: csv" in one_line(err)
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_predict_into_a_file_is_refused_before_any_slide(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "taken").write_text("")
+    args = ["predict", "--slides", str(tmp_path / "s.csv"), "--checkpoint", str(tmp_path / "c.pt")]
+    code, err = run_cli([*args, "--out", str(tmp_path / "taken")], capsys)
+    assert code == 2
+    assert "--out " + str(tmp_path / "taken") + ": a file, not a folder" in one_line(err)
+
+
 def test_missing_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(["train", str(tmp_path / "missing.yaml")], capsys)
     assert code == 2

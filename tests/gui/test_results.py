@@ -183,7 +183,8 @@ def test_a_slide_scanned_coarser_than_the_model_reads_is_said_under_its_predicti
     panel = dock("Results")
     for mpp, said in ((1.0, True), (0.5, False)):
         path = tmp_path / f"scan_{mpp}.svs"
-        write_pyramid(path, downsample_pyramid(synthesize_slide((256, 256), lesions=0, seed=1).rgb, 2), mpp=mpp)
+        tissue = synthesize_slide((256, 256), lesions=0, seed=1).rgb
+        write_pyramid(path, downsample_pyramid(tissue, 2), mpp=mpp)
         [slide] = viewer.open(path, plugin="bigslide")
         prediction = SlidePrediction(path, np.array([0.3, 0.7]), ["normal", "tumor"], {}, read_mpp=0.5)
         panel.show_prediction(prediction, slide)

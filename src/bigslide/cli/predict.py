@@ -86,6 +86,8 @@ class PredictOptions:
     def from_args(cls, args: argparse.Namespace) -> PredictOptions:
         if args.workers is not None and args.workers < 0:
             raise ConfigError(f"--workers {args.workers}: must be >= 0")
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ConfigError(f"--out {args.out}: a file, not a folder; name a folder for the outputs")
         return cls(
             Path(args.slides),
             Path(args.checkpoint),

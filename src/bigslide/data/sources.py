@@ -53,6 +53,12 @@ def load_table(data: DataConfig) -> SlideTable:
     if data.source == "demo":
         from bigslide.synthetic.slide_set import make_slide_set
 
+        if data.csv:  # a demo run's config.yaml edited into a user's: their table would be ignored
+            raise ConfigError(
+                f"data.csv: {data.csv} is not read while data.source is demo (the bundled synthetic "
+                "slides); set data.source: csv to train on it"
+            )
+
         return SlideTable.from_csv(make_slide_set(demo_dir()), task=data.task)
     if not data.csv:
         raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
