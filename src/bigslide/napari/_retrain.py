@@ -88,12 +88,12 @@ class RetrainBox(QGroupBox):
             minimum=0,
             tip="Weight of the loss on annotated tiles beside the slide loss (data.instance_weight)",
         )
-        self.anew = QCheckBox("train anew (teaches more; as many epochs as the first run)")
+        self.anew = QCheckBox("train anew (many outlines; as many epochs as the first run)")
         self.anew.setToolTip(
             "Trains the checkpoint's model from its starting weights instead of continuing from the "
-            "checkpoint: slower (as many epochs as the first run), but the annotations teach far more "
-            "(on the learning bench's subtle lesions, the attention cell AUC rose by 0.11-0.12 anew, by 0.01 "
-            "continuing)"
+            "checkpoint, the annotations taught from the first epoch: slower (as many epochs as the first "
+            "run). With outlines of many lesions it teaches far more than continuing; with a few answered "
+            "places it may leave the model worse than the first run (see the user guide)"
         )
         self.anew.toggled.connect(self._on_anew)
         self.button = QPushButton("Retrain with annotations")
