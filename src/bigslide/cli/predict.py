@@ -209,7 +209,7 @@ def predict_to(
     # A slide's outputs (the heatmap PNG's encoding above all) are written on a thread of their own while
     # the model predicts the next slide; at most WRITES_AHEAD slides wait to be written.
     writes: deque[tuple[SlideOutcome, Future[None]]] = deque()
-    names = output_names(e.path for e in table.entries)
+    names = output_names([e.path for e in table.entries])
 
     def settle(keep: int) -> None:
         while len(writes) > keep:

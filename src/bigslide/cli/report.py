@@ -75,7 +75,7 @@ def write_predictions(
     cases = {e.path: e.case for e in table.entries} if table is not None else {}
     by_case = any(p.case is not None for p in preds) or any(c is not None for c in cases.values())
     groups: dict[str, list[SlidePrediction | SlideFailure]] = {}
-    files = output_names(r.slide for r in results)
+    files = output_names([r.slide for r in results])
     for r in results:
         case = r.case if isinstance(r, SlidePrediction) and r.case is not None else cases.get(r.slide)
         groups.setdefault(case if by_case and case is not None else str(r.slide), []).append(r)

@@ -57,6 +57,7 @@ TILING_MODULES = (
     "bigslide.wsi.tiff_levels",
     "bigslide.wsi.openslide_backend",
     "bigslide.wsi.dicom_series",
+    "bigslide.wsi.plain_image",
 )
 """Modules whose code decides a slide's tissue mask and grid: a change in any of them tiles anew."""
 

@@ -80,7 +80,7 @@ class CohortSlides:
         self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
         self.repeats, self.slide_mpp, self.tiles, self.checks = repeats, slide_mpp, tiles, checks
         self.items = list(table.cases().values())  # table rows of each case
-        self.names = output_names(e.path for e in table.entries)  # of the thumbnails, unique in the cohort
+        self.names = output_names([e.path for e in table.entries])  # of the thumbnails, unique in the cohort
 
     def __len__(self) -> int:
         return len(self.items)

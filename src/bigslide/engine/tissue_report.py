@@ -81,7 +81,7 @@ def draw_checks(
     """Each slide's tissue-check thumbnail in `folder`, named by `names` (by default `output_names` of the
     slides checked; kept in the slides' tile cache when there is one), or the error that stopped it: drawn
     in the decode workers, several slides at once."""
-    names = names or output_names(path for path, _ in checked)
+    names = names or output_names([path for path, _ in checked])
     items = [(path, grid, folder, names[Path(path)]) for path, grid in checked]
     return slides.map(_draw_check, items, _drawing)
 
