@@ -164,3 +164,17 @@ def test_pen_marks_box_on_by_default_leaves_out_a_violet_pen_on_the_glass_in_cou
     without = counted()
     assert with_pens < 0.8 * without  # colour alone keeps the pen's tiles on the glass
     assert replayed_run(viewer, panel.session, tmp_path / "run2").data.ink_flatness == 0.0
+
+
+def test_a_table_change_after_the_panels_are_closed_reaches_no_deleted_widget(
+    viewer: Any, dock: Any, qtbot: Any
+) -> None:
+    """A worker's result (an annotations count) may change the table after a panel has closed."""
+    from qtpy import sip
+
+    panels = [dock(name) for name in ("Slides", "Train", "Results")]
+    session = panels[0].session
+    for panel in panels:
+        panel.deleteLater()
+    qtbot.waitUntil(lambda: all(sip.isdeleted(p) for p in panels), timeout=10_000)
+    session.changed.emit()  # raised RuntimeError: wrapped C/C++ object ... has been deleted

@@ -18,6 +18,7 @@ from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabe
 
 from bigslide.errors import BigslideError
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
+from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._roles import layers_with_role
 from bigslide.napari._session import counted
 from bigslide.napari._toasts import show_error, show_info, show_warning
@@ -135,7 +136,7 @@ class AnnotateBox(QGroupBox):
         self.rows.addWidget(self.class_box)
         self.rows.addLayout(buttons)
         self.rows.addWidget(self.status)
-        session.changed.connect(self.refresh_classes)
+        connect_while_alive(session.changed, self, self.refresh_classes)
         self.refresh_classes()
 
     def refresh_classes(self) -> None:

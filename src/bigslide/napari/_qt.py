@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
@@ -16,6 +17,14 @@ from qtpy.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+
+def connect_while_alive(signal: Any, widget: QWidget, slot: Callable[..., Any]) -> None:
+    """Connect `slot` to a psygnal `signal` of an object that outlives `widget` (the viewer's session),
+    until the widget's Qt object is destroyed: a late emit (a worker's result after the panel closed)
+    then reaches no deleted widget."""
+    signal.connect(slot)
+    widget.destroyed.connect(lambda *_: signal.disconnect(slot))
 
 
 def combo_box(items: list[str] | tuple[str, ...], *, editable: bool = False, tip: str = "") -> QComboBox:

@@ -13,7 +13,7 @@ from napari.qt.threading import thread_worker
 from qtpy.QtWidgets import QCheckBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from bigslide.napari._number import NumberField
-from bigslide.napari._qt import scrolled
+from bigslide.napari._qt import connect_while_alive, scrolled
 from bigslide.napari._session import counted
 from bigslide.napari._slides_table import SlidesTable
 from bigslide.napari._toasts import show_error, show_info
@@ -112,7 +112,7 @@ class SlidesWidget(SlidesTable):
         layout.addWidget(self.status)
         layout.addStretch()
 
-        self.session.changed.connect(self.refresh)
+        connect_while_alive(self.session.changed, self, self.refresh)
         self.viewer.layers.events.inserted.connect(self._on_layer_inserted)
         self.viewer.layers.events.removed.connect(self._on_layer_removed)
         for layer in self.viewer.layers:

@@ -19,6 +19,7 @@ from napari.qt.threading import create_worker
 from qtpy.QtCore import Qt, Signal
 from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
+from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._time_left import TimeLeft
 from bigslide.napari._toasts import show_error, show_info
 from bigslide.napari._train_form import TrainForm
@@ -75,7 +76,7 @@ class TrainWidget(TrainForm):
         layout.addWidget(self.status)
         layout.addLayout(plots)
 
-        self.session.changed.connect(self._on_table_changed)
+        connect_while_alive(self.session.changed, self, self._on_table_changed)
         self._on_table_changed()
 
     def _on_table_changed(self) -> None:
