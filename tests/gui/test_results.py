@@ -16,7 +16,7 @@ from bigslide.explain.heatmap import ScoreGrid
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.regions import load_regions
 from bigslide.wsi.slide import open_slide
-from tests.gui.test_train import LoopGaps
+from tests.gui.test_train import FROZEN_MS, LoopGaps
 
 TILE = 32
 
@@ -140,6 +140,7 @@ def test_checkpoint_heatmaps(
     panel.device.setCurrentText("cpu")
     for attempt in ("first", "again"):
         with LoopGaps() as gaps:
+            began = time.perf_counter()
             worker = panel.run()
             assert worker is not None
             returned: list[float] = []
@@ -149,11 +150,12 @@ def test_checkpoint_heatmaps(
         inferring, drawing = gaps.split(returned[0])
         print(
             f"{method} ({attempt}): longest event-loop gaps "
-            f"inferring {inferring:.0f} ms, drawing {drawing:.0f} ms"
+            f"inferring {inferring:.0f} ms, drawing {drawing:.0f} ms; "
+            f"inference took {returned[0] - began:.2f} s"
         )
-        assert inferring < 100, f"inference with {method} froze the viewer for {inferring:.0f} ms"
+        assert inferring < FROZEN_MS, f"inference with {method} froze the viewer for {inferring:.0f} ms"
         if attempt == "again":  # the maps are redrawn in their layers; napari builds a new layer in ~0.15 s
-            assert drawing < 100, f"redrawing {method}'s heatmaps froze the viewer for {drawing:.0f} ms"
+            assert drawing < FROZEN_MS, f"redrawing {method}'s heatmaps froze the viewer for {drawing:.0f} ms"
     heatmaps = [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "heatmap"]
     names = {layer.name.removeprefix(f"{slide.name} ") for layer in heatmaps}
     assert expected <= names, names

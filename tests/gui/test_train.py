@@ -63,6 +63,11 @@ def start(widget: Any) -> Recorder:
     return records[0]
 
 
+# a gap this long means work on the viewer's thread (a step or an inference there takes ≥ 0.6 s); shorter
+# gaps come from the GIL and a loaded machine (up to ~0.13 s seen on 2 busy cores)
+FROZEN_MS = 250
+
+
 class LoopGaps:
     """The longest the GUI thread went without running its event loop, from a 10 ms timer's ticks."""
 
@@ -103,7 +108,7 @@ def test_run_to_completion(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
         record = start(widget)
         qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
     print(f"{method}: longest event-loop gaps while training: {gaps.worst()}")
-    assert gaps.max_ms < 100, f"{method} froze the viewer for {gaps.max_ms:.0f} ms"
+    assert gaps.max_ms < FROZEN_MS, f"{method} froze the viewer for {gaps.max_ms:.0f} ms"
     assert record.fired == ["returned", "finished"], record.fired
     checkpoint = widget.run_dir / "checkpoints" / "last.pt"
     assert checkpoint.is_file()

@@ -17,13 +17,19 @@ def alive(pid: int) -> bool:
     return True
 
 
+def _pid(_slides: object) -> int:
+    return os.getpid()
+
+
 def test_the_viewers_decode_workers_are_shared_and_end_with_its_window(make_napari_viewer: Any) -> None:
     viewer = make_napari_viewer()
     session = session_for(viewer)
+    slides = session.slides()  # what a panel hands its worker thread: it starts no process yet
+    assert session._processes is None
     processes = session.decode_processes()
     assert session.decode_processes() is processes  # the same workers for every use
-    assert session.slides().workers is processes
     pids = processes.pids()
+    assert slides.run(_pid, what="a pid") in pids  # and the panels' reads go to them
     assert pids
     assert all(alive(p) for p in pids)
     viewer.close()

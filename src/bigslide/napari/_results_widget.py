@@ -189,7 +189,7 @@ class ResultsWidget(Panel):
             device=self.device.currentText(),
             slide_mpp=self.session.slide_mpp,
             max_tiles=PREVIEW_TILES if preview else None,
-            processes=self.session.decode_processes(),
+            session=self.session,
             _start_thread=False,
             _ignore_errors=True,
         )
@@ -395,10 +395,11 @@ class ResultsWidget(Panel):
         return saved
 
 
-def _predict(checkpoint: Path, slide: str, **kwargs: Any) -> Any:
-    # imported here, in the worker thread: the first import of torch and timm takes most of a second
+def _predict(checkpoint: Path, slide: str, *, session: Session, **kwargs: Any) -> Any:
+    # in the worker thread: the first import of torch and timm takes most of a second, and the first
+    # start of the decode workers waits for the fork server
     from bigslide.engine.inference import predict_slide
     from bigslide.napari._gc import settle_imports
 
     settle_imports()
-    return predict_slide(checkpoint, slide, **kwargs)
+    return predict_slide(checkpoint, slide, processes=session.decode_processes(), **kwargs)

@@ -9,7 +9,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psygnal import Signal
 
@@ -17,7 +17,7 @@ from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
+    from collections.abc import Callable, Generator
 
     import napari
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from bigslide.engine.config import TrainConfig
     from bigslide.engine.events import Event
     from bigslide.engine.loop import RunResult
+
+T = TypeVar("T")
 
 SPLIT_CHOICES = ("", "train", "val", "test")  # "" = decided at training time (stratified)
 
@@ -107,10 +109,11 @@ class Session:
         return (yield from train(config, processes=self.run_processes(config)))
 
     def slides(self) -> SlideCache:
-        """Slides read as the panels say (the fallback µm/px), tiled in the decode workers."""
+        """Slides read as the panels say (the fallback µm/px), tiled in the decode workers, which the
+        first read starts: on the thread of the work that reads, never the viewer's."""
         from bigslide.data.slides import SlideCache
 
-        return SlideCache(slide_mpp=self.slide_mpp, workers=self.decode_processes())
+        return SlideCache(slide_mpp=self.slide_mpp, workers=_StartedOnFirstCall(self))
 
     def set_problem(self, field: str, refusal: str | None) -> None:
         """Record (or clear, with None) the refusal of a number typed into a panel field: no run starts
@@ -315,3 +318,17 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
 
     apply(session.slide_mpp)
     session.slide_mpp_changed.connect(apply)
+
+
+class _StartedOnFirstCall:
+    """A session's decode workers as a `SlideCache` uses them: started by the first call, so a panel can
+    hand the cache to its worker thread without waiting a second for the fork server."""
+
+    def __init__(self, session: Session) -> None:
+        from bigslide.data.loader import default_workers
+
+        self._session = session
+        self.workers = default_workers()  # what `decode_processes` starts
+
+    def call(self, fn: Callable[..., T], *args: Any, what: str) -> T:
+        return self._session.decode_processes().call(fn, *args, what=what)
