@@ -13,7 +13,8 @@ from bigslide.errors import SlideError
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi import plain_image
-from bigslide.wsi.slide import open_slide, output_names
+from bigslide.wsi.names import output_names
+from bigslide.wsi.slide import open_slide
 from tests.conftest import MakeSlide, textured_image
 
 MICROSCOPE_DPI = 25_400 / 0.5  # 0.5 µm per pixel

@@ -43,7 +43,7 @@ from bigslide.engine.inference import Trained, load_trained
 from bigslide.engine.slide_prediction import SlideFailure
 from bigslide.errors import ConfigError, DataError
 from bigslide.explain.tissue_check import FOLDER, warnings_for
-from bigslide.wsi.slide import output_names
+from bigslide.wsi.names import output_names
 
 
 @dataclass

@@ -17,7 +17,8 @@ from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
 from bigslide.files import atomic_path, atomic_write_text
-from bigslide.wsi.slide import open_slide, output_names, slide_stem
+from bigslide.wsi.names import output_names, slide_stem
+from bigslide.wsi.slide import open_slide
 
 
 def write_heatmaps(

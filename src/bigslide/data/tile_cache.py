@@ -39,7 +39,7 @@ from bigslide.files import atomic_path
 from bigslide.tiling.grid import TILING_VERSION, TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.tissue import TissueMask
-from bigslide.wsi.slide import slide_stem
+from bigslide.wsi.names import slide_stem
 
 TILING_MODULES = (
     "bigslide.tiling.grid",

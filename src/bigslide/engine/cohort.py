@@ -34,7 +34,7 @@ from bigslide.engine.tissue_report import draw_checks, slide_grids
 from bigslide.errors import BigslideError
 from bigslide.methods.base import Method
 from bigslide.tiling.grid import TileGrid
-from bigslide.wsi.slide import output_names
+from bigslide.wsi.names import output_names
 
 
 @dataclass

@@ -23,7 +23,7 @@ from bigslide.explain.tissue_check import (
     write_check_png,
 )
 from bigslide.tiling.grid import TileGrid
-from bigslide.wsi.slide import output_names
+from bigslide.wsi.names import output_names
 
 
 def slide_grids(dataset: Any, data: DataConfig, slides: SlideCache) -> Iterable[tuple[Path, TileGrid]]:

@@ -41,7 +41,7 @@ from bigslide.tiling.annotations import (
     write_annotations,
 )
 from bigslide.tiling.regions import plain_geojson, read_features
-from bigslide.wsi.slide import output_names
+from bigslide.wsi.names import output_names
 
 REVIEW_CLASS = "Suggestion*"
 """The class suggestions are written with: QuPath shows it, bigslide trains only on answered ones."""

@@ -27,8 +27,9 @@ from scipy import ndimage
 from bigslide.data.tile_cache import TileCache, code_digest, grid_digest
 from bigslide.files import atomic_path, atomic_write_text, link_or_copy
 from bigslide.tiling.grid import BLUR, INK, TileGrid
+from bigslide.wsi.names import slide_stem
 from bigslide.wsi.resolution import coarser_scan
-from bigslide.wsi.slide import Slide, slide_stem
+from bigslide.wsi.slide import Slide
 
 FOLDER = "tissue_check"
 CSV_NAME = "tissue_check.csv"
