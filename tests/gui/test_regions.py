@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import shapely
 
+from bigslide.napari._session import scale_bar_of
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.regions import load_regions
 from bigslide.wsi.slide import open_slide
@@ -96,7 +97,7 @@ def test_an_area_to_leave_out_is_saved_as_qupaths_ignore_class_and_read_back(
     np.testing.assert_allclose(layer.edge_color[0], [0, 229 / 255, 1, 1], atol=1e-3)
     assert 0 < layer.face_color[0][3] < 0.5
     assert layer.edge_width[0] >= 6
-    qtbot.waitUntil(lambda: viewer.scale_bar.visible)  # sizes read off the bar from the first slide on
+    qtbot.waitUntil(lambda: scale_bar_of(viewer).visible)  # sizes read off the bar from the first slide on
     saved = panel.save_geojson(tmp_path / "left-out.geojson")
     assert saved is not None
     [region] = load_regions(saved)

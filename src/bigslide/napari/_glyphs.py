@@ -12,6 +12,7 @@ ms, and lengthened a prediction's longest gap past 100 ms).
 from __future__ import annotations
 
 import string
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,9 @@ def warm_glyphs(viewer: napari.Viewer, delay_ms: int) -> None:
 def _canvas_font(viewer: napari.Viewer) -> Any:
     """The font napari's canvas draws its text with (None where this napari keeps it elsewhere)."""
     try:
-        info = viewer.window._qt_viewer.canvas.font_info()  # napari 0.9's canvas
+        with warnings.catch_warnings():  # private from napari 0.10 on, where this returns None
+            warnings.simplefilter("ignore", FutureWarning)
+            info = viewer.window._qt_viewer.canvas.font_info()  # napari 0.9's canvas
         return info.font_manager.get_font(info.face)
     except Exception:  # another napari, a closed window: nothing to warm
         return None

@@ -287,6 +287,12 @@ SCALE_BAR_DELAY_MS = 300
 """The scale bar is switched on this long after the panels open."""
 
 
+def scale_bar_of(viewer: napari.Viewer) -> Any:
+    """The viewer's scale bar (`viewer.canvas.overlays` from napari 0.9, `viewer.scale_bar` before)."""
+    canvas = getattr(viewer, "canvas", None)
+    return canvas.overlays.scale_bar if canvas is not None else viewer.scale_bar
+
+
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from qtpy.QtCore import QTimer
 
@@ -302,7 +308,7 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
     def scale_bar() -> None:  # slides are laid out in µm: sizes read off the bar
         view = ref()
         if view is not None:
-            view.scale_bar.visible = True
+            scale_bar_of(view).visible = True
 
     # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
     QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
