@@ -20,6 +20,7 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.napari._annotate import AnnotateBox
+from bigslide.napari._heatmap_exports import HeatmapExports
 from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
@@ -27,7 +28,7 @@ from bigslide.napari._qt import path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
-from bigslide.napari._toasts import show_error, show_info
+from bigslide.napari._toasts import show_error
 from bigslide.wsi.resolution import coarser_scan
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ many (one tile in s x s, drawn over its block): each epoch's map then arrives wi
 costs the run a bounded share of the processor. The full map is drawn when the run ends."""
 
 
-class ResultsWidget(Panel):
+class ResultsWidget(HeatmapExports, Panel):
     def build(self, body: QWidget) -> None:
         from bigslide.napari._session import session_for
 
@@ -335,64 +336,6 @@ class ResultsWidget(Panel):
             renormalise(layer, self._normalisation())
             show_legend(self.viewer, layer)
         self.colour_bar.show_layer(layer)
-
-    # -- export ----------------------------------------------------------------------------------------
-    def _export_target(self, path: str | Path | None, suffix: str, title: str) -> tuple[Any, Path] | None:
-        layer = self.heatmap_layer()
-        if layer is None:
-            show_error("No heatmap yet: run a checkpoint on a slide first.")
-            return None
-        if path is None:
-            default = (
-                Path(layer.metadata.get("slide") or "heatmap").with_suffix("").name + f"_{layer.name}{suffix}"
-            )
-            path, _ = QFileDialog.getSaveFileName(self, title, default.replace(" ", "_"), f"*{suffix}")
-            if not path:
-                return None
-        return layer, Path(path)
-
-    def export_png(self, path: str | Path | None = None) -> Path | None:
-        from bigslide.errors import BigslideError
-        from bigslide.explain.export import overlay_png
-        from bigslide.wsi.slide import open_slide
-
-        target = self._export_target(path, ".png", "Save overlay")
-        if target is None:
-            return None
-        layer, out = target
-        try:
-            with open_slide(layer.metadata["slide"]) as slide:
-                saved = overlay_png(
-                    layer.metadata["grid"],
-                    slide,
-                    out,
-                    normalisation=self._normalisation(),
-                    cmap=self.colormap.currentText(),
-                    alpha=max(layer.opacity, 0.05),
-                )
-        except BigslideError as err:
-            show_error(str(err))
-            return None
-        show_info(f"Saved {saved}")
-        return saved
-
-    def export_npz(self, path: str | Path | None = None) -> Path | None:
-        target = self._export_target(path, ".npz", "Save score grid")
-        if target is None:
-            return None
-        saved: Path = target[0].metadata["grid"].save_npz(target[1])
-        show_info(f"Saved {saved}")
-        return saved
-
-    def export_geojson(self, path: str | Path | None = None) -> Path | None:
-        from bigslide.explain.export import grid_geojson
-
-        target = self._export_target(path, ".geojson", "Save QuPath tiles")
-        if target is None:
-            return None
-        saved = grid_geojson(target[0].metadata["grid"], target[1])
-        show_info(f"Saved {saved}")
-        return saved
 
 
 def _predict(checkpoint: Path, slide: str, *, session: Session, **kwargs: Any) -> Any:
