@@ -143,8 +143,19 @@ class Stated(nn.Module):
         return self.conv(x).mean(dim=(2, 3))
 
 
-def unpooled():
+def unpooled():  # a feature map, as a torchvision trunk returns: averaged over its height and width
+    torch.manual_seed(4)
     return nn.Conv2d(3, 4, 3)
+
+
+def with_classifier():  # timm's default: num_features states the width before the classifier
+    import timm
+
+    return timm.create_model("test_resnet", num_classes=7)
+
+
+def tokens():
+    return nn.Sequential(nn.Conv2d(3, 4, 16, stride=16), nn.Flatten(2))
 
 
 def not_a_module():
@@ -171,8 +182,17 @@ def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> 
     projected = create_encoder(f"{plain_modules}:pooled", out_dim=3)  # PatchGD's latent projection
     assert projected.dim == 3
     assert projected(torch.rand(2, 3, 32, 32)).shape == (2, 3)
-    with pytest.raises(ConfigError, match=r"returns \(2, 4, 222, 222\).*pooling layer"):
-        create_encoder(f"{plain_modules}:unpooled")
+    unpooled = create_encoder(f"{plain_modules}:unpooled")
+    assert unpooled.dim == 4
+    x = torch.rand(3, 3, 32, 32)
+    conv = nn.Conv2d(3, 4, 3)
+    conv.load_state_dict(unpooled.backbone[0].state_dict())
+    assert torch.allclose(unpooled(x), conv(unpooled.normalize(x)).mean(dim=(2, 3)), atol=1e-6)
+    assert create_encoder(f"{plain_modules}:unpooled", out_dim=3)(x).shape == (3, 3)
+    with pytest.warns(UserWarning, match=r"states num_features \d+ but returns 7 values per tile"):
+        assert create_encoder(f"{plain_modules}:with_classifier").dim == 7
+    with pytest.raises(ConfigError, match=r"returns \(2, 4, 196\).*class token"):
+        create_encoder(f"{plain_modules}:tokens")
     with pytest.raises(ConfigError, match=r"returned a str, not a torch nn\.Module"):
         create_encoder(f"{plain_modules}:not_a_module")
     with pytest.raises(
@@ -181,11 +201,13 @@ def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> 
         create_encoder("no_such_package.encoders:f")
 
 
-@pytest.mark.parametrize("method", ["abmil_acc", "patchgd"])
+@pytest.mark.parametrize(
+    ("method", "factory"), [("abmil_acc", "pooled"), ("patchgd", "pooled"), ("abmil_acc", "unpooled")]
+)
 def test_a_plain_module_trains_and_predicts(
-    method: str, plain_modules: str, slide_csv: Path, tmp_path: Path
+    method: str, factory: str, plain_modules: str, slide_csv: Path, tmp_path: Path
 ) -> None:
-    config = small_config(slide_csv, tmp_path / method, f"{plain_modules}:pooled", method)
+    config = small_config(slide_csv, tmp_path / method, f"{plain_modules}:{factory}", method)
     if method == "patchgd":
         config.method.params = {"patch_size": 32, "latent_dim": 8, "epsilon": 2, "encoder_bn": "frozen"}
     result = run_to_end(train(config))

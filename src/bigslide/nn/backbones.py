@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +187,8 @@ def _plain_module(
     name: str, out_dim: int | None, weights: str | Path | None, kwargs: dict[str, Any]
 ) -> tuple[nn.Module, int]:
     """The module `package.module:factory` makes (a class or function called with `kwargs`; no
-    arguments by default) with `weights` loaded, a linear projection to `out_dim` when asked, and its
-    feature width: its `num_features`, or measured on blank tiles."""
+    arguments by default) with `weights` loaded, a feature map averaged to features, a linear projection
+    to `out_dim` when asked, and its feature width, measured on blank tiles (`_measured_width`)."""
     module_name, _, attr = name.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
@@ -201,9 +202,12 @@ def _plain_module(
         raise ConfigError(f"model.backbone: {name} returned a {type(made).__name__}, not a torch nn.Module")
     if weights is not None:
         _load_weights(made, Path(weights), name)
-    dim = getattr(made, "num_features", None)
-    if not isinstance(dim, int):
-        dim = _measured_width(made, name)
+    stated = getattr(made, "num_features", None)
+    dim, maps = _measured_width(made, name, stated if isinstance(stated, int) else None)
+    if maps:  # a feature map (a torchvision trunk, a CNN without its head): averaged, as timm pools
+        pooled = nn.Sequential(made, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        pooled.pretrained_cfg = getattr(made, "pretrained_cfg", None)  # type: ignore[assignment]
+        made = pooled
     if out_dim:
         projected = nn.Sequential(made, nn.Linear(dim, out_dim))
         projected.pretrained_cfg = getattr(made, "pretrained_cfg", None)  # type: ignore[assignment]
@@ -211,14 +215,18 @@ def _plain_module(
     return made, dim
 
 
-def _measured_width(module: nn.Module, name: str) -> int:
-    """The feature width of `module`'s (B, D) output on two blank PROBE_SIDE tiles (its mode restored)."""
+def _measured_width(module: nn.Module, name: str, stated: int | None) -> tuple[int, bool]:
+    """The feature width of `module`'s output on two blank PROBE_SIDE tiles (its mode restored), and
+    whether that output is a (B, D, H, W) feature map rather than (B, D) features. `stated`: the module's
+    own `num_features`, taken when it cannot run on such tiles."""
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
             out = module(torch.zeros(2, 3, PROBE_SIDE, PROBE_SIDE))
     except Exception as err:
+        if stated is not None:
+            return stated, False
         raise ConfigError(
             f"model.backbone: {name} failed on a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch of tiles "
             f"({type(err).__name__}: {err}); give the module a `num_features` attribute (its output width) "
@@ -226,13 +234,22 @@ def _measured_width(module: nn.Module, name: str) -> int:
         ) from None
     finally:
         module.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.ndim != 2:
+    if not isinstance(out, torch.Tensor) or out.ndim not in (2, 4):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(
             f"model.backbone: {name} returns {shape} for a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch; an "
-            "encoder returns (tiles, features): end it with a pooling layer and a flatten"
+            "encoder returns (tiles, features) or a (tiles, channels, height, width) feature map: for tokens "
+            "or a model output object, end it with the pooling you want (e.g. the class token)"
         )
-    return int(out.shape[1])
+    if stated is not None and stated != out.shape[1]:
+        # a timm model made with its classifier states its features' width but returns class scores
+        warnings.warn(
+            f"model.backbone: {name} states num_features {stated} but returns {out.shape[1]} values per "
+            "tile; those are used (class scores? build it without its classifier, e.g. timm's num_classes=0)",
+            UserWarning,
+            stacklevel=4,
+        )
+    return int(out.shape[1]), out.ndim == 4
 
 
 def _load_weights(backbone: nn.Module, path: Path, name: str) -> None:
