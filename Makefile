@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+XVFB := xvfb-run -a -s "-screen 0 1600x1000x24"
 APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 \
 	libxcb-xinerama0 libxcb-xfixes0 libxcb-shape0 libxkbcommon-x11-0 libxcb-cursor0 libdbus-1-3 \
 	libgl1 libegl1 libfontconfig1 libglib2.0-0 libopenjp2-tools
@@ -36,7 +37,9 @@ typecheck: $(STAMP)
 
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/npe2 validate --imports bigslide
-	xvfb-run -a -s "-screen 0 1600x1000x24" $(BIN)/pytest -p no:cacheprovider
+	@# the GUI tests one at a time (they time napari's event loop); the others on two processes
+	$(XVFB) $(BIN)/pytest -p no:cacheprovider tests/gui
+	$(XVFB) $(BIN)/pytest -p no:cacheprovider -n 2 --ignore=tests/gui
 
 # the exactness tests and two training steps of every method on CUDA (CI has no GPU: there they are skipped)
 test-gpu: $(STAMP)

@@ -52,6 +52,7 @@ def follow(argv: list[str]) -> tuple[list[str], list[tuple[Call, Call]]]:
     stops: list[str] = []
     calls: list[tuple[Call, Call]] = []
     main_thread = threading.get_ident()
+    here = sys._getframe()  # frames below this one (a test runner's own imports) are not the command's
 
     def profile(frame, event, arg):  # type: ignore[no-untyped-def]
         if event != "call" or threading.get_ident() != main_thread:
@@ -60,7 +61,7 @@ def follow(argv: list[str]) -> tuple[list[str], list[tuple[Call, Call]]]:
         if not module.startswith("bigslide.") or not frame.f_code.co_flags & NEW_LOCALS:
             return  # outside bigslide, or a module or class body (an import), not a call
         caller, by = frame.f_back, None
-        while caller is not None:  # code run by an import is not on the command's path
+        while caller is not None and caller is not here:  # code run by an import is not on its path
             name = caller.f_globals.get("__name__", "")
             if caller.f_code.co_name == "<module>" and name != "__main__":
                 return
