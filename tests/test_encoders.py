@@ -60,6 +60,20 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     hub_recipe.cache_clear()
 
 
+def test_a_hub_model_of_another_library_in_the_cache_is_named_as_such(hub_cache: Path) -> None:
+    snapshot = hub_cache / "models--owkin--phikon" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (hub_cache / "models--owkin--phikon" / "refs").mkdir()
+    (hub_cache / "models--owkin--phikon" / "refs" / "main").write_text("0" * 40)
+    (snapshot / "config.json").write_text(json.dumps({"architectures": ["ViTModel"], "model_type": "vit"}))
+    with pytest.raises(
+        ConfigError,
+        match=r"hf-hub:owkin/phikon: it is in the Hugging Face cache, but it is not a timm model"
+        r".*ViTModel.*package\.module:factory",
+    ):
+        create_encoder("hf-hub:owkin/phikon", pretrained=True)
+
+
 def small_config(csv: Path, out: Path, backbone: str, method: str = "abmil_acc") -> TrainConfig:
     config = TrainConfig()
     config.data.csv = str(csv)

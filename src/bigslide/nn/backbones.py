@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -159,16 +160,40 @@ def hub_recipe(name: str) -> dict[str, Any] | None:
         return None
     from timm.models import load_model_config_from_hf
 
+    repo = name.split(":", 1)[1]
     try:
-        cfg, architecture, model_args = load_model_config_from_hf(name.split(":", 1)[1])
+        cfg, architecture, model_args = load_model_config_from_hf(repo)
     except Exception as err:  # huggingface_hub's errors: offline and not cached, no such repository
-        raise ConfigError(f"model.backbone: {name}: {_hub_error(err)}") from None
+        raise ConfigError(f"model.backbone: {name}: {_not_timm(repo) or _hub_error(err)}") from None
     return {
         "architecture": architecture,
         "model_args": dict(model_args or {}),
         "mean": list(cfg.get("mean", IMAGENET_MEAN)),
         "std": list(cfg.get("std", IMAGENET_STD)),
     }
+
+
+def _not_timm(repo: str) -> str | None:
+    """Why a repository whose configuration is in the local cache cannot be built by timm (another
+    library's model, e.g. a transformers ViT); None when it is not cached or timm's own."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo, "config.json")
+    if not isinstance(path, str):
+        return None
+    try:
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or "architecture" in cfg:
+        return None
+    kind = ", ".join(map(str, cfg.get("architectures") or [])) or cfg.get("model_type") or "another library's"
+    return (
+        f"it is in the Hugging Face cache, but it is not a timm model (its config.json describes a {kind} "
+        "model): load it in an nn.Module of your own that returns one feature vector per tile, and name "
+        "that as model.backbone: package.module:factory (the configuration guide shows one for a "
+        "transformers ViT)"
+    )
 
 
 def _hub_error(err: BaseException) -> str:
