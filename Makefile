@@ -9,7 +9,7 @@ APT_PACKAGES := xvfb xauth libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-ra
 	libxcb-xinerama0 libxcb-xfixes0 libxcb-shape0 libxkbcommon-x11-0 libxcb-cursor0 libdbus-1-3 \
 	libgl1 libegl1 libfontconfig1 libglib2.0-0 libopenjp2-tools
 
-.PHONY: demo test test-gpu lint typecheck unit gui system-deps clean
+.PHONY: demo test test-gpu lint typecheck system-deps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -8,7 +8,6 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from PIL import Image
-from skimage.transform import resize
 
 from bigslide.explain.heatmap import Normalisation, ScoreGrid
 from bigslide.wsi.slide import Slide
@@ -72,19 +71,6 @@ def overlay_image(
     a = layer[..., 3:4] * alpha
     out = thumb * (1 - a) + layer[..., :3] * a
     return np.round(out * 255).astype(np.uint8)
-
-
-def heatmap_png(grid: ScoreGrid, path: str | Path, *, scale: int = 8, cmap: str = "inferno") -> Path:
-    """The grid alone, each cell `scale` pixels wide (for quick looks without the slide)."""
-    rgba = (
-        colorize(grid.normalized("minmax"), cmap)
-        if not grid.is_rgb
-        else np.dstack([np.nan_to_num(grid.scores), np.ones(grid.scores.shape[:2])])
-    )
-    big = resize(rgba, (rgba.shape[0] * scale, rgba.shape[1] * scale), order=0)
-    path = Path(path)
-    Image.fromarray(np.round(big * 255).astype(np.uint8)).save(path)
-    return path
 
 
 def grid_geojson(grid: ScoreGrid, path: str | Path) -> Path:

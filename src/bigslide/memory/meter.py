@@ -196,7 +196,3 @@ def state_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
-
-
-def grad_bytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SPLIT_CHOICES = ("", "train", "val", "test")  # "" = decided at training time (stratified)
-
 
 @dataclass
 class SlideRow:
