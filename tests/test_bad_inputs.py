@@ -394,3 +394,24 @@ def test_a_bad_method_parameter_fails_before_a_large_table_is_read(
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert "method.params.hidden: must be >= 1" in line
     assert elapsed < 1.0, f"the error took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("model.backbone=resnet5O", "model.backbone: Unknown model (resnet5O)"),
+        ("model.backbone=no_such_package.encoders:make", "model.backbone: no_such_package.encoders:make"),
+    ],
+)
+def test_a_model_the_config_cannot_build_fails_before_any_slide_is_tiled(
+    base: Base, setting: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def tiled(*args: object, **kwargs: object) -> TileGrid:
+        raise AssertionError("a slide was tiled before the model was built")
+
+    monkeypatch.setattr(TileGrid, "from_slide", tiled)
+    settings = [setting, "data.tile_cache=none", "data.workers=0"]  # tiled here, where the patch is
+    code = main(["train", str(base.config), *(arg for value in settings for arg in ("--set", value))])
+    assert code != 0
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert said in line, line

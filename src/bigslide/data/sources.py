@@ -152,6 +152,15 @@ def from_slides(data: DataConfig, kind: str, seed: int, slides: SlideCache) -> R
     )
 
 
+def planned_endpoint(data: DataConfig, seed: int) -> Endpoint | None:
+    """What a run on `data` predicts, from its slide table alone (no slide opened, no tile made): the
+    endpoint `build_data` gives it. None for a source whose classes come with its images (UltraMNIST)."""
+    if data.source not in ("csv", "demo"):
+        return None
+    table = load_table(data).with_splits(seed=seed)
+    return fit_endpoint(table, survival_loss=data.survival_loss, time_bins=data.time_bins)
+
+
 def from_ultramnist(data: DataConfig, kind: str, seed: int, _slides: SlideCache) -> RunData:
     if kind != "image":
         raise ConfigError("data.source: ultramnist gives whole images; this method reads bags of tiles")

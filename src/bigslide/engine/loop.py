@@ -15,6 +15,7 @@ import numpy as np
 from bigslide.data.loader import BatchLoader
 from bigslide.data.processes import DecodeProcesses
 from bigslide.data.slides import SlideCache
+from bigslide.data.sources import planned_endpoint
 from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine import setup
 from bigslide.engine.advice import predicts
@@ -90,6 +91,10 @@ def _start(
             "data.skip_bad_slides: not with several ranks (a rank that leaves a batch out would wait for the "
             "others' gradients for ever); fix or drop the slide, or train on one rank"
         )
+    # the model first: a backbone the configuration cannot build (a typo, a hub model not in the cache)
+    # is said before a large cohort is tiled, not after
+    planned = data.endpoint if data is not None else planned_endpoint(config.data, config.run.seed)
+    method = setup.build_method(config, planned, device) if planned is not None else None
     tiles = tile_cache_for(config.data.tile_cache, out)
     slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles, workers=processes)
     data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
@@ -100,7 +105,8 @@ def _start(
         yield Message(f"tile grids: {tiles.hits} from {tiles.folder}, {tiles.misses} made and kept there")
     endpoint = data.endpoint
     assert endpoint is not None  # RunData fills it in
-    method = setup.build_method(config, endpoint, device)
+    if method is None or endpoint != planned:  # UltraMNIST's classes; a table edited while it was read
+        method = setup.build_method(config, endpoint, device)
     if (started := setup.init_from_checkpoint(config, method, endpoint)) is not None:
         yield Message(started)
     batch_size = method.batch_size(config.data.batch_size)
