@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bigslide.cli.main import main
+from bigslide.engine.config import TrainConfig
 from bigslide.synthetic.slide_set import make_slide_set
 
 
@@ -33,7 +34,24 @@ def one_line(err: str) -> str:
 def test_train_without_config_or_demo(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(["train"], capsys)
     assert code == 2
-    assert "data.csv: no slide table given (or set data.source: demo" in one_line(err)
+    assert (
+        "data.csv: no slide table given (`bigslide train slides.csv`, or set data.source: demo"
+        in one_line(err)
+    )
+
+
+def test_a_slide_table_given_for_the_config_is_trained_on_with_the_defaults(
+    slide_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    settings = ["data.tile_size=32", "data.bag_size=4", "model.backbone=test_resnet", "run.device=cpu"]
+    args = ["train", str(slide_csv), "--max-steps", "1", "--out", str(out), "--quiet"]
+    code, err = run_cli([*args, *(a for v in settings for a in ("--set", v))], capsys)
+    assert code == 0, err
+    config = TrainConfig.from_yaml(out / "config.yaml")
+    assert (config.data.source, Path(config.data.csv)) == ("csv", slide_csv.resolve())
+    assert config.method.name == TrainConfig().method.name
+    assert (out / "checkpoints" / "last.pt").is_file()
 
 
 def test_a_table_given_to_a_demo_config_is_not_silently_ignored(

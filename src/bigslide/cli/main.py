@@ -71,10 +71,18 @@ def _set_dotted(values: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw)
 
 
+TABLE_SUFFIXES = (".csv", ".tsv")
+"""A file of these given where `train` and `cv` take a config is a slide table."""
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     from bigslide.engine.config import TrainConfig
 
-    config = TrainConfig.from_yaml(args.config) if args.config else TrainConfig()
+    config = TrainConfig()
+    if args.config and Path(args.config).suffix.lower() in TABLE_SUFFIXES:
+        config.data.csv = str(Path(args.config).resolve())  # a slide table: trained on with the defaults
+    elif args.config:
+        config = TrainConfig.from_yaml(args.config)
     values = config.to_dict()
     if args.demo:
         values["data"]["source"] = "demo"
@@ -171,7 +179,12 @@ def add_train_flags(
     p: argparse.ArgumentParser, resume: str = "continue from <out>/checkpoints/last.pt"
 ) -> None:
     """The flags of `train`, which `cv` takes too."""
-    p.add_argument("config", nargs="?", help="YAML config (as written to <out>/config.yaml by any run)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="YAML config (as written to <out>/config.yaml by any run), or a slide table (.csv) to train on "
+        "with the default settings",
+    )
     p.add_argument("--demo", action="store_true", help="train on the bundled synthetic slides")
     p.add_argument("--method", help="method name (see `bigslide methods`)")
     p.add_argument("--max-steps", type=int, help="stop after this many batches")

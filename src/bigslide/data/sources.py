@@ -61,7 +61,10 @@ def load_table(data: DataConfig) -> SlideTable:
 
         return SlideTable.from_csv(make_slide_set(demo_dir()), task=data.task)
     if not data.csv:
-        raise ConfigError("data.csv: no slide table given (or set data.source: demo for the bundled slides)")
+        raise ConfigError(
+            "data.csv: no slide table given (`bigslide train slides.csv`, or set data.source: demo for the "
+            "bundled slides)"
+        )
     return SlideTable.from_csv(data.csv, task=data.task)
 
 
