@@ -267,3 +267,39 @@ def test_a_slide_scanned_coarser_than_the_model_reads_is_predicted_with_a_warnin
         "enlarged 2.0 times and show less detail than the model learnt from (a lower-magnification scan; "
         "predictions on it are less reliable)"
     ]
+
+
+def test_one_slide_or_a_folder_of_slides_is_predicted_as_a_table_of_them_would_be(
+    cohort: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    folder = tmp_path / "scans"
+    (folder / "case2").mkdir(parents=True)
+    shutil.copy(cohort.parent / "slide_000.svs", folder / "a.svs")
+    shutil.copy(cohort.parent / "slide_001.svs", folder / "case2" / "b.SVS")
+    Image.new("RGB", (64, 64)).save(folder / "overview.png")  # an image beside the slides: not one of them
+    (tmp_path / "slides.csv").write_text("slide\nscans/a.svs\nscans/case2/b.SVS\n")
+
+    def predictions(slides: Path, out: str) -> list[list[str]]:
+        args = ["--slides", str(slides), "--checkpoint", str(ckpt), "--out", str(tmp_path / out)]
+        code, _out, err = predict(args, capsys)
+        assert code == 0, err
+        with (tmp_path / out / "predictions.csv").open(newline="") as f:
+            return [row[1:] for row in csv.reader(f)]  # all but the slide's path, as the table names it
+
+    from_table = predictions(tmp_path / "slides.csv", "table")
+    assert len(from_table) == 3  # the header and two slides
+    assert predictions(folder, "folder") == from_table
+    assert predictions(folder / "a.svs", "one") == from_table[:2]
+
+    (tmp_path / "empty").mkdir()
+    for slides, said in (
+        (tmp_path / "empty", "a folder with no slide in it"),
+        (folder / "c.svs", "no such slide"),
+    ):
+        code, _out, err = predict(
+            ["--slides", str(slides), "--checkpoint", str(ckpt), "--out", str(tmp_path / "x")], capsys
+        )
+        assert code != 0
+        assert f"{slides}: {said}" in err, err
+        assert "Traceback" not in err

@@ -129,3 +129,8 @@ def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path
     with pytest.raises(DataError) as err:
         SlideTable.from_csv(csv)
     assert "columns read, separated by commas: slide|label" in str(err.value)
+
+
+def test_a_folder_given_as_a_table_is_named_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=rf"{tmp_path}: cannot be read as a slide table \(Is a directory\)"):
+        SlideTable.from_csv(tmp_path)

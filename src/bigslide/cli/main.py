@@ -222,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "predict", help="predict a cohort of slides from a CSV with a checkpoint (resumable; see --overwrite)"
     )
-    p.add_argument("--slides", required=True, help="CSV with a slide column (label optional)")
+    p.add_argument(
+        "--slides",
+        required=True,
+        help="slide table (CSV with a slide column, label optional), one slide, or a folder of slides",
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="predictions")
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")

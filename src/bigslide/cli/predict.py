@@ -115,10 +115,9 @@ def run_predict(args: argparse.Namespace) -> int:
         trained = load_trained(options.checkpoint, device=device, state=state, config=config)
         endpoint = trained.method.spec.endpoint or Endpoint(classes=trained.classes)
         # the task's columns are optional here, but a label the model does not know is a typo
-        table = SlideTable.from_csv(
+        table = SlideTable.to_predict(
             options.slides,
             classes=trained.classes if endpoint.task == "classification" else None,
-            labels_required=False,
             task=endpoint.task,
         )
         run = predict_to(

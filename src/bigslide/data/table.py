@@ -12,6 +12,7 @@ import numpy as np
 
 from bigslide.errors import DataError
 from bigslide.wsi.dicom_series import looks_like_dicom_folder
+from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
 
 SPLITS = ("train", "val", "test")
 TASKS = ("classification", "survival", "regression")
@@ -59,6 +60,8 @@ def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
         raise DataError(f"{path}: no such slide table") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not a text CSV file") from None
+    except OSError as err:  # a folder, a file that cannot be read
+        raise DataError(f"{path}: cannot be read as a slide table ({err.strerror or err})") from None
     lines = text.splitlines()
     header = lines[0] if lines else ""
     separator = max(SEPARATORS, key=lambda s: (header.count(s), s == ","))
@@ -66,6 +69,29 @@ def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
     columns = [c.strip() for c in reader.fieldnames or []]
     rows = [{(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
     return columns, rows, separator
+
+
+def slides_at(path: Path) -> list[Path] | None:
+    """The slides `path` names when it is not a slide table: itself (a slide file, or a folder holding one
+    DICOM series), or every whole-slide file in a folder and its subfolders and every DICOM series folder
+    among them, in name order. None for anything else (a table)."""
+    if path.is_dir():
+        if looks_like_dicom_folder(path):
+            return [path]
+        found = sorted(p for p in path.rglob("*") if p.is_file() and is_slide_name(p))
+        found += sorted(p for p in path.rglob("*") if p.is_dir() and looks_like_dicom_folder(p))
+        if not found:
+            raise DataError(
+                f"{path}: a folder with no slide in it (whole-slide files are named "
+                f"{', '.join(WSI_SUFFIXES)}, or a folder of DICOM files); give a slide table (CSV) for "
+                "other images"
+            )
+        return found
+    if is_slide_name(path, images=True):
+        if not path.exists():
+            raise DataError(f"{path}: no such slide file")
+        return [path]
+    return None
 
 
 def implied_task(columns: list[str] | set[str]) -> str:
@@ -139,6 +165,17 @@ class SlideTable:
     def annotated(self) -> bool:
         """Whether any row points to teaching annotations."""
         return any(e.annotations is not None for e in self.entries)
+
+    @classmethod
+    def to_predict(cls, path: str | Path, *, classes: list[str] | None, task: str) -> SlideTable:
+        """The slides a trained model looks at: a slide table (`from_csv`, its labels optional), one
+        slide, or a folder of slides (`slides_at`). `classes`: the model's (a table's label outside them
+        is an error naming its row)."""
+        path = Path(path)
+        slides = slides_at(path)
+        if slides is None:
+            return cls.from_csv(path, classes=classes, labels_required=False, task=task)
+        return cls([SlideEntry(slide, "") for slide in slides], list(classes or [""]), task)
 
     @classmethod
     def from_csv(

@@ -9,11 +9,17 @@ from pathlib import Path
 
 from bigslide.wsi.dicom_series import DICOM_SUFFIX
 
-_NAMED_SUFFIXES = (
+WSI_SUFFIXES = (
     *(".ome.tiff", ".ome.tif", ".svs", ".tiff", ".tif", ".ndpi"),
     *(".mrxs", ".scn", ".bif", ".vms", ".vmu"),
-    *(".png", ".jpg", ".jpeg"),
 )
+"""Names of whole-slide image files (a DICOM slide is a folder of `.dcm` files)."""
+_NAMED_SUFFIXES = (*WSI_SUFFIXES, ".png", ".jpg", ".jpeg")
+
+
+def is_slide_name(path: str | Path, *, images: bool = False) -> bool:
+    """Whether `path` is named as a whole-slide image file (`images`: or as a PNG or JPEG image)."""
+    return Path(path).name.lower().endswith(_NAMED_SUFFIXES if images else WSI_SUFFIXES)
 
 
 def slide_stem(path: str | Path) -> str:
