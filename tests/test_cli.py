@@ -201,3 +201,19 @@ def test_a_bench_takes_its_own_arguments_and_help() -> None:
     bad = subprocess.run([*cmd, "--no-such-option"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_a_run_folder_stands_for_its_last_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bigslide.cli.main import run_checkpoint
+
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    assert run_checkpoint(str(tmp_path / "run")) == last
+    assert run_checkpoint(str(last)) == last
+    args = ["--slides", str(tmp_path / "s.csv"), "--out", str(tmp_path / "out")]
+    code, err = run_cli(["predict", *args, "--checkpoint", str(tmp_path)], capsys)  # a folder of runs
+    assert code != 0
+    assert f"{tmp_path}: a folder, not a checkpoint" in one_line(err)

@@ -75,6 +75,16 @@ TABLE_SUFFIXES = (".csv", ".tsv")
 """A file of these given where `train` and `cv` take a config is a slide table."""
 
 
+CHECKPOINT_HELP = "a checkpoint file, or a run's folder (its checkpoints/last.pt)"
+
+
+def run_checkpoint(value: str) -> Path:
+    """`--checkpoint`: a file, or a run folder standing for the last checkpoint it saved."""
+    path = Path(value)
+    last = path / "checkpoints" / "last.pt"
+    return last if path.is_dir() and last.is_file() else path
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     from bigslide.engine.config import TrainConfig
 
@@ -227,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="slide table (CSV with a slide column, label optional), one slide, or a folder of slides",
     )
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, type=run_checkpoint, help=CHECKPOINT_HELP)
     p.add_argument("--out", default="predictions")
     p.add_argument("--repeats", type=int, default=0, help="sampled bags averaged per slide (0 = all tiles)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -246,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "suggest", help="where an answer would teach the model most: places to review, as QuPath GeoJSON"
     )
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, type=run_checkpoint, help=CHECKPOINT_HELP)
     p.add_argument("--slides", required=True, help="slide table (CSV) of the slides to look at")
     p.add_argument("--count", type=int, default=20, help="places to suggest (at most)")
     p.add_argument("--out", default="suggestions.geojson", help="GeoJSON of every suggestion")
@@ -268,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_suggest)
 
     p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, type=run_checkpoint, help=CHECKPOINT_HELP)
     p.add_argument("--slide", required=True)
     p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
     add_mpp_flags(p)

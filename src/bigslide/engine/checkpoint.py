@@ -71,6 +71,10 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
     `require` names keys the caller needs besides the ones every checkpoint has (e.g. `RESUME_KEYS`).
     """
     path = Path(path)
+    if path.is_dir():
+        raise TrainingError(
+            f"{path}: a folder, not a checkpoint (a run saves checkpoints/last.pt in its folder)"
+        )
     if not path.is_file():
         raise TrainingError(f"{path}: no such checkpoint")
     try:
