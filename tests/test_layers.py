@@ -92,7 +92,14 @@ def test_prediction_reads_the_checkpoint_first_and_calls_up_only_to_hand_work_do
     stops, calls = trace.follow([*argv, "--workers", "0", "--quiet", "--no-heatmaps"])
     assert (tmp_path / "o" / "predictions.csv").is_file()
     rooms_before = list(dict.fromkeys(stops[: stops.index("bigslide.engine.checkpoint")]))
-    assert rooms_before == ["bigslide.cli.main", "bigslide.plan.arguments", "bigslide.cli.predict"]
+    # the command line read (a run's folder standing for its checkpoint), then the checkpoint
+    rooms = [
+        "bigslide.cli.main",
+        "bigslide.plan.arguments",
+        "bigslide.engine.run_folder",
+        "bigslide.cli.predict",
+    ]
+    assert rooms_before == rooms
     up = {(by[0], to[0]) for by, to in calls if trace.floor(to[0]) < trace.floor(by[0])}
     assert up <= CALLS_UP, sorted(up - CALLS_UP)
     assert any(trace.floor(to[0]) < trace.floor(by[0]) for by, to in calls)  # the trace sees a call up

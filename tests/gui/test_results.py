@@ -193,3 +193,17 @@ def test_a_slide_scanned_coarser_than_the_model_reads_is_said_under_its_predicti
         text = panel.result.text()
         assert "<b>tumor</b>" in text
         assert ("scanned at 1 µm/px, coarser than the 0.5 µm/px the model reads" in text) == said
+
+
+def test_a_runs_folder_typed_as_the_checkpoint_runs_its_latest_checkpoint(
+    dock: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    last = tmp_path / "my run" / "checkpoints" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    panel = dock("Results")
+    qtbot.keyClicks(panel.checkpoint, str(tmp_path / "my run"))
+    assert panel.chosen_checkpoint() == last
+    panel.checkpoint.clear()
+    qtbot.keyClicks(panel.checkpoint, str(tmp_path))  # a folder of runs: itself, refused when run
+    assert panel.chosen_checkpoint() == tmp_path

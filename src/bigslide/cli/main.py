@@ -80,9 +80,9 @@ CHECKPOINT_HELP = "a checkpoint file, or a run's folder (its checkpoints/last.pt
 
 def run_checkpoint(value: str) -> Path:
     """`--checkpoint`: a file, or a run folder standing for the last checkpoint it saved."""
-    path = Path(value)
-    last = path / "checkpoints" / "last.pt"
-    return last if path.is_dir() and last.is_file() else path
+    from bigslide.engine.run_folder import checkpoint_of
+
+    return checkpoint_of(value)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

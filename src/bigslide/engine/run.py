@@ -38,6 +38,7 @@ from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metric
 from bigslide.engine.inference import DatasetPredictions, predict_dataset
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
+from bigslide.engine.run_folder import LAST
 from bigslide.errors import DataError, SlideError, TrainingError
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
@@ -82,7 +83,7 @@ def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) 
 
 
 def checkpoint_path(config: TrainConfig) -> Path:
-    return Path(config.run.out_dir) / "checkpoints" / "last.pt"
+    return Path(config.run.out_dir) / LAST
 
 
 @dataclass

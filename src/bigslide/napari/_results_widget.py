@@ -54,7 +54,7 @@ class ResultsWidget(HeatmapExports, Panel):
         self.training = False  # a run of this viewer is under way (its maps are previews)
 
         self.checkpoint = QLineEdit()
-        self.checkpoint.setPlaceholderText("…/checkpoints/last.pt")
+        self.checkpoint.setPlaceholderText("a run folder, or …/checkpoints/last.pt")
         self.slide_box = QComboBox()
         self.device = QComboBox()
         self.device.addItems(["auto", "cpu", "cuda"])
@@ -165,8 +165,10 @@ class ResultsWidget(HeatmapExports, Panel):
         self.run_plot.show()
 
     def chosen_checkpoint(self) -> Path:
-        """The checkpoint typed or browsed to (`~` expanded)."""
-        return Path(self.checkpoint.text().strip()).expanduser()
+        """The checkpoint typed or browsed to (`~` expanded; a run's folder for its latest checkpoint)."""
+        from bigslide.engine.run_folder import checkpoint_of
+
+        return checkpoint_of(Path(self.checkpoint.text().strip()).expanduser())
 
     # -- inference -----------------------------------------------------------------------------------
     def run(self, checkpoint: Path | None = None, *, preview: bool = False) -> Any:

@@ -211,7 +211,9 @@ class TrainWidget(TrainForm):
 
     def _on_finished(self) -> None:
         if self.stopped and self.config_path is not None:
-            checkpoint = self.config_path.parent / "checkpoints" / "last.pt"
+            from bigslide.engine.run_folder import LAST
+
+            checkpoint = self.config_path.parent / LAST
             if checkpoint.is_file():
                 self.last_checkpoint = checkpoint
                 self.status.setText(f"Stopped. Checkpoint: {checkpoint}")
