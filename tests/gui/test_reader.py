@@ -77,6 +77,27 @@ def test_rejects_what_it_cannot_read(
     assert get_reader(str(svs_slide.path)) is not None
 
 
+def test_openslide_formats_open_through_openslide_and_a_broken_one_is_named(
+    viewer: Any, notifications: list[Any], tmp_path: Path, svs_slide: Any
+) -> None:
+    """Leica (.scn), Ventana (.bif), 3DHISTECH (.mrxs) and Hamamatsu VMS files are offered to bigslide's
+    reader and read through OpenSlide, which recognises a slide by its content (here an Aperio file
+    renamed .scn); a 3DHISTECH index without its data folder is named in one line, not a crash."""
+    scn = tmp_path / "scan.scn"
+    scn.write_bytes(svs_slide.path.read_bytes())
+    [layer] = viewer.open(scn, plugin="bigslide")
+    assert type(layer.data[0].cache.slide._handle).__name__ == "OpenSlideHandle"
+    np.testing.assert_array_equal(np.asarray(layer.data[-1]), svs_slide.levels[-1])
+    mrxs = tmp_path / "case.mrxs"
+    mrxs.write_text("[GENERAL]\nSLIDE_VERSION=01.03\n")  # the index alone, its Data folder missing
+    notifications.clear()
+    assert viewer.open(mrxs, plugin="bigslide") == []
+    [message] = [str(n.message) for n in notifications]
+    assert message.startswith("bigslide cannot open case.mrxs: not a slide OpenSlide can read"), message
+    for name in ("a.bif", "a.VMS", "a.vmu", "a.MRXS"):
+        assert get_reader(str(tmp_path / name)) is not None, name
+
+
 @pytest.fixture(scope="session")
 def huge_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 16,384 x 24,576 px slide (1.2 GB of RGB at level 0), mostly empty glass, written lazily."""

@@ -1,5 +1,6 @@
-"""napari reader for whole-slide TIFFs (svs, tif, tiff, ndpi, ome.tif) and DICOM (a .dcm file, or a folder
-of one series, read through OpenSlide): a lazy multiscale RGB layer.
+"""napari reader for whole-slide TIFFs (svs, tif, tiff, ndpi, ome.tif, scn, bif), and through OpenSlide
+3DHISTECH (mrxs), Hamamatsu VMS and DICOM (a .dcm file, or a folder of one series): a lazy multiscale RGB
+layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
 the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bigslide.napari._formats import SLIDE_ONLY_PATTERNS, SUFFIXES
+from bigslide.napari._formats import NOT_TIFF, SLIDE_ONLY_PATTERNS, SUFFIXES
 
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
@@ -98,6 +99,8 @@ def refusal(path: str | Path) -> str | None:
         return "the file is empty"
     if path.name.lower().endswith(DICOM_SUFFIX):
         return None if is_dicom_file(path) else "not a DICOM file (no DICM marker after its preamble)"
+    if path.name.lower().endswith(NOT_TIFF):
+        return None  # OpenSlide reads it, with the files beside it, and says why not
     if head in _TIFF_MAGIC:
         return None
     return f"not a TIFF-based slide (it starts with {head!r}, not a TIFF header)"
