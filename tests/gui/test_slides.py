@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bigslide.data.table import SlideTable
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
@@ -178,3 +180,31 @@ def test_a_table_change_after_the_panels_are_closed_reaches_no_deleted_widget(
         panel.deleteLater()
     qtbot.waitUntil(lambda: all(sip.isdeleted(p) for p in panels), timeout=10_000)
     session.changed.emit()  # raised RuntimeError: wrapped C/C++ object ... has been deleted
+
+
+def test_slides_added_from_the_dialog_become_unlabelled_rows_without_opening(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qtpy.QtCore import Qt
+    from qtpy.QtWidgets import QFileDialog
+
+    panel = dock("Slides")
+    chosen = [str(tiny_set.parent / f"slide_00{i}.svs") for i in (0, 1)]
+    asked: list[str] = []
+
+    def dialog(_parent: Any, _title: str, _folder: str, filters: str) -> tuple[list[str], str]:
+        asked.append(filters)
+        return chosen, filters
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", dialog)
+    qtbot.mouseClick(panel.add_button, Qt.MouseButton.LeftButton)
+    assert "*.svs" in asked[0]
+    assert "*.mrxs" in asked[0]
+    assert [str(row.path) for row in panel.session.rows] == [str(Path(p).resolve()) for p in chosen]
+    assert all(row.label == "" for row in panel.session.rows)
+    assert panel.table.rowCount() == 2
+    assert len(viewer.layers) == 0  # listed, not opened
+    assert panel.status.text().startswith("Added 2 slides.")
+    qtbot.mouseClick(panel.add_button, Qt.MouseButton.LeftButton)  # the same again: no second row
+    assert panel.table.rowCount() == 2
+    assert panel.status.text().startswith("Added 0 slides")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from napari.qt.threading import thread_worker
 from qtpy.QtWidgets import QCheckBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QPushButton, QWidget
 
+from bigslide.napari._formats import SUFFIXES
 from bigslide.napari._number import NumberField
 from bigslide.napari._qt import connect_while_alive, scrolled
 from bigslide.napari._session import counted
@@ -81,6 +82,11 @@ class SlidesWidget(SlidesTable):
             field.valueChanged.connect(self._on_tiling_changed)
             field.problemChanged.connect(lambda _p, f=field: s.set_problem(f.name, f.refusal()))
 
+        self.add_button = QPushButton("Add slides…")
+        self.add_button.setToolTip(
+            "Add slide files to the table without opening them (several at once); then give each its label"
+        )
+        self.add_button.clicked.connect(lambda: self.add_slides())
         self.load_button = QPushButton("Load table…")
         self.save_button = QPushButton("Save table…")
         self.remove_button = QPushButton("Remove")
@@ -102,12 +108,17 @@ class SlidesWidget(SlidesTable):
         settings.addRow("slide µm/px if unstated", self.slide_mpp)
         settings.addRow("min tissue (0-1)", self.min_tissue)
         settings.addRow("pen marks on the glass", self.pen_marks)
-        buttons = QHBoxLayout()
-        for button in (self.load_button, self.save_button, self.remove_button, self.count_button):
-            buttons.addWidget(button)
         layout = scrolled(body)
         layout.addWidget(self.table)
-        layout.addLayout(buttons)
+        # the table's buttons, then the rows': five in one row are wider than the dock
+        for row in (
+            (self.add_button, self.load_button, self.save_button),
+            (self.remove_button, self.count_button),
+        ):
+            buttons = QHBoxLayout()
+            for button in row:
+                buttons.addWidget(button)
+            layout.addLayout(buttons)
         layout.addLayout(settings)
         layout.addWidget(self.status)
         layout.addStretch()
@@ -144,6 +155,21 @@ class SlidesWidget(SlidesTable):
             self.session.remove(row.path)
 
     # -- files ---------------------------------------------------------------------------------------
+    def add_slides(self, paths: list[str] | None = None) -> None:
+        """Add slide files (chosen in a dialog when `paths` is None) as unlabelled rows."""
+        if paths is None:
+            patterns = " ".join(f"*{suffix}" for suffix in (*SUFFIXES, ".png", ".jpg", ".jpeg"))
+            paths, _ = QFileDialog.getOpenFileNames(
+                self, "Add slides", "", f"Slides ({patterns});;All files (*)"
+            )
+            if not paths:
+                return
+        new = [path for path in paths if self.session.row(path) is None]
+        for path in paths:
+            self.session.add(path, emit=False)
+        self.session.changed.emit()
+        self.status.setText(f"Added {counted(len(new), 'slide')}. {self.describe()}")
+
     def load_csv(self, path: str | Path | None = None) -> None:
         from bigslide.errors import BigslideError
 
