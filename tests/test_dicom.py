@@ -218,3 +218,14 @@ def test_train_and_predict_on_dicom_slides_from_the_command_line(
     # heatmaps are named by folder: the files of a series are named by level (or UID)
     written = {p.name.split(".")[0] for p in (tmp_path / "p" / "heatmaps").glob("*.npz")}
     assert written == {"case_0", "case_1-level_0", "case_2", "case_3-level_1"}
+    # without a table: the folder of series (each series folder a slide), or one file of a series
+    for slides, expected in (
+        (dicom_csv.parent, ["case_0", "case_1", "case_2", "case_3"]),
+        (dicom_csv.parent / "case_1" / "level_0.dcm", ["level_0.dcm"]),
+    ):
+        out_k = tmp_path / f"p-{len(expected)}"
+        assert (
+            main(["predict", "--slides", str(slides), "--checkpoint", str(checkpoint), "--out", str(out_k)])
+            == 0
+        )
+        assert [Path(r["slide"]).name for r in csv.DictReader((out_k / "predictions.csv").open())] == expected

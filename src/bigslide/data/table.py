@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bigslide.errors import DataError
-from bigslide.wsi.dicom_series import looks_like_dicom_folder
+from bigslide.wsi.dicom_series import DICOM_SUFFIX, looks_like_dicom_folder
 from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
 
 SPLITS = ("train", "val", "test")
@@ -72,9 +72,9 @@ def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
 
 
 def slides_at(path: Path) -> list[Path] | None:
-    """The slides `path` names when it is not a slide table: itself (a slide file, or a folder holding one
-    DICOM series), or every whole-slide file in a folder and its subfolders and every DICOM series folder
-    among them, in name order. None for anything else (a table)."""
+    """The slides `path` names when it is not a slide table: itself (a slide file, a DICOM file, or a
+    folder holding one DICOM series), or every whole-slide file in a folder and its subfolders and every
+    DICOM series folder among them, in name order. None for anything else (a table)."""
     if path.is_dir():
         if looks_like_dicom_folder(path):
             return [path]
@@ -87,7 +87,7 @@ def slides_at(path: Path) -> list[Path] | None:
                 "other images"
             )
         return found
-    if is_slide_name(path, images=True):
+    if is_slide_name(path, images=True) or path.suffix.lower() == DICOM_SUFFIX:
         if not path.exists():
             raise DataError(f"{path}: no such slide file")
         return [path]
@@ -175,7 +175,7 @@ class SlideTable:
         slides = slides_at(path)
         if slides is None:
             return cls.from_csv(path, classes=classes, labels_required=False, task=task)
-        return cls([SlideEntry(slide, "") for slide in slides], list(classes or [""]), task)
+        return cls([SlideEntry(slide, "") for slide in slides], list(classes or []), task)
 
     @classmethod
     def from_csv(

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigslide.engine.run_folder import LAST
 from bigslide.errors import TrainingError
 
 FORMAT = 2
@@ -73,7 +74,7 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
     path = Path(path)
     if path.is_dir():
         raise TrainingError(
-            f"{path}: a folder, not a checkpoint (a run saves checkpoints/last.pt in its folder)"
+            f"{path}: a folder, not a checkpoint (a run keeps its latest as {LAST} in its folder)"
         )
     if not path.is_file():
         raise TrainingError(f"{path}: no such checkpoint")
