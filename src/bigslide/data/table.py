@@ -78,8 +78,9 @@ def slides_at(path: Path) -> list[Path] | None:
     if path.is_dir():
         if looks_like_dicom_folder(path):
             return [path]
-        found = sorted(p for p in path.rglob("*") if p.is_file() and is_slide_name(p))
-        found += sorted(p for p in path.rglob("*") if p.is_dir() and looks_like_dicom_folder(p))
+        inside = sorted(path.rglob("*"))  # one walk of the tree
+        found = [p for p in inside if p.is_file() and is_slide_name(p)]
+        found += [p for p in inside if p.is_dir() and looks_like_dicom_folder(p)]
         if not found:
             raise DataError(
                 f"{path}: a folder with no slide in it (whole-slide files are named "

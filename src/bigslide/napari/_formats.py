@@ -1,8 +1,11 @@
 """The file names the reader takes, and those only whole-slide images have."""
 
+from bigslide.wsi.dicom_series import DICOM_SUFFIX
+from bigslide.wsi.names import WSI_SUFFIXES
+
 NOT_TIFF = (".mrxs", ".vms", ".vmu")
 """Slide formats whose named file is no TIFF (3DHISTECH's index, Hamamatsu's VMS): read through OpenSlide."""
-SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".ome.tif", ".ome.tiff", ".dcm", ".scn", ".bif", *NOT_TIFF)
+SUFFIXES = (*WSI_SUFFIXES, DICOM_SUFFIX)
 SLIDE_ONLY_PATTERNS = tuple(
     f"*{suffix}"
     for name in ("svs", "ndpi", "dcm", "mrxs", "scn", "bif", "vms", "vmu")
