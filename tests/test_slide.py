@@ -68,6 +68,43 @@ def test_mpp_absent_is_none(make_slide: MakeSlide, flavour: str) -> None:
         assert slide.level_count == 1
 
 
+@pytest.mark.parametrize(
+    ("size", "unit", "mpp"), [(250.0, "nm", 0.25), (0.5, None, 0.5), (4.4e-4, "mm", 0.44)]
+)
+def test_ome_tiff_pixel_size_stated_only_in_its_xml_is_read(
+    tmp_path: Path, size: float, unit: str | None, mpp: float
+) -> None:
+    """Bio-Formats and QuPath state an OME-TIFF's pixel size in its XML only (no TIFF resolution tags)."""
+    path = tmp_path / "export.ome.tif"
+    image = textured_image(512, 512)
+    metadata: dict[str, object] = {"axes": "YXS", "PhysicalSizeX": size, "PhysicalSizeY": size}
+    if unit is not None:
+        metadata.update(PhysicalSizeXUnit=unit, PhysicalSizeYUnit=unit)
+    with tifffile.TiffWriter(path, ome=True) as tif:
+        tif.write(image, tile=(256, 256), photometric="rgb", subifds=1, metadata=metadata)
+        tif.write(image[::2, ::2], tile=(256, 256), photometric="rgb", subfiletype=1)
+    assert tiffslide.TiffSlide(path).properties["tiffslide.mpp-x"] is None  # tiffslide leaves it unread
+    with open_slide(path) as slide:
+        assert slide.mpp == pytest.approx((mpp, mpp), rel=1e-6)
+        assert slide.level_count == 2
+
+
+@pytest.mark.parametrize("dpi", [72.0, 300.0])
+def test_a_print_resolution_is_no_pixel_size(tmp_path: Path, dpi: float) -> None:
+    """72 dpi (353 µm per pixel) is an image editor's default, not a scanner's: the slide states none."""
+    path = tmp_path / "edited.tif"
+    tifffile.imwrite(
+        path,
+        textured_image(512, 512),
+        tile=(256, 256),
+        photometric="rgb",
+        resolution=(dpi, dpi),
+        resolutionunit="INCH",
+    )
+    with open_slide(path) as slide:
+        assert slide.mpp is None
+
+
 def test_region_across_border_is_padded_white(svs_slide: WrittenSlide) -> None:
     image = svs_slide.levels[0]
     with open_slide(svs_slide.path) as slide:

@@ -20,14 +20,13 @@ import numpy as np
 from PIL import Image
 
 from bigslide.errors import SlideError
+from bigslide.wsi.tiff_levels import COARSEST_MPP
 
 SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 MAX_PIXELS = 400_000_000
 """Larger images are refused: decoded whole, in every process that reads them, they would not fit."""
 LEVEL_FACTOR = 4
 SMALLEST_SIDE = 1024  # no level is made below this longer side
-COARSEST_MPP = 10.0
-"""A stated resolution coarser than this many µm per pixel (2,540 dpi) is not a microscope's."""
 _CHUNK = 512
 _OPEN_LOCK = threading.Lock()  # PIL's image size limit is a module global
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import numpy as np
 
 from bigslide.errors import SlideError
+
+COARSEST_MPP = 10.0
+"""A stated pixel size coarser than this many µm (2,540 dpi) is not a microscope's."""
 
 
 def level_arrays(path: Path, handle: Any) -> list[Any]:
@@ -66,15 +70,56 @@ def check_complete(path: Path, handle: Any) -> None:
 
 
 def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
+    """Level-0 (x, y) µm per pixel the file states: tiffslide's reading (Aperio's MPP, the TIFF
+    resolution tags), else an OME-TIFF's PhysicalSizeX/Y, which tiffslide leaves unread (Bio-Formats'
+    and QuPath's exports state it there only). None when neither states one, or when it is coarser than
+    COARSEST_MPP: an image editor's print resolution (72 dpi is 353 µm per pixel), not a scanner's."""
+
     def value(key: str) -> float | None:
-        raw = properties.get(key)
-        try:
-            number = float(raw) if raw is not None else None
-        except (TypeError, ValueError):
-            return None
-        return number if number and math.isfinite(number) and number > 0 else None
+        return _positive(properties.get(key))
 
     mpp_x, mpp_y = value("tiffslide.mpp-x"), value("tiffslide.mpp-y")
     if mpp_x is None and mpp_y is None:
+        mpp_x, mpp_y = _ome_mpp(
+            properties.get("tiff.ImageDescription"), properties.get("tiffslide.series-index")
+        )
+    if mpp_x is None and mpp_y is None:
         return None
-    return (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
+    mpp = (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
+    return mpp if max(mpp) <= COARSEST_MPP else None
+
+
+OME_UM = {"m": 1e6, "cm": 1e4, "mm": 1e3, "µm": 1.0, "μm": 1.0, "um": 1.0, "nm": 1e-3, "pm": 1e-6, "Å": 1e-4}
+"""OME's length units (UnitsLength) in µm: those a pixel size is stated in."""
+
+
+def _ome_mpp(description: Any, series: Any) -> tuple[float | None, float | None]:
+    """PhysicalSizeX/Y in µm of the OME image behind tiffslide's series (its Image of the same index)."""
+    if not isinstance(description, str) or "<OME" not in description[:1000]:
+        return None, None
+    try:
+        root = ElementTree.fromstring(description)
+    except ElementTree.ParseError:
+        return None, None
+    images = [e for e in root if e.tag.rsplit("}", 1)[-1] == "Image"]
+    if not images:
+        return None, None
+    index = series if isinstance(series, int) and 0 <= series < len(images) else 0
+    pixels = next((e for e in images[index] if e.tag.rsplit("}", 1)[-1] == "Pixels"), None)
+    if pixels is None:
+        return None, None
+
+    def size(axis: str) -> float | None:
+        number = _positive(pixels.get(f"PhysicalSize{axis}"))
+        scale = OME_UM.get(pixels.get(f"PhysicalSize{axis}Unit", "µm"))
+        return number * scale if number is not None and scale is not None else None
+
+    return size("X"), size("Y")
+
+
+def _positive(raw: Any) -> float | None:
+    try:
+        number = float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+    return number if number and math.isfinite(number) and number > 0 else None
