@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bigslide.cli import slide_rows
-from bigslide.cli.progress import stop_requests
+from bigslide.cli.progress import LogLines, progress_bar, stop_requests
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import default_workers
 from bigslide.data.processes import DecodeProcesses
@@ -187,7 +187,7 @@ def predict_to(
     ]
     skipped = len(table) - len(todo)
     todo = rank_share(table, todo, ranks.rank, ranks.world)
-    tally = _Tally(start, tqdm(total=len(todo), unit="slide", dynamic_ncols=True, disable=quiet or not todo))
+    tally = _Tally(start, progress_bar(len(todo), "slide", disable=quiet or not todo))
     tile_cache = tile_cache_for(trained.config.data.tile_cache, out)
     # one set of decode workers tiles, reads and draws every slide's maps
     n_workers = default_workers() if workers is None else workers
@@ -277,7 +277,7 @@ class _Tally:
     """Slides written so far, on the progress bar."""
 
     start: float
-    bar: tqdm
+    bar: tqdm | LogLines
     predicted: int = 0
     failed: int = 0
     tiles: int = 0
