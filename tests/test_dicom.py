@@ -97,6 +97,41 @@ def test_a_folder_opens_through_its_largest_whole_slide_file(series: Path) -> No
     )
 
 
+def test_a_folder_of_several_series_is_refused_naming_a_file_of_each_which_opens_its_own(
+    series: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "study"
+    shutil.copytree(series, folder)
+    second = tmp_path / "second"
+    write_dicom_pyramid(second, downsample_pyramid(textured_image(600, 800, seed=5), 2), mpp=MPP, seed=9)
+    for f in second.iterdir():
+        shutil.copy(f, folder / f"ihc_{f.name}")
+    with pytest.raises(
+        SlideError,
+        match=r"study: a folder holding 2 DICOM whole-slide series.*\(ihc_level_0\.dcm, level_0\.dcm\)",
+    ):
+        open_slide(folder)
+    with open_slide(folder / "ihc_level_1.dcm") as slide:
+        assert slide.dimensions == (800, 600)
+    with open_slide(folder / "level_0.dcm") as slide:
+        assert slide.dimensions == (1300, 1000)
+
+
+def test_a_label_filed_in_a_series_of_its_own_is_no_second_slide(series: Path, tmp_path: Path) -> None:
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    folder = tmp_path / "case"
+    shutil.copytree(series, folder)
+    label = pydicom.dcmread(series / "level_2.dcm")
+    label.SeriesInstanceUID, label.SOPInstanceUID = generate_uid(), generate_uid()
+    label.file_meta.MediaStorageSOPInstanceUID = label.SOPInstanceUID
+    label.ImageType = ["ORIGINAL", "PRIMARY", "LABEL", "NONE"]
+    label.save_as(folder / "label.dcm")
+    with open_slide(folder) as slide:
+        assert slide.dimensions == (1300, 1000)
+
+
 def test_dicom_files_are_known_by_their_marker_not_their_name(series: Path, tmp_path: Path) -> None:
     plain = tmp_path / "export"
     plain.mkdir()

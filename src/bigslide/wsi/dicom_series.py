@@ -3,8 +3,10 @@
 A DICOM WSI is a series of instances, usually one file per pyramid level (plus label and overview
 images), all in one folder. OpenSlide opens the whole series from any one of its files; bigslide also
 accepts the folder itself and opens it through its largest DICOM whole-slide file (normally level 0),
-so a folder holding one slide opens as that slide. A folder holding several series opens the series of
-its largest file: keep one slide per folder, as archives such as NCI Imaging Data Commons deliver them.
+so a folder holding one slide opens as that slide. A folder holding several series (several slides) is
+an error naming a file of each, which opens its own series: keep one slide per folder, as archives such
+as NCI Imaging Data Commons deliver them. Series are told apart by their SeriesInstanceUID, read with
+pydicom (part of `bigslide[openslide]`; without it the folder opens the series of its largest file).
 """
 
 from __future__ import annotations
@@ -76,7 +78,40 @@ def series_file(folder: str | Path, is_wsi: Callable[[Path], bool] | None = None
             f"{folder}: none of its {len(dicom)} DICOM file(s) is a whole-slide image "
             "(VL Whole Slide Microscopy Image) OpenSlide can read"
         )
-    return max(wsi, key=lambda f: (f.stat().st_size, f.name))
+    largest = [max(files, key=lambda f: (f.stat().st_size, f.name)) for files in _by_series(wsi)]
+    if len(largest) > 1 and is_wsi is not None:
+        named = ", ".join(f.name for f in sorted(largest))
+        raise SlideError(
+            f"{folder}: a folder holding {len(largest)} DICOM whole-slide series, so several slides; give "
+            f"one of its files instead, which opens that file's series ({named}), or keep one series per "
+            "folder"
+        )
+    return largest[0]
+
+
+def _by_series(files: list[Path]) -> list[list[Path]]:
+    """`files` grouped by their SeriesInstanceUID, each group holding pyramid levels (Image Type VOLUME;
+    a label or overview some scanners file in a series of its own is no slide), the largest first; one
+    group where pydicom is not installed."""
+    try:
+        import pydicom
+    except ImportError:
+        return [files]
+    groups: dict[str, list[Path]] = {}
+    volumes: set[str] = set()
+    for f in files:
+        try:
+            header = pydicom.dcmread(
+                f, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "ImageType"]
+            )
+            uid, kind = str(header.get("SeriesInstanceUID", "")), list(header.get("ImageType", []))
+        except Exception:  # a file pydicom cannot parse is not told apart: OpenSlide decides
+            uid, kind = "", []
+        groups.setdefault(uid, []).append(f)
+        if len(kind) < 3 or kind[2] == "VOLUME":
+            volumes.add(uid)
+    found = [groups[uid] for uid in groups if uid in volumes] or list(groups.values())
+    return sorted(found, key=lambda g: -max(f.stat().st_size for f in g))
 
 
 def _files(folder: Path) -> list[Path]:
