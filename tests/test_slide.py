@@ -89,6 +89,29 @@ def test_ome_tiff_pixel_size_stated_only_in_its_xml_is_read(
         assert slide.level_count == 2
 
 
+def test_a_tiff_whose_first_image_is_a_small_photograph_is_refused_naming_both(tmp_path: Path) -> None:
+    """A converter may write a slide's macro photograph first: read as the slide, it would train on it."""
+    path = tmp_path / "converted.ome.tif"
+    with tifffile.TiffWriter(path, ome=True) as tif:
+        tif.write(
+            np.full((300, 800, 3), 200, np.uint8),
+            photometric="rgb",
+            metadata={"axes": "YXS", "Name": "macro"},
+        )
+        tif.write(
+            textured_image(1024, 1024),
+            tile=(256, 256),
+            photometric="rgb",
+            metadata={"axes": "YXS", "Name": "scan"},
+        )
+    with pytest.raises(
+        SlideError,
+        match=r"converted\.ome\.tif: its first image \(800 x 300 px 'macro'\) is not its "
+        r"largest \(1024 x 1024 px 'scan', image 1 of 2\).*bfconvert -series",
+    ):
+        open_slide(path)
+
+
 @pytest.mark.parametrize("dpi", [72.0, 300.0])
 def test_a_print_resolution_is_no_pixel_size(tmp_path: Path, dpi: float) -> None:
     """72 dpi (353 µm per pixel) is an image editor's default, not a scanner's: the slide states none."""

@@ -24,7 +24,7 @@ from bigslide.errors import SlideError
 from bigslide.files import out_of_files, too_many_open_files
 from bigslide.wsi.dicom_series import is_dicom_file, opens_as_dicom, series_file
 from bigslide.wsi.slide_view import OnError, TileLevel, tile_levels
-from bigslide.wsi.tiff_levels import check_complete, level_arrays, parse_mpp, tiled_pages
+from bigslide.wsi.tiff_levels import check_complete, check_main_image, level_arrays, parse_mpp, tiled_pages
 
 Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
@@ -287,6 +287,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         raise SlideError(f"{path}: not a readable TIFF slide ({_in_words(exc)}){reader_conflict()}") from exc
     try:
         check_complete(path, handle)
+        check_main_image(path, handle)
         return Slide(path, handle)
     except SlideError:
         handle.close()

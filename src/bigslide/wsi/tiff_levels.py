@@ -69,6 +69,40 @@ def check_complete(path: Path, handle: Any) -> None:
                 )
 
 
+LARGER_IMAGE = 4
+"""Another image of the file with this many times the pixels of the one read is the slide itself."""
+
+
+def check_main_image(path: Path, handle: Any) -> None:
+    """Raise when the image tiffslide reads (a generic or OME-TIFF's first) is much smaller than another
+    image of the file: a converter that wrote the macro or label photograph first (bfconvert of some
+    scanners' files) would have it read as the slide."""
+    try:
+        series = list(handle.ts_tifffile.series)
+        read = series[handle.properties["tiffslide.series-index"]]
+    except Exception:  # a layout without tifffile series: nothing to compare
+        return
+
+    def area(s: Any) -> int:
+        sizes = dict(zip(s.axes, s.shape, strict=False))
+        return int(sizes.get("Y", 0)) * int(sizes.get("X", 0))
+
+    largest = max(series, key=area)
+    if area(largest) > LARGER_IMAGE * area(read):
+
+        def said(s: Any) -> str:
+            sizes = dict(zip(s.axes, s.shape, strict=False))
+            name = f" {s.name!r}" if getattr(s, "name", "") else ""
+            return f"{sizes.get('X', 0)} x {sizes.get('Y', 0)} px{name}"
+
+        raise SlideError(
+            f"{path}: its first image ({said(read)}) is not its largest ({said(largest)}, image "
+            f"{series.index(largest)} of {len(series)}); bigslide reads a TIFF's first image, so this file "
+            "would be read as its smaller picture (a macro or label photograph?). Save the slide on its "
+            "own (bfconvert -series N, or QuPath's File > Export images > OME TIFF)"
+        )
+
+
 def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     """Level-0 (x, y) µm per pixel the file states: tiffslide's reading (Aperio's MPP, the TIFF
     resolution tags), else an OME-TIFF's PhysicalSizeX/Y, which tiffslide leaves unread (Bio-Formats'
