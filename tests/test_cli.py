@@ -54,6 +54,18 @@ def test_a_slide_table_given_for_the_config_is_trained_on_with_the_defaults(
     assert (out / "checkpoints" / "last.pt").is_file()
 
 
+def test_a_spreadsheet_given_for_the_config_is_said_to_be_saved_as_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = tmp_path / "slides.xlsx"
+    book.write_bytes(b"PK\x03\x04" + bytes(32))
+    code, err = run_cli(["train", str(book)], capsys)
+    assert code == 2
+    assert f"{book}: a spreadsheet workbook; save its sheet as CSV" in err
+    assert "YAML)" in err
+    assert "not valid YAML" not in err
+
+
 def test_a_table_given_to_a_demo_config_is_not_silently_ignored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -134,3 +134,26 @@ def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path
 def test_a_folder_given_as_a_table_is_named_not_a_crash(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=rf"{tmp_path}: cannot be read as a slide table \(Is a directory\)"):
         SlideTable.from_csv(tmp_path)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "cp1252"])
+def test_a_table_excel_saved_with_accented_paths_is_read(slide_dir: Path, encoding: str) -> None:
+    """Excel saves CSV with a byte-order mark, or on Windows in the Western code page."""
+    (slide_dir / "Données").mkdir()
+    (slide_dir / "Données" / "lame_é1.svs").write_bytes(b"x")
+    csv = slide_dir / "t.csv"
+    csv.write_bytes("slide;label\r\nDonnées/lame_é1.svs;tumeur\r\ns/a.svs;sain\r\n".encode(encoding))
+    table = SlideTable.from_csv(csv)
+    assert [(e.path, e.label) for e in table.entries] == [
+        (slide_dir / "Données" / "lame_é1.svs", "tumeur"),
+        (slide_dir / "s" / "a.svs", "sain"),
+    ]
+
+
+def test_a_spreadsheet_workbook_given_as_a_table_is_named(slide_dir: Path) -> None:
+    book = slide_dir / "slides.csv"
+    book.write_bytes(b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00" + bytes(64))
+    with pytest.raises(
+        DataError, match=r"slides\.csv: not a text CSV file \(a spreadsheet workbook\? save it as CSV\)"
+    ):
+        SlideTable.from_csv(book)

@@ -73,6 +73,8 @@ def _set_dotted(values: dict[str, Any], assignment: str) -> None:
 
 TABLE_SUFFIXES = (".csv", ".tsv")
 """A file of these given where `train` and `cv` take a config is a slide table."""
+WORKBOOK_SUFFIXES = (".xlsx", ".xls", ".ods")
+"""Spreadsheets given where a config or table goes: said to be saved as CSV, not parsed as YAML."""
 
 
 CHECKPOINT_HELP = "a checkpoint file, or a run's folder (its checkpoints/last.pt)"
@@ -89,6 +91,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from bigslide.engine.config import TrainConfig
 
     config = TrainConfig()
+    if args.config and Path(args.config).suffix.lower() in WORKBOOK_SUFFIXES:
+        raise ConfigError(
+            f"{args.config}: a spreadsheet workbook; save its sheet as CSV (columns slide,label[,split]) "
+            "and give that table, or give a config file (YAML)"
+        )
     if args.config and Path(args.config).suffix.lower() in TABLE_SUFFIXES:
         config.data.csv = str(Path(args.config).resolve())  # a slide table: trained on with the defaults
     elif args.config:

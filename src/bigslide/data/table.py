@@ -53,15 +53,25 @@ NUMBER_COLUMNS = ("time", "event", "target")
 
 def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
     """The header, the rows and the separator of a CSV slide table. A spreadsheet saves with `;` or tabs
-    where a comma is the decimal mark: the header line says which (the slide column's name holds none)."""
+    where a comma is the decimal mark: the header line says which (the slide column's name holds none);
+    UTF-8 (with or without Excel's byte-order mark), else Windows' Western code page, as Excel saves it."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such slide table") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not a text CSV file") from None
     except OSError as err:  # a folder, a file that cannot be read
         raise DataError(f"{path}: cannot be read as a slide table ({err.strerror or err})") from None
+    if b"\x00" in raw[:4096]:
+        workbook = (
+            " (a spreadsheet workbook? save it as CSV)"
+            if raw.startswith((b"PK\x03\x04", b"\xd0\xcf"))
+            else ""
+        )
+        raise DataError(f"{path}: not a text CSV file{workbook}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:  # Excel on Windows saves CSV in the system's code page: accented paths
+        text = raw.decode("cp1252", errors="replace")
     lines = text.splitlines()
     header = lines[0] if lines else ""
     separator = max(SEPARATORS, key=lambda s: (header.count(s), s == ","))
