@@ -112,6 +112,26 @@ def test_a_tiff_whose_first_image_is_a_small_photograph_is_refused_naming_both(t
         open_slide(path)
 
 
+def test_an_svs_of_a_small_region_is_read_though_its_macro_photograph_is_larger(tmp_path: Path) -> None:
+    path = tmp_path / "region.svs"
+    scan = textured_image(256, 256)
+    with tifffile.TiffWriter(path) as tif:
+        head = "Aperio Image Library v12.0.0\r\n256x256 [0,0 256x256] (256x256) RGB|AppMag = 20|MPP = 0.5"
+        tif.write(scan, tile=(256, 256), photometric="rgb", description=head, metadata=None)
+        tif.write(scan[::4, ::4], photometric="rgb", description="256x256 -> 64x64", metadata=None)
+        macro = np.full((600, 1500, 3), 200, np.uint8)
+        tif.write(
+            macro,
+            photometric="rgb",
+            subfiletype=9,
+            description="Aperio Image Library v12.0.0\r\nmacro 1500x600",
+            metadata=None,
+        )
+    with open_slide(path) as slide:
+        assert slide.dimensions == (256, 256)
+        np.testing.assert_array_equal(slide.read_region((0, 0), 0, (256, 256)), scan)
+
+
 @pytest.mark.parametrize("dpi", [72.0, 300.0])
 def test_a_print_resolution_is_no_pixel_size(tmp_path: Path, dpi: float) -> None:
     """72 dpi (353 µm per pixel) is an image editor's default, not a scanner's: the slide states none."""

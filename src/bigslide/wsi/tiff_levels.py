@@ -76,7 +76,10 @@ LARGER_IMAGE = 4
 def check_main_image(path: Path, handle: Any) -> None:
     """Raise when the image tiffslide reads (a generic or OME-TIFF's first) is much smaller than another
     image of the file: a converter that wrote the macro or label photograph first (bfconvert of some
-    scanners' files) would have it read as the slide."""
+    scanners' files) would have it read as the slide. Scanners' own formats (an SVS, whose macro may
+    outsize a small region's scan) choose their image themselves."""
+    if handle.properties.get("tiffslide.vendor") is not None:
+        return
     try:
         series = list(handle.ts_tifffile.series)
         read = series[handle.properties["tiffslide.series-index"]]
