@@ -20,6 +20,8 @@ DICOM_SUFFIX = ".dcm"
 _PREAMBLE = 128  # DICOM Part 10 files start with a 128-byte preamble, then "DICM"
 _MAGIC = b"DICM"
 _TIFF_HEADERS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+SERIES_UID_TAG = 0x0020000E
+"""(0020,000E) Series Instance UID: a file's header is read up to it (Image Type, (0008,0008), before)."""
 _NAMELESS_SNIFF = 32
 """Files without a .dcm name whose first bytes are checked when a folder is tested quickly."""
 
@@ -94,16 +96,15 @@ def _by_series(files: list[Path]) -> list[list[Path]]:
     a label or overview some scanners file in a series of its own is no slide), the largest first; one
     group where pydicom is not installed."""
     try:
-        import pydicom
+        from pydicom.filereader import read_partial
     except ImportError:
         return [files]
     groups: dict[str, list[Path]] = {}
     volumes: set[str] = set()
     for f in files:
         try:
-            header = pydicom.dcmread(
-                f, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "ImageType"]
-            )
+            with f.open("rb") as stream:  # the header up to the series UID, not a sparse tiling's frame list
+                header = read_partial(stream, stop_when=lambda tag, *_: tag > SERIES_UID_TAG)
             uid, kind = str(header.get("SeriesInstanceUID", "")), list(header.get("ImageType", []))
         except Exception:  # a file pydicom cannot parse is not told apart: OpenSlide decides
             uid, kind = "", []
