@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -172,7 +173,7 @@ def test_train_then_predict_and_heatmap_from_a_fresh_process(slide_csv: Path, tm
 HELP_IMPORTS = """
 import sys
 from bigslide.cli.main import main
-for argv in (["--help"], ["bench", "--help"], ["train", "--help"], ["plan", "--help"]):
+for argv in (["--help"], ["--version"], ["bench", "--help"], ["train", "--help"], ["plan", "--help"]):
     try:
         main(argv)
     except SystemExit:
@@ -187,6 +188,7 @@ def test_help_answers_without_loading_torch_or_the_benches() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("heavy:"), done.stdout[-500:]
     assert "benchmarks (side-by-side timings and memory)" in done.stdout
+    assert f"\nbigslide {metadata.version('bigslide')}\n" in done.stdout  # --version
 
 
 PREDICT_IMPORTS = """

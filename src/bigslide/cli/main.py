@@ -224,7 +224,10 @@ def cmd_cv(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bigslide import __version__
+
     parser = argparse.ArgumentParser(prog="bigslide", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"bigslide {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model (YAML config, or --demo)")
