@@ -132,6 +132,24 @@ def test_an_svs_of_a_small_region_is_read_though_its_macro_photograph_is_larger(
         np.testing.assert_array_equal(slide.read_region((0, 0), 0, (256, 256)), scan)
 
 
+@pytest.mark.parametrize("channels", [3, 4])
+def test_an_image_stored_plane_by_plane_is_said_to_be_so(tmp_path: Path, channels: int) -> None:
+    """RGB saved plane by plane, or a fluorescence image of several channels: no brightfield slide."""
+    path = tmp_path / "planes.tif"
+    planes = np.stack([textured_image(256, 256, seed=c)[..., 0] for c in range(channels)])
+    tifffile.imwrite(
+        path,
+        planes,
+        tile=(128, 128),
+        photometric="rgb" if channels == 3 else "minisblack",
+        planarconfig="separate",
+    )
+    with pytest.raises(
+        SlideError, match=r"planes\.tif: unsupported slide layout \(its image is stored as separate planes"
+    ):
+        open_slide(path)
+
+
 @pytest.mark.parametrize("dpi", [72.0, 300.0])
 def test_a_print_resolution_is_no_pixel_size(tmp_path: Path, dpi: float) -> None:
     """72 dpi (353 µm per pixel) is an image editor's default, not a scanner's: the slide states none."""

@@ -241,6 +241,11 @@ def _in_words(exc: Exception) -> str:
         return "it does not begin as a TIFF file does: damaged, cut short, or not a slide"
     if isinstance(exc, KeyError | IndexError) or not text:
         return "a part of its pyramid is missing or damaged"
+    if "axes=" in text and "not supported" in text:
+        return (
+            f"its image is stored as separate planes ({text}): a fluorescence image of several channels, or "
+            "RGB saved plane by plane; bigslide reads brightfield RGB with its colours interleaved"
+        )
     return text
 
 
@@ -296,7 +301,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         handle.close()
         if out_of_files(exc):
             raise SlideError(f"{path}: {too_many_open_files()}") from exc
-        raise SlideError(f"{path}: unsupported slide layout ({exc}){reader_conflict()}") from exc
+        raise SlideError(f"{path}: unsupported slide layout ({_in_words(exc)}){reader_conflict()}") from exc
 
 
 def reader_conflict() -> str:
