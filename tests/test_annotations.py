@@ -29,6 +29,7 @@ from bigslide.tiling.annotations import (
     read_annotations,
     write_annotations,
 )
+from bigslide.tiling.regions import load_regions
 from tests.test_engine import drain, small_config
 
 CLASSES = instance_classes(["normal", "tumor"])  # normal 0, tumor 1, Not lesion 2
@@ -341,3 +342,62 @@ def test_a_fine_tune_folder_keeps_the_checkpoints_settings_and_a_copy_of_the_ann
     assert TrainConfig.from_yaml(tmp_path / "anew" / "config.yaml").model.init_from is None
     with pytest.raises(DataError, match="no slide of the training set has saved annotations"):
         write_finetune_folder(checkpoint, tmp_path / "bare", table.like(table.entries[1:]), epochs=1)
+
+
+# As ASAP writes the CAMELYON16 and CAMELYON17 lesion outlines (level-0 pixels, x right, y down).
+ASAP_EXPORT = """<?xml version="1.0"?>
+<ASAP_Annotations>
+\t<Annotations>
+\t\t<Annotation Name="Annotation 0" Type="Polygon" PartOfGroup="Tumor" Color="#F4FA58">
+\t\t\t<Coordinates>
+\t\t\t\t<Coordinate Order="2" X="64" Y="64" />
+\t\t\t\t<Coordinate Order="0" X="0" Y="0" />
+\t\t\t\t<Coordinate Order="1" X="64" Y="0" />
+\t\t\t\t<Coordinate Order="3" X="0" Y="64" />
+\t\t\t</Coordinates>
+\t\t</Annotation>
+\t\t<Annotation Name="Annotation 1" Type="Rectangle" PartOfGroup="Background" Color="#64FE2E">
+\t\t\t<Coordinates>
+\t\t\t\t<Coordinate Order="0" X="128.5" Y="0" />
+\t\t\t\t<Coordinate Order="1" X="192.5" Y="0" />
+\t\t\t\t<Coordinate Order="2" X="192.5" Y="64" />
+\t\t\t\t<Coordinate Order="3" X="128.5" Y="64" />
+\t\t\t</Coordinates>
+\t\t</Annotation>
+\t\t<Annotation Name="Annotation 2" Type="Polygon" PartOfGroup="None" Color="#F4FA58">
+\t\t\t<Coordinates>
+\t\t\t\t<Coordinate Order="0" X="0" Y="0" /><Coordinate Order="1" X="500" Y="0" />
+\t\t\t\t<Coordinate Order="2" X="500" Y="500" />
+\t\t\t</Coordinates>
+\t\t</Annotation>
+\t</Annotations>
+\t<AnnotationGroups>
+\t\t<Group Name="Tumor" PartOfGroup="None" Color="#ff0000"><Attributes /></Group>
+\t</AnnotationGroups>
+</ASAP_Annotations>
+"""
+
+
+def test_an_asap_xml_file_reads_as_its_groups_classed_areas(tmp_path: Path) -> None:
+    source = tmp_path / "tumor_001.xml"
+    source.write_text(ASAP_EXPORT)
+    annotations = read_annotations(source)
+    assert [a.name for a in annotations] == ["Tumor", "Background"]  # the group is the class; "None" is none
+    assert annotations[0].geometry.equals(shapely.box(0, 0, 64, 64))  # points in their Order
+    assert annotations[1].geometry.equals(shapely.box(128.5, 0, 192.5, 64))
+    assert [r.name for r in load_regions(source)] == ["Tumor", "Background", "Annotation 2"]
+
+
+def test_asap_points_and_other_xml_are_refused_naming_the_file(tmp_path: Path) -> None:
+    dots = tmp_path / "dots.xml"
+    dots.write_text(
+        '<ASAP_Annotations><Annotations><Annotation Name="cells" Type="PointSet" PartOfGroup="Tumor">'
+        '<Coordinates><Coordinate Order="0" X="1" Y="2" /></Coordinates></Annotation></Annotations>'
+        "</ASAP_Annotations>"
+    )
+    with pytest.raises(DataError, match=r"dots\.xml: feature 0: geometry 'MultiPoint' encloses no area"):
+        read_annotations(dots)
+    other = tmp_path / "other.xml"
+    other.write_text("<Annotations><Region /></Annotations>")
+    with pytest.raises(DataError, match=r"other\.xml: an XML file whose root is <Annotations>, not ASAP's"):
+        read_annotations(other)

@@ -238,7 +238,7 @@ class AnnotateBox(QGroupBox):
             return None
         if path is None:
             path, _ = QFileDialog.getOpenFileName(
-                self, "QuPath annotations", "", "GeoJSON (*.geojson *.json)"
+                self, "QuPath or ASAP annotations", "", "QuPath GeoJSON or ASAP XML (*.geojson *.json *.xml)"
             )
             if not path:
                 return None

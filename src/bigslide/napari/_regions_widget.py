@@ -147,7 +147,9 @@ class RegionsWidget(Panel):
         if self._require_slide() is None:
             return None
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Load regions", "", "GeoJSON (*.geojson *.json)")
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Load regions", "", "QuPath GeoJSON or ASAP XML (*.geojson *.json *.xml)"
+            )
             if not path:
                 return None
         try:

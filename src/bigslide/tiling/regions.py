@@ -1,4 +1,5 @@
-"""Annotated regions in level-0 pixels, read from and written to QuPath-style GeoJSON.
+"""Annotated regions in level-0 pixels, read from and written to QuPath-style GeoJSON (and read from ASAP
+XML, `bigslide.tiling.asap_xml`).
 
 QuPath exports annotations as a FeatureCollection (or a list of Features) whose geometries are in
 level-0 pixel coordinates (x right, y down) and whose class sits in `properties.classification.name`.
@@ -24,6 +25,7 @@ from shapely.geometry import MultiPolygon, Polygon, box, mapping
 
 from bigslide.errors import BigslideError, RegionError
 from bigslide.files import atomic_write_text
+from bigslide.tiling.asap_xml import asap_features, is_xml
 
 Polygonal: TypeAlias = Polygon | MultiPolygon
 
@@ -120,13 +122,19 @@ def check_inside(regions: Sequence[Region], dimensions: tuple[int, int], source:
 
 def read_features(path: Path, what: str, error: type[BigslideError]) -> list[Any]:
     """The Features of a GeoJSON file (a FeatureCollection, a Feature or a list of Features), as QuPath
-    exports them; a file that is none of these is an `error` naming the file, the kind of file `what`
-    ("regions", "annotations") when it is missing."""
+    exports them, or of an ASAP XML file (`bigslide.tiling.asap_xml`); a file that is none of these is an
+    `error` naming the file, the kind of file `what` ("regions", "annotations") when it is missing."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise error(f"{path}: no such {what} file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: not valid JSON ({exc})") from None
+    if is_xml(text):
+        return asap_features(text, path, error)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from None
     if isinstance(data, list):
         return data
