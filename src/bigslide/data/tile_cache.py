@@ -52,6 +52,7 @@ TILING_MODULES = (
     "bigslide.tiling.cell_check",
     "bigslide.wsi.resolution",
     "bigslide.tiling.regions",
+    "bigslide.tiling.asap_xml",
     "bigslide.wsi.slide",
     "bigslide.wsi.slide_view",
     "bigslide.wsi.tiff_levels",
