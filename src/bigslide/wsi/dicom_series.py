@@ -80,7 +80,7 @@ def series_file(folder: str | Path, is_wsi: Callable[[Path], bool] | None = None
             f"{folder}: none of its {len(dicom)} DICOM file(s) is a whole-slide image "
             "(VL Whole Slide Microscopy Image) OpenSlide can read"
         )
-    largest = [max(files, key=lambda f: (f.stat().st_size, f.name)) for files in _by_series(wsi)]
+    largest = [max(files, key=_size_then_name) for files in _by_series(wsi)]
     if len(largest) > 1 and is_wsi is not None:
         named = ", ".join(f.name for f in sorted(largest))
         raise SlideError(
@@ -88,13 +88,17 @@ def series_file(folder: str | Path, is_wsi: Callable[[Path], bool] | None = None
             f"one of its files instead, which opens that file's series ({named}), or keep one series per "
             "folder"
         )
-    return largest[0]
+    return max(largest, key=_size_then_name)
+
+
+def _size_then_name(file: Path) -> tuple[int, str]:
+    return file.stat().st_size, file.name
 
 
 def _by_series(files: list[Path]) -> list[list[Path]]:
     """`files` grouped by their SeriesInstanceUID, each group holding pyramid levels (Image Type VOLUME;
-    a label or overview some scanners file in a series of its own is no slide), the largest first; one
-    group where pydicom is not installed."""
+    a label or overview some scanners file in a series of its own is no slide); one group where pydicom
+    is not installed."""
     try:
         from pydicom.filereader import read_partial
     except ImportError:
@@ -111,8 +115,7 @@ def _by_series(files: list[Path]) -> list[list[Path]]:
         groups.setdefault(uid, []).append(f)
         if len(kind) < 3 or kind[2] == "VOLUME":
             volumes.add(uid)
-    found = [groups[uid] for uid in groups if uid in volumes] or list(groups.values())
-    return sorted(found, key=lambda g: -max(f.stat().st_size for f in g))
+    return [groups[uid] for uid in groups if uid in volumes] or list(groups.values())
 
 
 def _files(folder: Path) -> list[Path]:

@@ -20,7 +20,6 @@ import numpy as np
 from PIL import Image
 
 from bigslide.errors import SlideError
-from bigslide.wsi.tiff_levels import COARSEST_MPP
 
 SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 MAX_PIXELS = 400_000_000
@@ -65,7 +64,7 @@ class PlainImageHandle:
             levels.append(np.asarray(Image.fromarray(levels[-1]).reduce(LEVEL_FACTOR)))
         self.level_count = len(levels)
         self.levels = [ImageLevel(level) for level in levels]
-        mpp = _microscope_mpp(dpi)
+        mpp = _stated_mpp(dpi)
         self.properties: dict[str, Any] = {
             "tiffslide.mpp-x": mpp[0] if mpp else None,
             "tiffslide.mpp-y": mpp[1] if mpp else None,
@@ -113,13 +112,13 @@ def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any]:
     return rgb, dpi
 
 
-def _microscope_mpp(dpi: Any) -> tuple[float, float] | None:
-    """µm per pixel from a stated dpi, or None when none is stated or it is not a microscope's."""
+def _stated_mpp(dpi: Any) -> tuple[float, float] | None:
+    """µm per pixel from a stated dpi, or None when none is stated (one coarser than a microscope's is
+    set aside with every reader's, `bigslide.wsi.tiff_levels.parse_mpp`)."""
     try:
         x, y = (float(v) for v in dpi)
     except (TypeError, ValueError):
         return None
     if x <= 0 or y <= 0:
         return None
-    mpp = (25_400 / x, 25_400 / y)
-    return mpp if max(mpp) <= COARSEST_MPP else None
+    return (25_400 / x, 25_400 / y)

@@ -87,23 +87,27 @@ def check_main_image(path: Path, handle: Any) -> None:
         return
 
     def area(s: Any) -> int:
-        sizes = dict(zip(s.axes, s.shape, strict=False))
-        return int(sizes.get("Y", 0)) * int(sizes.get("X", 0))
+        height, width = _height_width(s)
+        return height * width
+
+    def said(s: Any) -> str:
+        height, width = _height_width(s)
+        return f"{width} x {height} px" + (f" {s.name!r}" if getattr(s, "name", "") else "")
 
     largest = max(series, key=area)
     if area(largest) > LARGER_IMAGE * area(read):
-
-        def said(s: Any) -> str:
-            sizes = dict(zip(s.axes, s.shape, strict=False))
-            name = f" {s.name!r}" if getattr(s, "name", "") else ""
-            return f"{sizes.get('X', 0)} x {sizes.get('Y', 0)} px{name}"
-
         raise SlideError(
             f"{path}: its first image ({said(read)}) is not its largest ({said(largest)}, image "
             f"{series.index(largest)} of {len(series)}); bigslide reads a TIFF's first image, so this file "
             "would be read as its smaller picture (a macro or label photograph?). Save the slide on its "
             "own (bfconvert -series N, or QuPath's File > Export images > OME TIFF)"
         )
+
+
+def _height_width(series: Any) -> tuple[int, int]:
+    """A tifffile series' rows and columns, whatever its other axes (samples, channels, planes)."""
+    sizes = dict(zip(series.axes, series.shape, strict=False))
+    return int(sizes.get("Y", 0)), int(sizes.get("X", 0))
 
 
 def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
