@@ -82,15 +82,13 @@ def retrain(viewer: Any, panels: Any, gaps: Gaps, checkpoint: Any) -> float:
     h, w = taught.level_shapes[0][:2]
     box = r.annotate
 
-    def draw() -> None:
-        for name, (y, x) in (("tumor", (h / 2, w / 2)), (NOT_LESION, (h / 8, w / 8))):
-            box.class_box.setCurrentText(name)
-            box.draw_button.click()
-            side = min(h, w) / 8
-            box.layer().add_polygons([np.array([[y, x], [y, x + side], [y + side, x + side], [y + side, x]])])
-
-    # drawn (and painted) before Save is pressed, as a person's outlines are
-    act_on(gaps, "draw two outlines (first: a new layer)", draw)
+    side = min(h, w) / 8
+    # step by step, the viewer painting between steps, as a person's clicks come
+    for n, (name, (y, x)) in enumerate((("tumor", (h / 2, w / 2)), (NOT_LESION, (h / 8, w / 8)))):
+        act_on(gaps, "choose an outline's class", lambda name=name: box.class_box.setCurrentText(name))
+        act_on(gaps, "press Draw (first: a new layer)" if n == 0 else "press Draw", box.draw_button.click)
+        outline = np.array([[y, x], [y, x + side], [y + side, x + side], [y + side, x]])
+        act_on(gaps, "an outline drawn", lambda outline=outline: box.layer().add_polygons([outline]))
     act_on(gaps, "save the outlines", box.save)
     until(lambda: panels.slides.session.row(row.path).annotated is not None)
     r.checkpoint.setText(str(checkpoint))
@@ -104,6 +102,30 @@ def retrain(viewer: Any, panels: Any, gaps: Gaps, checkpoint: Any) -> float:
     process(2.0)
     gaps.action = "idle"
     return seconds
+
+
+def napari_alone() -> dict[str, float]:
+    """napari's own floor, in a viewer of its own without bigslide (opened after bigslide's closed, so
+    Python's caches are warm: if anything, this understates it): the longest gaps for its first image
+    layer (an RGB pyramid in memory, the second slide's size) and its first Shapes layer, with one
+    labelled polygon, as the annotation layer is made."""
+    viewer = napari.Viewer()
+    viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
+    process(1.0)
+    gaps = Gaps()
+    rng = np.random.default_rng(0)
+    pyramid = [rng.integers(0, 255, (3072 >> k, 4096 >> k, 3), dtype=np.uint8) for k in range(0, 6, 2)]
+    act_on(gaps, "first image layer", lambda: viewer.add_image(pyramid, rgb=True, multiscale=True), 2.0)
+    square = np.array([[100, 100], [100, 900], [900, 900], [900, 100]])
+    act_on(
+        gaps,
+        "first Shapes layer, a labelled polygon",
+        lambda: viewer.add_shapes([square], features={"class": ["tumor"]}, text={"string": "{class}"}),
+        2.0,
+    )
+    gaps.timer.stop()
+    viewer.close()
+    return {a: w for a, w in gaps.worst().items() if a != "idle"}
 
 
 def act_on(gaps: Gaps, name: str, fn: Any, settle: float = 1.0) -> Any:
@@ -282,13 +304,21 @@ def main() -> None:
         after_run = final[-1][0] - start - trained
         lines.append(f"\nThe full map (every tile) was drawn {after_run:.1f} s after the run.")
     over = {a: w for a, w in gaps.worst().items() if a != "idle" and w > GAP_TARGET_MS}
+    viewer.close()
+    lines += [
+        "",
+        "napari alone, the same Qt and OpenGL (a viewer of its own, no bigslide):",
+        "",
+        "| action | longest event-loop gap |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {action} | {worst:.0f} ms |" for action, worst in napari_alone().items()]
     verdict = "met" if not over else "MISSED (" + ", ".join(f"{a}: {w:.0f}" for a, w in over.items()) + ")"
-    lines += [f"target every action's longest gap <= {GAP_TARGET_MS} ms: {verdict}", "exit status: 0"]
+    lines += [f"\ntarget every action's longest gap <= {GAP_TARGET_MS} ms: {verdict}", "exit status: 0"]
     report = "\n".join(lines)
     print(report, flush=True)
     if args.out is not None:
         args.out.write_text(report + "\n")
-    viewer.close()
 
 
 if __name__ == "__main__":
