@@ -6,6 +6,7 @@ napari builds each dock widget on its own; they meet here, one `Session` per vie
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,7 +312,9 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
     # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
     QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
     warm_glyphs(viewer, SCALE_BAR_DELAY_MS + 50)
-    window = getattr(viewer.window, "_qt_window", None)
+    with warnings.catch_warnings():  # private from napari 0.10 on, where this gives None
+        warnings.simplefilter("ignore", FutureWarning)
+        window = getattr(viewer.window, "_qt_window", None)
     if window is not None:  # the viewer's decode workers end with its window
         window.destroyed.connect(lambda *_: session.close_processes())
 
