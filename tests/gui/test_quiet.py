@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from bigslide.napari._session import SCALE_BAR_DELAY_MS
+from bigslide.napari._session import scale_bar_of
 
 
 def test_the_panels_open_without_a_warning_from_bigslide(make_napari_viewer: Any, qtbot: Any) -> None:
@@ -15,6 +15,7 @@ def test_the_panels_open_without_a_warning_from_bigslide(make_napari_viewer: Any
         warnings.simplefilter("always")
         _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
         qtbot.waitUntil(lambda: panels.ready, timeout=120_000)
-        qtbot.wait(SCALE_BAR_DELAY_MS + 500)  # the scale bar and the canvas's letters come later
+        qtbot.waitUntil(lambda: scale_bar_of(viewer).visible, timeout=10_000)  # the bar comes later
+        qtbot.wait(200)
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "bigslide" in w.filename]
     assert not ours

@@ -14,39 +14,49 @@ from __future__ import annotations
 import string
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import napari
 
+TEXT_METRICS = "ÅÉÑŐjgpqy"
+"""What vispy renders to measure a text's line height, the first time any text is drawn."""
+SCALE_BAR_CHARACTERS = TEXT_METRICS + string.digits + " µmnx.,"
+"""What the scale bar's first draw shows or measures (its length and unit)."""
 CHARACTERS = "".join(
     dict.fromkeys(
-        string.digits
-        + " µmn.,"
-        + string.ascii_lowercase
-        + string.ascii_uppercase
-        + ":;!?()[]-–—/%'+=×·≥≤<>_#"
+        SCALE_BAR_CHARACTERS + string.ascii_lowercase + string.ascii_uppercase + ":;!?()[]-–—/%'+=×·≥≤<>_#"
     )
 )
-"""The scale bar's characters first: it is redrawn with the first slide."""
+"""The scale bar's characters first: it is switched on once they are drawn."""
 TURN_MS = 20
 """Time between two characters' turns (the whole set takes about two seconds)."""
 
 
-def warm_glyphs(viewer: napari.Viewer, delay_ms: int) -> None:
+def warm_glyphs(
+    viewer: napari.Viewer, delay_ms: int, scale_bar_ready: Callable[[], None] | None = None
+) -> None:
     """Draw every character of CHARACTERS into `viewer`'s canvas font, one per turn, from `delay_ms`
-    on. Does nothing where napari keeps its font elsewhere: the letters are then drawn when shown."""
+    on, and call `scale_bar_ready` once those of SCALE_BAR_CHARACTERS are drawn. Draws nothing where
+    napari keeps its font elsewhere (the letters are then drawn when shown; `scale_bar_ready` is called
+    at once)."""
     from qtpy.QtCore import QTimer
 
     ref = weakref.ref(viewer)
     left = list(CHARACTERS)
+    rest = len(CHARACTERS) - len(set(SCALE_BAR_CHARACTERS))  # CHARACTERS begins with them
+    waiting = [scale_bar_ready] if scale_bar_ready is not None else []
 
     def turn() -> None:
         view = ref()
         font = _canvas_font(view) if view is not None else None
         if font is None:
-            return
-        font[left.pop(0)]  # renders and stores the glyph
+            left.clear()
+        else:
+            font[left.pop(0)]  # renders and stores the glyph
+        if waiting and len(left) <= rest:
+            waiting.pop()()
         if left:
             QTimer.singleShot(TURN_MS, turn)
 

@@ -283,7 +283,8 @@ def session_for(viewer: napari.Viewer) -> Session:
 
 
 SCALE_BAR_DELAY_MS = 300
-"""The scale bar is switched on this long after the panels open."""
+"""The canvas's letters start being drawn this long after the panels open; the scale bar is switched on
+once its own are (`warm_glyphs`)."""
 
 
 def scale_bar_of(viewer: napari.Viewer) -> Any:
@@ -293,8 +294,6 @@ def scale_bar_of(viewer: napari.Viewer) -> Any:
 
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
-    from qtpy.QtCore import QTimer
-
     from bigslide.napari._glyphs import warm_glyphs
     from bigslide.napari._placement import set_fallback_mpp
     from bigslide.napari._reader import prefer_this_reader
@@ -309,9 +308,9 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
         if view is not None:
             scale_bar_of(view).visible = True
 
-    # in its own event-loop turn: its first draw (glyphs, shaders) would add to the panels' layout's
-    QTimer.singleShot(SCALE_BAR_DELAY_MS, scale_bar)
-    warm_glyphs(viewer, SCALE_BAR_DELAY_MS + 50)
+    # once its letters are drawn, one per turn: its first draw would add theirs to the freeze of its
+    # shaders' (about 200 ms together on two cores without a GPU)
+    warm_glyphs(viewer, SCALE_BAR_DELAY_MS, scale_bar_ready=scale_bar)
     with warnings.catch_warnings():  # private from napari 0.10 on, where this gives None
         warnings.simplefilter("ignore", FutureWarning)
         window = getattr(viewer.window, "_qt_window", None)

@@ -11,6 +11,7 @@ loaded. Panels register with `when_ready`: each is built on the GUI thread, one 
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import importlib.util
 import os
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qtpy.QtCore import QObject, Qt, QTimer, Signal
+
+from bigslide.napari._gc import settle_imports
 
 HEAVY_MODULES = (
     "torch",
@@ -42,6 +45,10 @@ split on the GUI thread."""
 VIEWER_MODULES = ("tiffslide", "imagecodecs", "scipy.ndimage")
 """What opening the first slide needs besides (the TIFF reader, its decoders, napari's thumbnails)."""
 TORCH_LIBRARIES = ("libtorch_global_deps.so", "libtorch_python.so")
+START_DELAY_MS = 300
+"""The imports start this long after the first panel asks for them, once the viewer has drawn the panel:
+torch's C extension sets itself up with the lock held (about 215 ms on two cores), and begun at once it
+fell in the frame that docks the panel (290-350 ms together)."""
 
 
 class _Signals(QObject):
@@ -59,6 +66,7 @@ class _Signals(QObject):
 
 _signals: _Signals | None = None
 _thread: threading.Thread | None = None
+_scheduled = False
 _error: str | None = None
 _waiting: list[Callable[[], None]] = []
 _draining = False
@@ -90,18 +98,29 @@ def import_error() -> str | None:
 
 
 def start() -> _Signals:
-    """Start importing the heavy modules on a thread (once); returns the object that signals the end."""
-    global _signals, _thread
-    if _signals is None:
-        _signals = _Signals()
-    if _thread is None and not all(name in sys.modules for name in HEAVY_MODULES):
-        _thread = threading.Thread(target=_warm, args=(_signals,), name="bigslide-imports", daemon=True)
-        _thread.start()
-    return _signals
+    """Start importing the heavy modules on a thread (once, START_DELAY_MS from now); returns the object
+    that signals the end."""
+    global _signals, _scheduled
+    signals = _signals = _signals or _Signals()
+    if not _scheduled and not all(name in sys.modules for name in HEAVY_MODULES):
+        _scheduled = True
+        QTimer.singleShot(START_DELAY_MS, lambda: _start_thread(signals))
+    return signals
+
+
+def _start_thread(signals: _Signals) -> None:
+    global _thread
+    _thread = threading.Thread(target=_warm, args=(signals,), name="bigslide-imports", daemon=True)
+    _thread.start()
 
 
 def _warm(signals: _Signals) -> None:
     global _error
+    collecting = gc.isenabled()
+    # a full collection walks every object alive with the lock held: during these imports one came as
+    # timm and one as scikit-learn loaded, 150 and 195 ms each over a heap of napari's, Qt's and torch's
+    # objects; the objects the imports make live as long as the process (`settle_imports`)
+    gc.disable()
     try:
         _map_torch_libraries()
         for name in (*HEAVY_MODULES, *VIEWER_MODULES):
@@ -114,6 +133,10 @@ def _warm(signals: _Signals) -> None:
         fork_from_server()
     except Exception as err:  # the panels show it; the viewer must not go down with it
         _error = f"{type(err).__name__}: {err}"
+    finally:
+        settle_imports()
+        if collecting:
+            gc.enable()
     signals.ready.emit()
 
 
