@@ -5,7 +5,9 @@ GUI thread, the viewer froze for 4-6 s when the panels opened. Imported on a thr
 lock to the GUI thread every few milliseconds, except while the dynamic loader maps torch's libraries
 (0.2-0.4 s in one call that keeps the lock). So those libraries are mapped first through `dlopen` called
 by ctypes, which lets the lock go for the duration of a foreign call; importing torch then finds them
-loaded. Panels register with `when_ready`: each is built on the GUI thread, one per event-loop turn.
+loaded. Two more calls keep the lock long: a full garbage collection (paused while the imports run) and
+torch's C extension setting itself up (begun once the docked panel is drawn, START_DELAY_MS later). Panels
+register with `when_ready`: each is built on the GUI thread, one per event-loop turn.
 """
 
 from __future__ import annotations
