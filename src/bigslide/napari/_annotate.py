@@ -17,6 +17,7 @@ from napari.qt.threading import create_worker
 from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 from bigslide.errors import BigslideError
+from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
 from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._roles import layers_with_role
@@ -237,9 +238,7 @@ class AnnotateBox(QGroupBox):
             self._fail("Open a slide first, then choose it above.")
             return None
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(
-                self, "QuPath or ASAP annotations", "", "QuPath GeoJSON or ASAP XML (*.geojson *.json *.xml)"
-            )
+            path, _ = QFileDialog.getOpenFileName(self, "QuPath or ASAP annotations", "", OUTLINE_FILES)
             if not path:
                 return None
         try:

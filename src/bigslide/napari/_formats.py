@@ -1,4 +1,4 @@
-"""The file names the reader takes, and those only whole-slide images have."""
+"""The file names the reader takes, those only whole-slide images have, and the outline files panels load."""
 
 from bigslide.wsi.dicom_series import DICOM_SUFFIX
 from bigslide.wsi.names import WSI_SUFFIXES
@@ -13,3 +13,6 @@ SLIDE_ONLY_PATTERNS = tuple(
 )
 """Names only whole-slide images have: napari is told to open them with this reader. (TIFFs are also
 other microscopy images: for those the choice stays the user's, see the user guide.)"""
+
+OUTLINE_FILES = "QuPath GeoJSON or ASAP XML (*.geojson *.json *.xml)"
+"""The file dialogs' filter for regions and annotations (`bigslide.tiling.regions.read_features`)."""

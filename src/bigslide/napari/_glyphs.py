@@ -12,7 +12,6 @@ ms, and lengthened a prediction's longest gap past 100 ms).
 from __future__ import annotations
 
 import string
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,6 @@ def warm_glyphs(
 
     ref = weakref.ref(viewer)
     left = list(CHARACTERS)
-    rest = len(CHARACTERS) - len(set(SCALE_BAR_CHARACTERS))  # CHARACTERS begins with them
     waiting = [scale_bar_ready] if scale_bar_ready is not None else []
 
     def turn() -> None:
@@ -55,7 +53,7 @@ def warm_glyphs(
             left.clear()
         else:
             font[left.pop(0)]  # renders and stores the glyph
-        if waiting and len(left) <= rest:
+        if waiting and not set(SCALE_BAR_CHARACTERS).intersection(left):
             waiting.pop()()
         if left:
             QTimer.singleShot(TURN_MS, turn)
@@ -65,10 +63,10 @@ def warm_glyphs(
 
 def _canvas_font(viewer: napari.Viewer) -> Any:
     """The font napari's canvas draws its text with (None where this napari keeps it elsewhere)."""
+    from bigslide.napari._qt import window_part
+
     try:
-        with warnings.catch_warnings():  # private from napari 0.10 on, where this returns None
-            warnings.simplefilter("ignore", FutureWarning)
-            info = viewer.window._qt_viewer.canvas.font_info()  # napari 0.9's canvas
+        info = window_part(viewer, "_qt_viewer").canvas.font_info()  # napari 0.9's canvas
         return info.font_manager.get_font(info.face)
     except Exception:  # another napari, a closed window: nothing to warm
         return None

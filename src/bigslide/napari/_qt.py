@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,18 @@ from qtpy.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+
+def window_part(viewer: Any, name: str) -> Any:
+    """A private part of napari's window (`_qt_window`, `_qt_viewer`), or None where this napari has none.
+    A plugin reaching it is warned against from napari 0.9 and refused from 0.10: the warning is kept off
+    the user's console, and the callers do without the part where it is refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            return getattr(viewer.window, name, None)
+        except Exception:  # refused, or a closed window
+            return None
 
 
 def connect_while_alive(signal: Any, widget: QWidget, slot: Callable[..., Any]) -> None:

@@ -22,6 +22,7 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.errors import BigslideError
+from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import add_tile_preview, polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled, set_items
@@ -147,9 +148,7 @@ class RegionsWidget(Panel):
         if self._require_slide() is None:
             return None
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(
-                self, "Load regions", "", "QuPath GeoJSON or ASAP XML (*.geojson *.json *.xml)"
-            )
+            path, _ = QFileDialog.getOpenFileName(self, "Load regions", "", OUTLINE_FILES)
             if not path:
                 return None
         try:

@@ -6,7 +6,6 @@ napari builds each dock widget on its own; they meet here, one `Session` per vie
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +295,7 @@ def scale_bar_of(viewer: napari.Viewer) -> Any:
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from bigslide.napari._glyphs import warm_glyphs
     from bigslide.napari._placement import set_fallback_mpp
+    from bigslide.napari._qt import window_part
     from bigslide.napari._reader import prefer_this_reader
     from bigslide.napari._tile_errors import on_damaged
 
@@ -311,9 +311,7 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
     # once its letters are drawn, one per turn: its first draw would add theirs to the freeze of its
     # shaders' (about 200 ms together on two cores without a GPU)
     warm_glyphs(viewer, SCALE_BAR_DELAY_MS, scale_bar_ready=scale_bar)
-    with warnings.catch_warnings():  # private from napari 0.10 on, where this gives None
-        warnings.simplefilter("ignore", FutureWarning)
-        window = getattr(viewer.window, "_qt_window", None)
+    window = window_part(viewer, "_qt_window")
     if window is not None:  # the viewer's decode workers end with its window
         window.destroyed.connect(lambda *_: session.close_processes())
 

@@ -115,11 +115,7 @@ def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     resolution tags), else an OME-TIFF's PhysicalSizeX/Y, which tiffslide leaves unread (Bio-Formats'
     and QuPath's exports state it there only). None when neither states one, or when it is coarser than
     COARSEST_MPP: an image editor's print resolution (72 dpi is 353 µm per pixel), not a scanner's."""
-
-    def value(key: str) -> float | None:
-        return _positive(properties.get(key))
-
-    mpp_x, mpp_y = value("tiffslide.mpp-x"), value("tiffslide.mpp-y")
+    mpp_x, mpp_y = _positive(properties.get("tiffslide.mpp-x")), _positive(properties.get("tiffslide.mpp-y"))
     if mpp_x is None and mpp_y is None:
         mpp_x, mpp_y = _ome_mpp(
             properties.get("tiff.ImageDescription"), properties.get("tiffslide.series-index")
