@@ -12,8 +12,9 @@ from skimage.transform import resize
 
 from bigslide import open_slide
 from bigslide.data.bags import BagDataset
+from bigslide.data.colour import SampleView, row_colour
 from bigslide.data.images import SlideImageDataset
-from bigslide.data.sample import as_float
+from bigslide.data.sample import Sample, as_float
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.errors import DataError
 from bigslide.synthetic.slides import make_synthetic_slide
@@ -56,7 +57,15 @@ def test_bag_sampling_depends_on_seed_epoch_and_slide_only(tissue_slide: Path) -
 def test_augmentation_is_one_transform_for_the_whole_bag(tissue_slide: Path) -> None:
     plain = BagDataset(table_of(tissue_slide), tile_size=32, bag_size=12, seed=4)
     aug = BagDataset(table_of(tissue_slide), tile_size=32, bag_size=12, seed=4, augment=True)
-    raw, out = plain[0].x, aug[0].x
+    sample = aug[0]
+    # the host keeps the pixels as read; the view is applied where they become floats
+    assert torch.equal(sample.x, plain[0].x)
+    assert sample.view is not None
+    colour = row_colour([sample], None)
+    assert colour is not None
+    raw, out = as_float(plain[0].x), as_float(sample.x, colour)
+    halves = torch.cat([as_float(sample.x[:5], colour[:5]), as_float(sample.x[5:], colour[5:])])
+    torch.testing.assert_close(halves, out)  # chunk by chunk, as methods move bags: the same view
     dihedral = [(k, f) for k in range(4) for f in (False, True)]
 
     def apply(t: torch.Tensor, k: int, flip: bool) -> torch.Tensor:
@@ -74,8 +83,32 @@ def test_augmentation_is_one_transform_for_the_whole_bag(tissue_slide: Path) -> 
         best = int(np.argmin([e for e, _ in errors]))
         chosen.append((best, errors[best][1]))
     assert len({c[0] for c in chosen}) == 1, "tiles of one bag were transformed differently"
+    assert chosen[0][0] == sample.view.turns * 2 + sample.view.mirror
     slopes = [c[1][0] for c in chosen]
     assert np.ptp(slopes) < 0.02, "contrast differs between tiles of one bag"
+    assert abs(slopes[0] - sample.view.contrast) < 0.02
+
+
+def test_bags_of_one_batch_each_keep_their_own_view() -> None:
+    rng = np.random.default_rng(0)
+    views = [SampleView(1, False, 1.1, -0.02), SampleView(0, True), None]
+    samples = [
+        Sample(
+            x=torch.from_numpy(rng.integers(0, 256, (n, 3, 8, 8), dtype=np.uint8)),
+            y=0,
+            slide=str(k),
+            coords=np.zeros((n, 2), np.int64),
+            view=v,
+        )
+        for k, (n, v) in enumerate(zip((3, 2, 4), views))
+    ]
+    colour = row_colour(samples, None)
+    assert colour is not None
+    got = as_float(torch.cat([s.x for s in samples]), colour).split([3, 2, 4])
+    first = as_float(samples[0].x)
+    torch.testing.assert_close(got[0], (torch.rot90(first, 1, dims=(-2, -1)) * 1.1 - 0.02).clamp(0, 1))
+    torch.testing.assert_close(got[1], torch.flip(as_float(samples[1].x), dims=(-1,)))
+    torch.testing.assert_close(got[2], as_float(samples[2].x))
 
 
 def test_empty_tissue_is_a_clear_error(tmp_path: Path) -> None:

@@ -303,3 +303,30 @@ def test_one_slide_or_a_folder_of_slides_is_predicted_as_a_table_of_them_would_b
         assert code != 0
         assert f"{slides}: {said}" in err, err
         assert "Traceback" not in err
+
+
+def test_whole_slide_bags_are_predicted_without_timing_convolutions() -> None:
+    """Training times cuDNN's algorithms for its fixed shapes; a whole slide's bag ends in a chunk of its
+    own size, which timing would cost seconds per slide: prediction turns the timing off, then back."""
+    from types import SimpleNamespace
+
+    from bigslide.data.sample import Sample
+    from bigslide.engine.inference import predict_sample
+
+    seen: list[bool] = []
+    method = SimpleNamespace(
+        model=torch.nn.Identity(),
+        takes_uint8=True,
+        predict=lambda s: seen.append(torch.backends.cudnn.benchmark),
+    )
+    bag = Sample(x=torch.zeros(3, 3, 8, 8, dtype=torch.uint8), y=0, slide="s", coords=np.zeros((3, 2)))
+    image = Sample(x=torch.zeros(3, 8, 8, dtype=torch.uint8), y=0, slide="s")
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        predict_sample(method, bag)  # type: ignore[arg-type]
+        assert torch.backends.cudnn.benchmark
+        predict_sample(method, image)  # type: ignore[arg-type]
+    finally:
+        torch.backends.cudnn.benchmark = before
+    assert seen == [False, True]  # images of one size keep the timing

@@ -15,10 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bigslide.data.colour import SampleStain, SampleView
+from bigslide.data.sample import Sample
+from bigslide.data.stain import draw_stain_jitter
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.abmil_acc import ABMILACC, ABMILACCParams
 from bigslide.methods.base import Batch, Method, ModelSpec, StepResult
@@ -91,6 +95,27 @@ def abmil_acc(device: torch.device) -> tuple[Method[Any], Batch]:
     return method, _bag_batch(device, 7, labels)
 
 
+def abmil_acc_augmented(device: torch.device) -> tuple[Method[Any], Batch]:
+    """Two bags in one batch, each with its own view (turns, mirror, tone) and stain perturbation: the
+    colour maps move their per-bag tables to the device without waiting."""
+    spec = ModelSpec("resnet18", num_classes=2)
+    method = ABMILACC(ABMILACCParams(chunk_size=3, forward_chunk_size=5, hidden=16), spec, device)
+    rng = np.random.default_rng(0)
+    samples = [
+        Sample(
+            x=torch.randint(0, 256, (n, 3, TILE, TILE), dtype=torch.uint8),
+            y=1,
+            slide=f"s{n}",
+            coords=np.zeros((n, 2), np.int64),
+            stain=SampleStain(jitter=draw_stain_jitter(rng)),
+            view=view,
+        )
+        for n, view in ((4, SampleView(1, True, 1.05, -0.01)), (3, SampleView(2, False, 0.95, 0.03)))
+    ]
+    x = torch.cat([s.x for s in samples])
+    return method, Batch(_pinned(x, device), torch.tensor([1, 0]).to(device), samples, sizes=[4, 3])
+
+
 def full_bag(device: torch.device) -> tuple[Method[Any], Batch]:
     method = FullBag(EndToEndParams(hidden=16), ModelSpec("resnet18", num_classes=2), device)
     return method, _bag_batch(device, 7, None)
@@ -111,6 +136,7 @@ def patchgd(device: torch.device, grad_chunk: int = 0) -> tuple[Method[Any], Bat
 # targets on the device)
 STEPS: dict[str, Callable[[torch.device], tuple[Method[Any], Batch]]] = {
     "abmil_acc": abmil_acc,
+    "abmil_acc_augmented": abmil_acc_augmented,
     "full_bag": full_bag,
     "patchgd": patchgd,
     "patchgd_grad_chunk": lambda device: patchgd(device, grad_chunk=3),

@@ -1,4 +1,4 @@
-"""Bags of tiles for MIL methods: N tiles per slide from its TileGrid, read lazily, augmented per slide."""
+"""Bags of tiles for MIL methods: N tiles per slide from its TileGrid, read lazily, augmented per bag."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bigslide.data.colour import SampleStain
+from bigslide.data.colour import SampleStain, SampleView
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.instance_labels import AnnotatedTiles
 from bigslide.data.processes import Pool, read_slide_squares
@@ -23,20 +23,17 @@ from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP
 
 
-def augment_bag(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """One random flip/rotation and brightness/contrast change, the same for every tile of the bag
-    (Big-Layers §4.2.6): the bag stays one coherent view of the slide. uint8 bags stay uint8."""
-    k = int(rng.integers(4))
-    if k:
-        x = torch.rot90(x, k, dims=(-2, -1))
-    if rng.random() < 0.5:
-        x = torch.flip(x, dims=(-1,))
+def draw_view(x: torch.Tensor, rng: np.random.Generator) -> SampleView:
+    """One random turn, mirror and brightness/contrast change for the whole bag `x` (Big-Layers §4.2.6):
+    the bag stays one coherent view of the slide. Contrast is about the bag's mean, estimated from every
+    8th row and column of each tile; the pixels are left as read: the method's device applies the view
+    where they become floats (`bigslide.data.colour`), so the host never makes a transformed copy."""
+    turns = int(rng.integers(4))
+    mirror = bool(rng.random() < 0.5)
     brightness = float(rng.uniform(-0.05, 0.05))
     contrast = float(rng.uniform(0.9, 1.1))
-    f = as_float(x)
-    mean = f.mean()
-    f = ((f - mean) * contrast + mean + brightness).clamp_(0.0, 1.0)
-    return f.mul_(255).round_().to(torch.uint8) if x.dtype == torch.uint8 else f
+    mean = float(as_float(x[..., ::8, ::8]).mean())
+    return SampleView(turns, mirror, contrast, mean * (1 - contrast) + brightness)
 
 
 class BagDataset(Dataset[Sample]):
@@ -160,8 +157,7 @@ class BagDataset(Dataset[Sample]):
                 coords.append(grid.coords[mine])
         # one slide: the worker's buffer as it is; several: one array (the reads' buffers are let go)
         x = torch.from_numpy(squares[0] if len(squares) == 1 else np.concatenate(squares))
-        if self.augment:
-            x = augment_bag(x, np.random.default_rng([self.seed, self.epoch, i, 7919]))
+        view = draw_view(x, np.random.default_rng([self.seed, self.epoch, i, 7919])) if self.augment else None
         entry = self.table.entries[rows[0]]
         return Sample(
             x=x,
@@ -171,6 +167,7 @@ class BagDataset(Dataset[Sample]):
             tile_size_level0=self.grids[rows[0]].tile_size_level0,
             parts=tuple(parts) if len(rows) > 1 else (),
             stain=self.sample_stain(i),
+            view=view,
             instance_labels=None if self.annotated is None else self.annotated.labels(rows)[indices],
         )
 

@@ -1,10 +1,12 @@
-"""Per-slide colour maps applied where pixels become floats on the method's device.
+"""Per-sample pixel maps applied where pixels become floats on the method's device.
 
 A dataset attaches to each sample what is known per slide (`SampleStain`: its fitted stain for
-normalisation, its random stain perturbation for augmentation); the method, which holds the run's stain
-reference, turns a batch's samples into a `RowColour`: one map per row of the batch's pixel tensor (a
-tile of a bag, or an image). Methods that move pixels chunk by chunk slice it like the pixels
-(`colour[start:stop]`), so a bag is transformed one chunk at a time on the device, never whole.
+normalisation, its random stain perturbation for augmentation) and its augmentation view (`SampleView`:
+turns, mirror and tone, drawn per sample and epoch); the method, which holds the run's stain reference,
+turns a batch's samples into a `RowColour`: one map per row of the batch's pixel tensor (a tile of a
+bag, or an image). Methods that move pixels chunk by chunk slice it like the pixels
+(`colour[start:stop]`), so a bag is transformed one chunk at a time on the device, never whole, and the
+host only ever holds the pixels as read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from bigslide.data.stain import NO_JITTER, StainJitter
 from bigslide.data.stain_norm import LOG_EPS, LogAffine, StainFit, fit_stain, normalising_map
+from bigslide.data.transfer import send
 
 
 class _Stained(Protocol):
@@ -27,6 +30,7 @@ class _Stained(Protocol):
     coords: np.ndarray | None
     slide: str
     stain: SampleStain | None
+    view: SampleView | None
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,24 @@ class SampleStain:
 
     source: StainFit | None = None
     jitter: StainJitter | None = None
+
+
+@dataclass(frozen=True)
+class SampleView:
+    """A sample's augmentation, the same for all its tiles (Big-Layers §4.2.6: a bag stays one coherent
+    view of its slide): `turns` quarter turns and a left-right `mirror` of every tile, and a tone change
+    `x · contrast + shift` of its pixels in [0, 1], clamped."""
+
+    turns: int = 0
+    mirror: bool = False
+    contrast: float = 1.0
+    shift: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Views:
+    orient: torch.Tensor  # (B,) turns * 2 + mirror, per sample
+    tone: torch.Tensor  # (B, 2) contrast, shift
 
 
 @dataclass(frozen=True)
@@ -51,28 +73,46 @@ class RowColour:
     and saturation; every part optional. `index[r]` is row r's sample."""
 
     def __init__(
-        self, index: torch.Tensor, stages: list[_LogStage], rgb: torch.Tensor | None, random: bool
+        self,
+        index: torch.Tensor,
+        stages: list[_LogStage],
+        rgb: torch.Tensor | None,
+        random: bool,
+        views: _Views | None = None,
     ) -> None:
         self.index = index
         self.stages = stages
         self.rgb = rgb
-        self.random = random  # holds a random perturbation (features of these pixels are not reusable)
+        self.random = random  # holds a random stain perturbation (features of these pixels are not reusable)
+        self.views = views
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
 
     def __getitem__(self, rows: slice | torch.Tensor) -> RowColour:
-        return RowColour(self.index[rows], self.stages, self.rgb, self.random)
+        return RowColour(self.index[rows], self.stages, self.rgb, self.random, self.views)
+
+    def oriented(self, x: torch.Tensor) -> torch.Tensor:
+        """(R, 3, H, W) or (3, H, W) pixels, one per row, each turned and mirrored as its sample's view
+        says (before they become floats: uint8 moves a quarter of the bytes)."""
+        if self.views is None:
+            return x
+        rows = _oriented(x.unsqueeze(0) if x.ndim == 3 else x, self.views.orient.index_select(0, self.index))
+        return rows[0] if x.ndim == 3 else rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(R, 3, H, W) or (3, H, W) float pixels in [0, 1], one per row -> mapped, clamped to [0, 1]."""
+        """(R, 3, H, W) or (3, H, W) float pixels in [0, 1], one per row, `oriented` already -> mapped
+        (tone, stain normalisation and perturbation, hue and saturation), clamped to [0, 1]."""
         single = x.ndim == 3
         rows = x.unsqueeze(0) if single else x
         if rows.shape[0] != len(self):
             raise ValueError(f"colour map of {len(self)} rows applied to {rows.shape[0]} rows")
         n, c, h, w = rows.shape
         flat = rows.reshape(n, c, h * w).float()
-        index = self.index.to(flat.device)
+        index = send(self.index, flat.device)
+        if self.views is not None:
+            tone = _rows(self.views.tone, index).unsqueeze(-1)
+            flat = torch.addcmul(tone[:, 1:], flat, tone[:, :1]).clamp_(0, 1)
         for stage in self.stages:
             flat = _log_affine(flat, stage, index)
         if self.rgb is not None:
@@ -81,21 +121,40 @@ class RowColour:
         return out[0] if single else out
 
 
+def _oriented(rows: torch.Tensor, orient: torch.Tensor) -> torch.Tensor:
+    """Each row turned and mirrored as `orient` (host, per row) says; rows sharing one are moved together."""
+    kinds = orient.unique().tolist()
+    if kinds == [0]:
+        return rows
+
+    def turn(t: torch.Tensor, kind: int) -> torch.Tensor:
+        t = torch.rot90(t, kind // 2, dims=(-2, -1)) if kind // 2 else t
+        return torch.flip(t, dims=(-1,)) if kind % 2 else t
+
+    if len(kinds) == 1:
+        return turn(rows, kinds[0])
+    out = torch.empty_like(rows)
+    for kind in kinds:
+        where = send((orient == kind).nonzero().squeeze(1), rows.device)
+        out.index_copy_(0, where, turn(rows.index_select(0, where), kind))
+    return out
+
+
 def _rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return values.to(index.device).index_select(0, index)
+    return send(values, index.device).index_select(0, index)
 
 
 def _log_affine(flat: torch.Tensor, stage: _LogStage, index: torch.Tensor) -> torch.Tensor:
     """(R, 3, P) pixels through `exp(ln(mix x) · matrix + shift)`, unmixed (matrices act on row
     vectors, so on column pixels as their transposes)."""
     if stage.mix is not None:
-        flat = torch.matmul(stage.mix.to(flat), flat)
+        flat = torch.matmul(send(stage.mix, flat.device).to(flat.dtype), flat)
     logs = flat.clamp(min=LOG_EPS).log_()
     logs = torch.bmm(_rows(stage.matrix, index).transpose(1, 2), logs)
     logs += _rows(stage.shift, index).unsqueeze(-1)
     out = logs.exp_()
     if stage.unmix is not None:
-        out = torch.matmul(stage.unmix.to(out), out)
+        out = torch.matmul(send(stage.unmix, out.device).to(out.dtype), out)
     return out
 
 
@@ -115,7 +174,8 @@ def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowCo
     stains = [s.stain for s in samples]
     jitters = [st.jitter if st is not None else None for st in stains]
     augment = any(j is not None for j in jitters)
-    if reference is None and not augment:
+    views = _views([s.view for s in samples])
+    if reference is None and not augment and views is None:
         return None
     sizes = [s.x.shape[0] if s.coords is not None else 1 for s in samples]
     index = torch.repeat_interleave(torch.arange(len(samples)), torch.as_tensor(sizes))
@@ -137,7 +197,17 @@ def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowCo
         else:
             stages.append(_stage(od))
         rgb = torch.as_tensor(np.stack([j.rgb_matrix for j in used]), dtype=torch.float32)
-    return RowColour(index, stages, rgb, augment)
+    return RowColour(index, stages, rgb, augment, views)
+
+
+def _views(views: Sequence[SampleView | None]) -> _Views | None:
+    if all(v is None for v in views):
+        return None
+    used = [v or SampleView() for v in views]
+    return _Views(
+        torch.tensor([v.turns % 4 * 2 + v.mirror for v in used]),
+        torch.tensor([[v.contrast, v.shift] for v in used], dtype=torch.float32),
+    )
 
 
 def _compose(first: _LogStage, second: _LogStage) -> _LogStage:

@@ -7,7 +7,7 @@ import torch
 from shapely import union_all
 from torch.utils.data import Dataset
 
-from bigslide.data.colour import SampleStain
+from bigslide.data.colour import SampleStain, SampleView
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.processes import Pool, read_slide_squares
 from bigslide.data.sample import Sample
@@ -132,11 +132,10 @@ class SlideImageDataset(Dataset[Sample]):
     def load(self, i: int, pool: Pool) -> Sample:
         """Item i, decoding on `pool` (the loader's processes)."""
         t, (x, y, side) = self._render(i, pool)  # uint8: methods scale it on their device
-        if self.augment:
+        view = None
+        if self.augment:  # turned and mirrored where the method makes it floats (`bigslide.data.colour`)
             rng = np.random.default_rng([self.seed, self.epoch, i])
-            t = torch.rot90(t, int(rng.integers(4)), dims=(-2, -1))
-            if rng.random() < 0.5:
-                t = torch.flip(t, dims=(-1,))
+            view = SampleView(int(rng.integers(4)), bool(rng.random() < 0.5))
         entry = self.table.entries[i]
         return Sample(
             x=t,
@@ -145,6 +144,7 @@ class SlideImageDataset(Dataset[Sample]):
             origin=(x, y),
             downsample=side / self.image_size,
             stain=self.sample_stain(i, pool),
+            view=view,
         )
 
     def sample_stain(self, i: int, pool: Pool = None) -> SampleStain | None:

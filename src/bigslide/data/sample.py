@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bigslide.data.colour import RowColour, SampleStain
+from bigslide.data.colour import RowColour, SampleStain, SampleView
 from bigslide.data.endpoint import Target
 
 
@@ -32,6 +32,7 @@ class Sample:
     origin: tuple[int, int] = (0, 0)
     downsample: float = 1.0
     stain: SampleStain | None = None  # the slide's stain fit and perturbation (`bigslide.data.colour`)
+    view: SampleView | None = None  # its augmentation: turns, mirror, tone (`bigslide.data.colour`)
     features: bool = False  # bags of stored features: `x` is (N, D) float32, one encoder row per tile
     parts: tuple[SlidePart, ...] = ()
     # bags: each tile's label from teaching annotations (`bigslide.tiling.annotations`), -1 where none; None
@@ -79,10 +80,13 @@ class Batch:
 
 
 def as_float(x: torch.Tensor, colour: RowColour | None = None) -> torch.Tensor:
-    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged; then the
-    rows' colour maps (stain normalisation and augmentation), when given, where the pixels are."""
-    f = x.float().div_(255) if x.dtype == torch.uint8 else x
-    return f if colour is None else colour(f)
+    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged; with the
+    rows' maps (`colour`: augmentation view, stain normalisation and perturbation) applied where the
+    pixels are."""
+    if colour is None:
+        return x.float().div_(255) if x.dtype == torch.uint8 else x
+    x = colour.oriented(x)
+    return colour(x.float().div_(255) if x.dtype == torch.uint8 else x)
 
 
 def to_device(x: torch.Tensor, device: torch.device | str, colour: RowColour | None = None) -> torch.Tensor:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from bigslide.data.arrays import ArrayImageDataset
 from bigslide.data.bags import BagDataset
@@ -52,7 +53,22 @@ def predict_sample(method: Method, sample: Sample) -> Prediction:
     method.model.eval()
     if not method.takes_uint8:
         sample = replace(sample, x=as_float(sample.x, method.colour([sample])))
-    return method.predict(sample)
+    if sample.coords is None:
+        return method.predict(sample)
+    with untimed_convolutions():  # a whole slide's bag ends in a chunk of its own size
+        return method.predict(sample)
+
+
+@contextmanager
+def untimed_convolutions() -> Iterator[None]:
+    """cuDNN picks its algorithms by heuristics meanwhile, without timing each (`cudnn.benchmark`, which
+    training turns on for its fixed shapes): a shape seen once would pay seconds of timing."""
+    timed = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = timed
 
 
 def sample_grids(sample: Sample, pred: Prediction, mpp: tuple[float, float] | None) -> dict[str, ScoreGrid]:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from bigslide.data.colour import RowColour
+from bigslide.data.transfer import send
 from bigslide.methods.base import (
     Batch,
     Stepper,
@@ -37,7 +38,6 @@ from bigslide.methods.replay import (
     BackwardFn,
     batchnorm_layers,
     replay_backward,
-    send,
 )
 from bigslide.nn.mil import LossFn
 from bigslide.nn.mil.base import batch_loss

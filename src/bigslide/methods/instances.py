@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bigslide.data.transfer import send
 from bigslide.errors import ConfigError
-from bigslide.methods.replay import send
 from bigslide.tiling.annotations import UNLABELLED
 
 if TYPE_CHECKING:

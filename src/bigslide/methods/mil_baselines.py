@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from bigslide.data.transfer import send
 from bigslide.methods.base import Batch, Sample, Stepper, StepResult, register
 from bigslide.methods.instances import InstanceTerm, with_instances
 from bigslide.methods.mil import BagStep, EndToEndParams, MILMethod, MILParams, bn_policy
@@ -26,7 +27,6 @@ from bigslide.methods.replay import (
     encode_chunks,
     is_channels_last,
     move_chunk,
-    send,
 )
 from bigslide.nn.mil import Aggregator, LossFn
 from bigslide.nn.mil.base import batch_loss

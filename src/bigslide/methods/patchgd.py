@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from bigslide.data.sample import to_device
+from bigslide.data.transfer import send
 from bigslide.errors import ConfigError
 from bigslide.methods.base import (
     Batch,
@@ -54,7 +55,7 @@ from bigslide.methods.base import (
 from bigslide.methods.batchnorm import frozen_batchnorm
 from bigslide.methods.encoder_layout import channels_last_encoder, rebuilt_in_backward
 from bigslide.methods.patchgd_params import PatchGDParams
-from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward, send
+from bigslide.methods.replay import InexactGradientWarning, batchnorm_layers, replay_backward
 from bigslide.methods.zblock import (
     PatchGrid,
     encode_grid,

@@ -27,7 +27,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bigslide.data.colour import RowColour
-from bigslide.data.sample import as_float, to_device
+from bigslide.data.sample import to_device
+from bigslide.data.transfer import pinned
 from bigslide.errors import ConfigError
 
 AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -110,9 +111,13 @@ def move_chunk(
     if not channels_last or chunk.dim() != 4:
         return to_device(chunk, device, colour)
     x = chunk.to(device, non_blocking=True)
-    if x.dtype == torch.uint8:  # `as_float`'s scaling, in the new layout
+    if colour is not None:  # `as_float`'s steps, the scaling in the new layout
+        x = colour.oriented(x)
+    if x.dtype == torch.uint8:
         x = x.to(torch.float32, memory_format=torch.channels_last).div_(255)
-    return as_float(x, colour).contiguous(memory_format=torch.channels_last)
+    if colour is not None:
+        x = colour(x)
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 def is_channels_last(module: nn.Module) -> bool:
@@ -124,25 +129,8 @@ def is_channels_last(module: nn.Module) -> bool:
     return False
 
 
-def send(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor (targets, indices) on `device` without the host waiting for the copy: from
-    pageable memory a copy to CUDA blocks, so it is pinned first."""
-    return pinned(t, device).to(device, non_blocking=True)
-
-
 def _rows(colour: RowColour | None, start: int, stop: int) -> RowColour | None:
     return None if colour is None else colour[start:stop]
-
-
-def pinned(inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`inputs` in page-locked memory when they are on the host and the compute device is CUDA.
-
-    The engine's batches are pinned already; a scripted caller's bag is pinned once here, since every
-    chunk crosses twice (no-grad pass and replay).
-    """
-    if device.type == "cuda" and inputs.device.type == "cpu" and not inputs.is_pinned():
-        return inputs.pin_memory()
-    return inputs
 
 
 def encode_chunks(
