@@ -220,7 +220,11 @@ class DataConfig:
     )
     augment: bool = field(
         default=True,
-        metadata={"label": "flips and rotations", "help": "flips/rotations, the same for a whole bag"},
+        metadata={
+            "label": "flips and rotations",
+            "help": "quarter turns and mirrors, the same for a whole bag (bags also a brightness/contrast "
+            "change), applied where the pixels become floats",
+        },
     )
     stain_augment: bool = field(
         default=False,
