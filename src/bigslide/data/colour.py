@@ -69,8 +69,9 @@ class _LogStage:
 
 
 class RowColour:
-    """Colour maps of the rows of a batch's pixels: normalisation, then the stain perturbation, then hue
-    and saturation; every part optional. `index[r]` is row r's sample."""
+    """Maps of the rows of a batch's pixels: the augmentation view's turn and mirror (`oriented`), then
+    (`__call__`) its tone, normalisation, the stain perturbation, hue and saturation; every part
+    optional. `index[r]` is row r's sample."""
 
     def __init__(
         self,

@@ -79,14 +79,20 @@ class Batch:
     instance_labels: torch.Tensor | None = None  # bags: (sum N,) tile labels, -1 = none; None: none at all
 
 
-def as_float(x: torch.Tensor, colour: RowColour | None = None) -> torch.Tensor:
-    """Pixels as float in [0, 1]: uint8 is scaled by 1/255, float passes through unchanged; with the
-    rows' maps (`colour`: augmentation view, stain normalisation and perturbation) applied where the
-    pixels are."""
-    if colour is None:
-        return x.float().div_(255) if x.dtype == torch.uint8 else x
-    x = colour.oriented(x)
-    return colour(x.float().div_(255) if x.dtype == torch.uint8 else x)
+def as_float(
+    x: torch.Tensor,
+    colour: RowColour | None = None,
+    *,
+    memory_format: torch.memory_format = torch.preserve_format,
+) -> torch.Tensor:
+    """Pixels as float in [0, 1]: uint8 is scaled by 1/255 (into `memory_format`), float passes through
+    unchanged; with the rows' maps (`colour`: augmentation view, stain normalisation and perturbation)
+    applied where the pixels are, the turns and mirrors while they are still bytes."""
+    if colour is not None:
+        x = colour.oriented(x)
+    if x.dtype == torch.uint8:
+        x = x.to(torch.float32, memory_format=memory_format).div_(255)
+    return x if colour is None else colour(x)
 
 
 def to_device(x: torch.Tensor, device: torch.device | str, colour: RowColour | None = None) -> torch.Tensor:

@@ -53,9 +53,8 @@ def predict_sample(method: Method, sample: Sample) -> Prediction:
     method.model.eval()
     if not method.takes_uint8:
         sample = replace(sample, x=as_float(sample.x, method.colour([sample])))
-    if sample.coords is None:
-        return method.predict(sample)
-    with untimed_convolutions():  # a whole slide's bag ends in a chunk of its own size
+    # a whole slide's bag ends in a chunk of its own size
+    with untimed_convolutions() if sample.coords is not None else nullcontext():
         return method.predict(sample)
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bigslide.data.colour import RowColour
-from bigslide.data.sample import to_device
+from bigslide.data.sample import as_float, to_device
 from bigslide.data.transfer import pinned
 from bigslide.errors import ConfigError
 
@@ -110,13 +110,7 @@ def move_chunk(
     the same copy that makes uint8 pixels floats (the host's copy stays as read)."""
     if not channels_last or chunk.dim() != 4:
         return to_device(chunk, device, colour)
-    x = chunk.to(device, non_blocking=True)
-    if colour is not None:  # `as_float`'s steps, the scaling in the new layout
-        x = colour.oriented(x)
-    if x.dtype == torch.uint8:
-        x = x.to(torch.float32, memory_format=torch.channels_last).div_(255)
-    if colour is not None:
-        x = colour(x)
+    x = as_float(chunk.to(device, non_blocking=True), colour, memory_format=torch.channels_last)
     return x.contiguous(memory_format=torch.channels_last)
 
 
