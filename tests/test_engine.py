@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bigslide import TileGrid, open_slide
+from bigslide.data.bags import BagDataset
 from bigslide.data.table import SlideTable
 from bigslide.engine import (
     CheckpointSaved,
@@ -222,6 +223,52 @@ def test_a_run_writes_tensorboard_events_read_back_by_tensorboard(slide_csv: Pat
     (image_tag,) = tags["images"]
     assert "attention" in image_tag
     assert len(events.Images(image_tag)) == 2  # one per epoch
+
+
+@pytest.mark.parametrize("repeats", [0, 1])
+def test_the_boards_heatmap_shows_the_whole_first_validation_slide_at_the_cost_of_a_quarter_bag(
+    slide_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repeats: int
+) -> None:
+    """Predicting every tile of a slide again for the board would lengthen every epoch's end; a
+    sampled bag alone draws scattered dots. Validation of every tile (repeats 0) is the board's map;
+    else a quarter of a bag's tiles on a lattice over the whole slide."""
+    import bigslide.engine.inference as inference
+    import bigslide.engine.run as run_module
+    from bigslide.engine.board import RunBoard
+
+    predicted, shown = [], []
+    real_predict, real_epoch = inference.predict_dataset, RunBoard.epoch
+
+    def counted(method: object, dataset: object, **kwargs: object) -> object:
+        predicted.append((kwargs.get("repeats"), kwargs.get("with_grids")))
+        return real_predict(method, dataset, **kwargs)  # type: ignore[arg-type]
+
+    def kept(self: RunBoard, record: dict, first: object, val: BagDataset) -> None:
+        shown.append((first, val.grids[val.items[0][0]]))
+        real_epoch(self, record, first, val)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_module, "predict_dataset", counted)
+    monkeypatch.setattr(inference, "predict_dataset", counted)
+    monkeypatch.setattr(RunBoard, "epoch", kept)
+    config = small_config(slide_csv, tmp_path / "run")
+    config.data.inference_repeats, config.data.bag_size = repeats, 24
+    result = run_to_end(train(config))
+    validation = (repeats, [0] if repeats == 0 else [])  # the board's map drawn in validation's read
+    board = [] if repeats == 0 else [(0, True)]  # else one more read: the lattice preview
+    assert predicted == [validation, *board, validation, *board, (0, [])]  # then the test slides
+    assert len(shown) == result.history[-1]["epoch"] + 1 == 2
+    for first, tiles in shown:
+        assert first is not None
+        ((_slide, maps),) = first.items()
+        grid = maps["attention"]
+        scored = int(np.isfinite(grid.scores).sum())
+        if repeats == 0:
+            assert scored == len(tiles)
+        else:
+            assert scored <= 24 // 4 < len(tiles)  # a quarter of data.bag_size's tiles read
+        # over the whole slide, not a corner of it
+        extent = np.array(grid.scores.shape[::-1]) * grid.cell_size_level0
+        assert (extent >= np.ptp(tiles.coords, axis=0) - grid.cell_size_level0).all()
 
 
 def test_a_preview_of_a_large_slide_reads_one_tile_in_s_by_s_over_the_same_area(

@@ -2,15 +2,21 @@
 
 `tensorboard --logdir runs/` shows every run below `runs/`: the loss and learning rate per step, the
 metrics per epoch, and each epoch one validation slide's heatmap over its thumbnail (how attention
-moves as the model learns). A resumed run drops the events past its checkpoint's step.
+moves as the model learns), drawn from validation's own read of that slide: the tiles of its sampled
+bag, or all of them with data.inference_repeats 0. A resumed run drops the events past its checkpoint's
+step.
 """
 
 from __future__ import annotations
 
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+SlideMaps = dict[str, dict[str, Any]]  # slide -> map name -> ScoreGrid, as predictions give them
 
 HEATMAP_SIZE = 512  # thumbnail side of the per-epoch heatmap image (px)
 
@@ -20,46 +26,68 @@ class RunBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(folder), purge_step=resume_step)
+        # the heatmap is drawn while the next epoch trains: its thumbnail's read and the PNG are no gap
+        self.drawer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-board")
+        self.drawing: Future[None] | None = None
 
     def step(self, step: int, loss: float, lr: float) -> None:
         self.writer.add_scalar("train/loss", loss, step)
         self.writer.add_scalar("train/learning_rate", lr, step)
 
-    def epoch(self, record: dict[str, Any], method: Any, val: Any) -> None:
-        """An epoch's metrics (by split) and the first validation slide's heatmap."""
+    def epoch(self, record: dict[str, Any], first: SlideMaps | None, val: Any) -> None:
+        """An epoch's metrics (by split) and the heatmap of the first validation slide, `first`: the
+        maps of the tiles its validation read (every tile when data.inference_repeats is 0)."""
+        self.wait()  # the last epoch's heatmap: a worker that died drawing it stops the run here
         epoch = int(record["epoch"])
         for split in ("train", "val"):
             for name, value in record.get(split, {}).items():
                 if np.isfinite(value):
                     self.writer.add_scalar(f"{split}/{name}", value, epoch)
-        if val is not None:
-            shown = first_heatmap(method, val)
-            if shown is not None:
-                self.writer.add_image(f"heatmap/{shown[0]}", shown[1], epoch, dataformats="HWC")
         self.writer.flush()
+        if first:
+            self.drawing = self.drawer.submit(self._heatmap, epoch, first, val)
+
+    def _heatmap(self, epoch: int, first: SlideMaps, val: Any) -> None:
+        shown = first_heatmap(first, val)
+        if shown is not None:
+            self.writer.add_image(f"heatmap/{shown[0]}", shown[1], epoch, dataformats="HWC")
+            self.writer.flush()
+
+    def wait(self) -> None:
+        """Until the heatmap being drawn is written (its error raised here)."""
+        drawing, self.drawing = self.drawing, None
+        if drawing is not None:
+            drawing.result()
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.wait()
+        except Exception as err:  # the run has ended; its checkpoint and metrics stand without the image
+            warnings.warn(f"the last epoch's heatmap was not written to TensorBoard: {err}", stacklevel=2)
+        finally:
+            self.drawer.shutdown()
+            self.writer.close()
 
 
-def first_heatmap(method: Any, dataset: Any) -> tuple[str, np.ndarray] | None:
-    """The first validation slide's first heatmap (attention, or a Z-block map) over its thumbnail, or
-    None when the data are not slides (UltraMNIST, in-memory arrays) or the method gives no map."""
+def shows_heatmaps(dataset: Any) -> bool:
+    """Whether `dataset`'s items are slides, whose predictions give maps to draw over them."""
     from bigslide.data.bags import BagDataset
     from bigslide.data.images import SlideImageDataset
-    from bigslide.engine.inference import predict_dataset
 
-    if not isinstance(dataset, BagDataset | SlideImageDataset) or len(dataset) == 0:
-        return None
-    by_slide = predict_dataset(method, dataset, repeats=0, with_grids=True, items=[0]).grids[0]
-    slide, grids = next(iter(by_slide.items()), ("", {}))
+    return isinstance(dataset, BagDataset | SlideImageDataset)
+
+
+def first_heatmap(first: SlideMaps, dataset: Any) -> tuple[str, np.ndarray] | None:
+    """The first map of `first` (attention, or a Z-block map) over its slide's thumbnail, or None when
+    the method gives no map."""
+    slide, grids = next(iter(first.items()), ("", {}))
     if not grids:
         return None
     key, grid = next(iter(grids.items()))
     path = Path(slide)
     what = f"{path}: a decode worker process died while drawing its heatmap"
     image = dataset.slides.run(_overlay, path, grid, what=what)  # the thumbnail decodes: in a worker
-    return f"{Path(path).stem} {key}", image
+    return f"{path.stem} {key}", image
 
 
 def _overlay(slides: Any, path: Path, grid: Any) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -124,12 +125,13 @@ def predict_dataset(
     dataset: SlideDataset,
     *,
     repeats: int = 1,
-    with_grids: bool = False,
+    with_grids: bool | Collection[int] = False,
     workers: int | None = None,
     items: Sequence[int] | None = None,
 ) -> DatasetPredictions:
     """Predict every item (or the `items` given); bags average `repeats` sampled bags (Big-Layers §4.2.4),
-    0 = all tiles at once.
+    0 = all tiles at once. `with_grids`: every item's heatmaps too, or those of the items it holds (the
+    others' entries of `grids` empty).
 
     Slides whose `SlideCache` has decode workers are read there, the next items while one is predicted;
     else tiles are decoded on `workers` threads here (None: `default_workers()`).
@@ -166,15 +168,16 @@ def _predicted(
     method: Method,
     dataset: SlideDataset,
     reads: Iterable[tuple[int, list[Sample]]],
-    with_grids: bool,
+    with_grids: bool | Collection[int],
 ) -> DatasetPredictions:
     labels, probs, grids = [], [], []
-    for _i, samples in reads:
-        item_probs, item_grids = predict_samples(method, dataset, samples, with_grids=with_grids)
+    for i, samples in reads:
+        drawn = with_grids if isinstance(with_grids, bool) else i in with_grids
+        item_probs, item_grids = predict_samples(method, dataset, samples, with_grids=drawn)
         labels.append(samples[0].y)
         probs.append(item_probs)
-        if item_grids is not None:
-            grids.append(item_grids)
+        if with_grids:  # True, or items to draw
+            grids.append(item_grids or {})
     return DatasetPredictions(np.array(labels), np.array(probs), grids)
 
 
@@ -310,8 +313,7 @@ def predict_slides(
             e = table.entries[row]
             grids = preds.grids[i].get(str(e.path), {})
             step = steps.get(row, 1)
-            if step > 1:
-                grids = {name: _coarse(grid, step) for name, grid in grids.items()}
+            grids = {name: _coarse(grid, step) for name, grid in grids.items()}
             titles = dict(method.map_titles)
             out.append(
                 SlidePrediction(
@@ -359,11 +361,27 @@ def predict_slide(
     return preds[0]
 
 
-def _thin(dataset: BagDataset, max_tiles: int) -> dict[int, int]:
-    """Keep one tile in s x s of each grid with more than `max_tiles` (a lattice from its first tile);
-    returns s per table row that was thinned."""
+def preview_maps(
+    method: Method, dataset: BagDataset, item: int, max_tiles: int
+) -> dict[str, dict[str, ScoreGrid]]:
+    """Item `item`'s heatmaps (slide -> map name -> grid) from at most `max_tiles` tiles of each of its
+    slides, on a lattice over all its tissue with cells of s x s tiles (`predict_slides`' preview):
+    the whole slide at a bounded cost, read in the dataset's decode workers. `dataset` is unchanged."""
+    view = copy.copy(dataset)
+    view.grids, view.annotated = list(dataset.grids), None
+    rows = dataset.items[item]
+    steps = _thin(view, max_tiles, rows)
+    maps = predict_dataset(method, view, repeats=0, with_grids=True, items=[item]).grids[0]
+    step_of = {str(dataset.table.entries[row].path): steps.get(row, 1) for row in rows}
+    return {slide: {n: _coarse(g, step_of[slide]) for n, g in grids.items()} for slide, grids in maps.items()}
+
+
+def _thin(dataset: BagDataset, max_tiles: int, rows: Iterable[int] | None = None) -> dict[int, int]:
+    """Keep one tile in s x s of each grid (of `rows`, else all) with more than `max_tiles` (a lattice
+    from its first tile); returns s per table row that was thinned."""
     steps = {}
-    for row, grid in enumerate(dataset.grids):
+    for row in range(len(dataset.grids)) if rows is None else rows:
+        grid = dataset.grids[row]
         if len(grid) <= max_tiles:
             continue
         step = math.ceil(math.sqrt(len(grid) / max_tiles))
@@ -378,7 +396,9 @@ def _thin(dataset: BagDataset, max_tiles: int) -> dict[int, int]:
 
 def _coarse(grid: ScoreGrid, step: int) -> ScoreGrid:
     """A thinned slide's map with each read tile's score over its step x step block of cells (bags give
-    one score per tile: no RGB maps here)."""
+    one score per tile: no RGB maps here); step 1: the map as it is."""
+    if step == 1:
+        return grid
     rows, cols = np.nonzero(np.isfinite(grid.scores))
     coords = np.stack([cols, rows], axis=1) * grid.cell_size_level0 + np.asarray(grid.origin)
     cell = round(grid.cell_size_level0 * step)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample, as_float, batch_instance_labels
@@ -23,7 +24,7 @@ from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
 from bigslide.engine import setup
 from bigslide.engine.advice import out_of_memory
-from bigslide.engine.board import RunBoard
+from bigslide.engine.board import RunBoard, shows_heatmaps
 from bigslide.engine.checkpoint import (
     RESUME_KEYS,
     load_checkpoint,
@@ -35,11 +36,12 @@ from bigslide.engine.config import TrainConfig
 from bigslide.engine.decision import Decision, choose_threshold
 from bigslide.engine.distributed import DistContext
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
-from bigslide.engine.inference import DatasetPredictions, predict_dataset
+from bigslide.engine.inference import DatasetPredictions, predict_dataset, preview_maps
 from bigslide.engine.logfile import LossLog
 from bigslide.engine.metrics import endpoint_metrics
 from bigslide.engine.run_folder import LAST
 from bigslide.errors import DataError, SlideError, TrainingError
+from bigslide.explain.heatmap import ScoreGrid
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, StepResult
@@ -47,6 +49,8 @@ from bigslide.nn.backbones import hub_recipe
 
 NEXT_EPOCH_AHEAD = 2
 """Batches of the next epoch read while an epoch validates."""
+BOARD_BAG_SHARE = 4
+"""The board's per-epoch heatmap reads 1/BOARD_BAG_SHARE of a bag's tiles (when validation samples)."""
 
 
 @dataclass
@@ -216,7 +220,11 @@ class Run:
         record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
         yield Metrics(epoch, "train", record["train"])
         outputs, split = np.array(seen_p), "train"
-        preds = self.predict_shared(self.val, config.data.inference_repeats, "validating")
+        repeats, val = config.data.inference_repeats, self.val
+        # the board's heatmap is validation's own read of the first slide when that reads every tile
+        sampled = isinstance(val, BagDataset) and repeats > 0 and val.bag_size > 0
+        drawn = self.board is not None and shows_heatmaps(val) and not sampled
+        preds = self.predict_shared(val, repeats, "validating", first_map=drawn)
         if preds is not None:
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
             outputs, split = preds.probs, "validation"
@@ -228,12 +236,23 @@ class Run:
         if self.endpoint.task == "survival" and len(outputs):
             self.risk_reference = {"split": split, "risks": [float(r) for r in self.endpoint.risk(outputs)]}
         if self.board is not None:
-            self.board.epoch(record, method, self.val)
+            self.board.epoch(record, self.board_maps(preds), val)
         self.history.append(record)
         if state["batch"] >= len(batches):
             state["epoch"] += 1
             state["batch"] = 0
         yield self.save()
+
+    def board_maps(self, preds: DatasetPredictions | None) -> dict[str, dict[str, ScoreGrid]] | None:
+        """The first validation slide's maps for the board: validation's, when it read every tile; else a
+        lattice over the whole slide of a quarter of a bag's tiles (a sampled bag alone shows scattered
+        dots), read now."""
+        if preds is not None and preds.grids:
+            return preds.grids[0]
+        val = self.val
+        if isinstance(val, BagDataset) and len(val) and val.bag_size > 0:
+            return preview_maps(self.method, val, 0, max(1, val.bag_size // BOARD_BAG_SHARE))
+        return None
 
     def validate_start(self) -> Generator[Event, None, None]:
         """Validate the weights the run starts from (a checkpoint's, model.init_from): what its training
@@ -246,14 +265,16 @@ class Run:
         yield Message(f"validation of the starting weights: {shown}")
 
     def predict_shared(
-        self, dataset: setup.TrainData | None, repeats: int, what: str
+        self, dataset: setup.TrainData | None, repeats: int, what: str, *, first_map: bool = False
     ) -> DatasetPredictions | None:
         """Every item of `dataset` predicted, each rank its share (`DistContext.share`): all of them, in
-        order, on rank 0 (what one process predicts); None on the other ranks, or without a dataset."""
+        order, on rank 0 (what one process predicts); None on the other ranks, or without a dataset.
+        `first_map`: the first item's heatmaps too, from the same read (`grids[0]`, on rank 0)."""
         if dataset is None:
             return None
-        mine = self.ranks.share(len(dataset))
-        preds = predict_dataset(self.method, dataset, repeats=repeats, items=[int(i) for i in mine])
+        mine = [int(i) for i in self.ranks.share(len(dataset))]
+        drawn = [0] if first_map and self.ranks.is_main else []
+        preds = predict_dataset(self.method, dataset, repeats=repeats, items=mine, with_grids=drawn)
         if not self.ranks.active:
             return preds
         parts = self.ranks.gather((mine, preds.labels, preds.probs), f"{what} (gathering the predictions)")
@@ -263,7 +284,7 @@ class Run:
         at = np.argsort(order, kind="stable")
         labels = np.concatenate([np.asarray(lab) for _items, lab, _probs in parts if len(lab)])[at]
         probs = np.concatenate([np.asarray(pr) for _items, _labels, pr in parts if len(pr)])[at]
-        return DatasetPredictions(labels, probs)
+        return DatasetPredictions(labels, probs, preds.grids[:1])  # rank 0's first item is the first
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches of training items (this rank's share), in the order they are trained."""
