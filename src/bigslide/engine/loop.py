@@ -66,6 +66,7 @@ def train(
                     run.save()
                 raise
             test = yield from run.score_test()  # the ranks share it: before their group closes
+            yield from run.written(wait=True)
         finally:
             run.close()
     finally:

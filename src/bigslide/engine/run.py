@@ -8,7 +8,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,9 @@ from bigslide.engine.advice import out_of_memory
 from bigslide.engine.board import RunBoard, shows_heatmaps
 from bigslide.engine.checkpoint import (
     RESUME_KEYS,
+    CheckpointWriter,
     load_checkpoint,
     rng_state,
-    save_checkpoint,
     set_rng_state,
 )
 from bigslide.engine.config import TrainConfig
@@ -120,6 +120,7 @@ class Run:
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
     risk_reference: dict[str, Any] | None = None
     planned: int = -1  # the epoch whose batches the loader reads ahead
+    writer: CheckpointWriter = field(default_factory=CheckpointWriter)
 
     @property
     def out(self) -> Path:
@@ -155,9 +156,13 @@ class Run:
         if self.config.run.tensorboard:
             self.board = RunBoard(self.out, resume_step=self.state["step"] if resumed else None)
 
-    def save(self) -> CheckpointSaved:
+    def save(self, *, wait: bool = False) -> None:
+        """Checkpoint the run as it is now; the file is written while training goes on (`written` says
+        when it is on disk), or before returning with `wait`."""
+        self.saved_at = self.state["step"]
         if not self.ranks.is_main:
-            return CheckpointSaved(str(self.ckpt), self.state["step"])
+            self.writer.announce(self.ckpt, self.saved_at)
+            return
         method = self.method
         payload = {
             "config": self.config.to_dict(),
@@ -179,8 +184,14 @@ class Run:
             # the threshold prediction calls a slide's class with (two classes)
             "decision": self.decision.state() if self.endpoint.task == "classification" else None,
         }
-        self.saved_at = self.state["step"]
-        return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
+        self.writer.write(payload, self.ckpt, self.saved_at)
+        if wait:
+            self.writer.wait()
+
+    def written(self, *, wait: bool = False) -> Iterator[CheckpointSaved]:
+        """An event for each checkpoint on disk since the last call (`wait`: for each one asked for)."""
+        for path, step in self.writer.finished(wait=wait):
+            yield CheckpointSaved(str(path), step)
 
     def epoch(self) -> Generator[Event, None, None]:
         """Train the rest of the current epoch, then score it, validate and save."""
@@ -206,10 +217,11 @@ class Run:
             seen_p.extend(method.outputs(loss.logits).cpu().numpy())
             yield Loss(state["step"], loss.loss)
             yield Progress(state["step"], self.total, epoch)
+            yield from self.written()
             epoch_ends = state["batch"] >= len(batches) or state["step"] >= self.total  # saved below
             every = config.run.checkpoint_every
             if every and state["step"] % every == 0 and not epoch_ends:
-                yield self.save()
+                self.save()
         if state["batch"] >= len(batches) and epoch + 1 < config.optim.epochs and state["step"] < self.total:
             # the next epoch's first bags are read while this one validates, so its first step does not
             # wait; only a few, so validation's reads do not queue behind a whole read-ahead
@@ -241,7 +253,8 @@ class Run:
         if state["batch"] >= len(batches):
             state["epoch"] += 1
             state["batch"] = 0
-        yield self.save()
+        self.save()  # written while the next epoch trains
+        yield from self.written()
 
     def board_maps(self, preds: DatasetPredictions | None) -> dict[str, dict[str, ScoreGrid]] | None:
         """The first validation slide's maps for the board: validation's, when it read every tile; else a
@@ -301,6 +314,7 @@ class Run:
             state = self.state
             if state["step"] and state["step"] != self.saved_at:
                 self.save()
+            self.writer.wait()
             kept = (
                 f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
                 if self.saved_at >= 0
@@ -339,12 +353,15 @@ class Run:
         return result
 
     def close(self) -> None:
-        self.loader.close()
-        self.loss_log.close()
-        if self.board is not None:
-            self.board.close()
-        self.slides.close()
-        self.ranks.close()
+        try:
+            self.writer.close()  # the checkpoints asked for are on disk
+        finally:
+            self.loader.close()
+            self.loss_log.close()
+            if self.board is not None:
+                self.board.close()
+            self.slides.close()
+            self.ranks.close()
 
     def score_test(self) -> Generator[Event, None, dict[str, float] | None]:
         """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
