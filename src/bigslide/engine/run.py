@@ -49,8 +49,9 @@ from bigslide.nn.backbones import hub_recipe
 
 NEXT_EPOCH_AHEAD = 2
 """Batches of the next epoch read while an epoch validates."""
-BOARD_BAG_SHARE = 4
-"""The board's per-epoch heatmap reads 1/BOARD_BAG_SHARE of a bag's tiles (when validation samples)."""
+BOARD_BAG_SHARE, BOARD_MIN_TILES = 4, 64
+"""The board's per-epoch heatmap reads 1/BOARD_BAG_SHARE of a bag's tiles, at least BOARD_MIN_TILES (when
+validation samples bags)."""
 
 
 @dataclass
@@ -264,7 +265,7 @@ class Run:
             return preds.grids[0]
         val = self.val
         if isinstance(val, BagDataset) and len(val) and val.bag_size > 0:
-            return preview_maps(self.method, val, 0, max(1, val.bag_size // BOARD_BAG_SHARE))
+            return preview_maps(self.method, val, 0, max(BOARD_MIN_TILES, val.bag_size // BOARD_BAG_SHARE))
         return None
 
     def validate_start(self) -> Generator[Event, None, None]:
