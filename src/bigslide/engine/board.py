@@ -2,9 +2,9 @@
 
 `tensorboard --logdir runs/` shows every run below `runs/`: the loss and learning rate per step, the
 metrics per epoch, and each epoch one validation slide's heatmap over its thumbnail (how attention
-moves as the model learns), drawn from validation's own read of that slide: the tiles of its sampled
-bag, or all of them with data.inference_repeats 0. A resumed run drops the events past its checkpoint's
-step.
+moves as the model learns): validation's own maps of that slide when it reads every tile
+(data.inference_repeats 0), else a lattice of a quarter of a bag's tiles over the whole slide (`Run.
+board_maps`). A resumed run drops the events past its checkpoint's step.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class RunBoard:
         self.writer.add_scalar("train/learning_rate", lr, step)
 
     def epoch(self, record: dict[str, Any], first: SlideMaps | None, val: Any) -> None:
-        """An epoch's metrics (by split) and the heatmap of the first validation slide, `first`: the
-        maps of the tiles its validation read (every tile when data.inference_repeats is 0)."""
+        """An epoch's metrics (by split) and the heatmap of the first validation slide from its maps
+        `first` (slide -> map name -> grid), drawn while the next epoch trains."""
         self.wait()  # the last epoch's heatmap: a worker that died drawing it stops the run here
         epoch = int(record["epoch"])
         for split in ("train", "val"):

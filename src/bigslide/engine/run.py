@@ -157,9 +157,9 @@ class Run:
         if self.config.run.tensorboard:
             self.board = RunBoard(self.out, resume_step=self.state["step"] if resumed else None)
 
-    def save(self, *, wait: bool = False) -> None:
+    def save(self) -> None:
         """Checkpoint the run as it is now; the file is written while training goes on (`written` says
-        when it is on disk), or before returning with `wait`."""
+        when it is on disk)."""
         self.saved_at = self.state["step"]
         if not self.ranks.is_main:
             self.writer.announce(self.ckpt, self.saved_at)
@@ -186,8 +186,6 @@ class Run:
             "decision": self.decision.state() if self.endpoint.task == "classification" else None,
         }
         self.writer.write(payload, self.ckpt, self.saved_at)
-        if wait:
-            self.writer.wait()
 
     def written(self, *, wait: bool = False) -> Iterator[CheckpointSaved]:
         """An event for each checkpoint on disk since the last call (`wait`: for each one asked for)."""
