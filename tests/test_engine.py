@@ -94,13 +94,16 @@ def test_a_checkpoint_is_announced_once_its_file_holds_that_step(slide_csv: Path
     soon as the event comes, so the event must not come before the file."""
     config = small_config(slide_csv, tmp_path / "run", "full_bag")
     config.run.checkpoint_every = 1
-    announced = []
+    announced, tested = [], False
     for event in train(config):
         if isinstance(event, CheckpointSaved):
+            assert not tested  # the last epoch is followed before the test split is scored
             announced.append(event.step)
             assert load_checkpoint(event.path)["position"]["step"] >= event.step
+        tested = tested or (isinstance(event, Metrics) and event.split == "test")
     n_train = len(SlideTable.from_csv(slide_csv).subset("train"))
     assert announced == list(range(1, 2 * n_train + 1))  # every step's, each once, in order
+    assert tested
 
 
 def test_closing_the_run_saves_a_checkpoint_and_resume_repeats_the_same_losses(
