@@ -9,7 +9,6 @@ import torch
 from bigslide.engine.checkpoint import (
     FORMAT,
     RESUME_KEYS,
-    CheckpointWriter,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -41,42 +40,6 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch:
         save_checkpoint({**MINIMAL, "model": {}, "step": 2}, path)
     monkeypatch.undo()
     assert load_checkpoint(path)["step"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
-
-
-def test_a_checkpoint_written_while_training_goes_on_holds_the_state_it_was_asked_for(tmp_path: Path) -> None:
-    weights, history = torch.zeros(1000), [{"epoch": 0}]
-    writer = CheckpointWriter()
-    try:
-        writer.write({**MINIMAL, "model": {"w": weights}, "history": history}, tmp_path / "last.pt", 7)
-        weights += 1  # the next steps change the live state while the file is written
-        history.append({"epoch": 1})
-        ((path, step),) = writer.finished(wait=True)
-    finally:
-        writer.close()
-    state = load_checkpoint(path)
-    assert step == 7
-    assert torch.equal(state["model"]["w"], torch.zeros(1000))
-    assert state["history"] == [{"epoch": 0}]
-    assert writer.finished() == []  # each write is handed back once
-
-
-def test_a_failed_background_write_is_raised_naming_the_file_and_keeps_the_last_good_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    writer = CheckpointWriter()
-    writer.write({**MINIMAL, "model": {}, "step": 1}, tmp_path / "last.pt", 1)
-    writer.wait()
-
-    def disk_full(*args: object, **kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", disk_full)
-    writer.write({**MINIMAL, "model": {}, "step": 2}, tmp_path / "last.pt", 2)
-    with pytest.raises(TrainingError, match=r"could not write checkpoint .*last.pt: No space left on device"):
-        writer.close()
-    monkeypatch.undo()
-    assert load_checkpoint(tmp_path / "last.pt")["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 

@@ -34,7 +34,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config.method.name = "full_bag"
     config.method.params = {"hidden": 16, "attention_dim": 8}
     config.model.backbone = "resnet18"
-    config.optim.epochs = 4  # steps follow each other closely: a stop after step 3 lands mid-run
+    config.optim.epochs = 2
     config.optim.lr = 1e-3
     config.run.device = "cpu"
     config.run.deterministic = True
@@ -74,8 +74,8 @@ def reference(config_path: Path, tmp_path_factory: pytest.TempPathFactory) -> li
     assert code == 0, err
     rows = read_losses(out / "losses.csv")
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
-    assert len(rows) == 8  # four epochs of two bags
-    assert {r[1] for r in rows} == {0, 1, 2, 3}
+    assert len(rows) == 4  # two epochs of two bags
+    assert {r[1] for r in rows} == {0, 1}
     return rows
 
 
@@ -99,10 +99,7 @@ def test_stopped_run_resumes_with_the_same_losses(
         assert err.strip().splitlines()[-1] == "bigslide: stopped; the last checkpoint is kept"
 
     saved = load_checkpoint(out / "checkpoints" / "last.pt")["position"]["step"]
-    # stopped mid-run; a stop saves where it stopped, while a kill loses the write under way (the
-    # checkpoint asked for after the step before the last one logged)
-    oldest = stop_after - 1 if how != signal.SIGKILL else stop_after - 2
-    assert oldest <= saved < len(reference)
+    assert stop_after - 1 <= saved < len(reference)  # stopped mid-run, at a checkpoint of step >= 1
     logged = len(read_losses(losses))
     assert logged >= saved  # a killed run may have logged steps past its checkpoint
 

@@ -1,8 +1,7 @@
 """Atomic, safe checkpoints.
 
 Saving: written to a temporary file in the same folder, fsynced, then renamed over the old one, so a crash
-or kill during a save leaves the previous checkpoint loadable. A run writes on a thread of its own
-(`CheckpointWriter`) from a host copy of its state, so training goes on while the file is written.
+or kill during a save leaves the previous checkpoint loadable.
 
 Loading: checkpoints are shared between labs, so they are read with `torch.load(weights_only=True)`, which
 only rebuilds tensors and plain data and never runs code from the file. Everything bigslide saves is made
@@ -15,9 +14,7 @@ import os
 import pickle
 import random
 import tempfile
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,39 +32,16 @@ RESUME_KEYS = ("optimizer", "schedule", "position", "rng", "stepper")
 
 def plain(value: Any) -> Any:
     """`value` with numpy scalars and arrays turned into Python numbers, lists and tensors."""
-    return _leaves(value, _plain_leaf)
-
-
-def host_copy(value: Any) -> Any:
-    """`value` with its containers and tensors copied (tensors to the host): what training does next to
-    the live weights, optimizer state or history does not reach it."""
-    return _leaves(value, _copied_leaf)
-
-
-def _leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
-    """`value`'s dicts, tuples and lists rebuilt, with `leaf` applied to everything else in them."""
-    if isinstance(value, Mapping):
-        return {k: _leaves(v, leaf) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_leaves(v, leaf) for v in value)
-    if isinstance(value, list):
-        return [_leaves(v, leaf) for v in value]
-    return leaf(value)
-
-
-def _plain_leaf(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, np.generic):
         return value.item()
-    return value
-
-
-def _copied_leaf(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, np.ndarray):
-        return value.copy()
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
     return value
 
 
@@ -90,47 +64,6 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-class CheckpointWriter:
-    """Checkpoints written on a thread of their own, one at a time, each from a host copy of the state
-    taken when it is asked for; `finished` hands back those on disk, in order (a failed write's error is
-    raised there). At most one copy waits beside the live state: a write waits for the one before."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="bigslide-checkpoint")
-        self.writes: deque[tuple[Future[Path], int]] = deque()
-
-    def write(self, state: dict[str, Any], path: Path, step: int) -> None:
-        self.wait()  # the last write done (or its error raised) before this one's copy is made
-        self.writes.append((self.pool.submit(save_checkpoint, host_copy(state), path), step))
-
-    def wait(self) -> None:
-        """Until every write asked for is on disk (a failed one's error raised); `finished` still hands
-        them back."""
-        for future, _step in self.writes:
-            future.result()
-
-    def announce(self, path: Path, step: int) -> None:
-        """A checkpoint another process writes (distributed rank 0): finished at once here."""
-        done: Future[Path] = Future()
-        done.set_result(path)
-        self.writes.append((done, step))
-
-    def finished(self, *, wait: bool = False) -> list[tuple[Path, int]]:
-        """(path, step) of every write on disk since the last call; `wait`: of every write asked for."""
-        out = []
-        while self.writes and (wait or self.writes[0][0].done()):
-            future, step = self.writes.popleft()
-            out.append((future.result(), step))
-        return out
-
-    def close(self) -> None:
-        """Wait for the writes asked for (a failed one's error raised)."""
-        try:
-            self.finished(wait=True)
-        finally:
-            self.pool.shutdown()
 
 
 def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[str, Any]:

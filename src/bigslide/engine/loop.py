@@ -65,7 +65,6 @@ def train(
                 if run.state["step"] != run.saved_at:
                     run.save()
                 raise
-            yield from run.written(wait=True)  # the last epoch's, announced before the test is scored
             test = yield from run.score_test()  # the ranks share it: before their group closes
         finally:
             run.close()

@@ -8,7 +8,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,9 @@ from bigslide.engine.advice import out_of_memory
 from bigslide.engine.board import RunBoard, shows_heatmaps
 from bigslide.engine.checkpoint import (
     RESUME_KEYS,
-    CheckpointWriter,
     load_checkpoint,
     rng_state,
+    save_checkpoint,
     set_rng_state,
 )
 from bigslide.engine.config import TrainConfig
@@ -121,7 +121,6 @@ class Run:
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
     risk_reference: dict[str, Any] | None = None
     planned: int = -1  # the epoch whose batches the loader reads ahead
-    writer: CheckpointWriter = field(default_factory=CheckpointWriter)
 
     @property
     def out(self) -> Path:
@@ -157,13 +156,9 @@ class Run:
         if self.config.run.tensorboard:
             self.board = RunBoard(self.out, resume_step=self.state["step"] if resumed else None)
 
-    def save(self) -> None:
-        """Checkpoint the run as it is now; the file is written while training goes on (`written` says
-        when it is on disk)."""
-        self.saved_at = self.state["step"]
+    def save(self) -> CheckpointSaved:
         if not self.ranks.is_main:
-            self.writer.announce(self.ckpt, self.saved_at)
-            return
+            return CheckpointSaved(str(self.ckpt), self.state["step"])
         method = self.method
         payload = {
             "config": self.config.to_dict(),
@@ -185,12 +180,8 @@ class Run:
             # the threshold prediction calls a slide's class with (two classes)
             "decision": self.decision.state() if self.endpoint.task == "classification" else None,
         }
-        self.writer.write(payload, self.ckpt, self.saved_at)
-
-    def written(self, *, wait: bool = False) -> Iterator[CheckpointSaved]:
-        """An event for each checkpoint on disk since the last call (`wait`: for each one asked for)."""
-        for path, step in self.writer.finished(wait=wait):
-            yield CheckpointSaved(str(path), step)
+        self.saved_at = self.state["step"]
+        return CheckpointSaved(str(save_checkpoint(payload, self.ckpt)), self.state["step"])
 
     def epoch(self) -> Generator[Event, None, None]:
         """Train the rest of the current epoch, then score it, validate and save."""
@@ -216,11 +207,10 @@ class Run:
             seen_p.extend(method.outputs(loss.logits).cpu().numpy())
             yield Loss(state["step"], loss.loss)
             yield Progress(state["step"], self.total, epoch)
-            yield from self.written()
             epoch_ends = state["batch"] >= len(batches) or state["step"] >= self.total  # saved below
             every = config.run.checkpoint_every
             if every and state["step"] % every == 0 and not epoch_ends:
-                self.save()
+                yield self.save()
         if state["batch"] >= len(batches) and epoch + 1 < config.optim.epochs and state["step"] < self.total:
             # the next epoch's first bags are read while this one validates, so its first step does not
             # wait; only a few, so validation's reads do not queue behind a whole read-ahead
@@ -252,8 +242,7 @@ class Run:
         if state["batch"] >= len(batches):
             state["epoch"] += 1
             state["batch"] = 0
-        self.save()  # written while the next epoch trains
-        yield from self.written()
+        yield self.save()
 
     def board_maps(self, preds: DatasetPredictions | None) -> dict[str, dict[str, ScoreGrid]] | None:
         """The first validation slide's maps for the board: validation's, when it read every tile; else a
@@ -313,7 +302,6 @@ class Run:
             state = self.state
             if state["step"] and state["step"] != self.saved_at:
                 self.save()
-            self.writer.wait()
             kept = (
                 f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
                 if self.saved_at >= 0
@@ -352,15 +340,12 @@ class Run:
         return result
 
     def close(self) -> None:
-        try:
-            self.writer.close()  # the checkpoints asked for are on disk
-        finally:
-            self.loader.close()
-            self.loss_log.close()
-            if self.board is not None:
-                self.board.close()
-            self.slides.close()
-            self.ranks.close()
+        self.loader.close()
+        self.loss_log.close()
+        if self.board is not None:
+            self.board.close()
+        self.slides.close()
+        self.ranks.close()
 
     def score_test(self) -> Generator[Event, None, dict[str, float] | None]:
         """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
