@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -32,6 +31,7 @@ from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.decision import Decision
 from bigslide.engine.features import attach_feature_store
+from bigslide.engine.preview_lattice import coarse_map, thin_grids
 from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.errors import TrainingError
 from bigslide.explain.heatmap import ScoreGrid
@@ -295,7 +295,7 @@ def predict_slides(
         dataset = setup.build_dataset(
             config, method.kind, table, train=False, slides=slides, endpoint=endpoint
         )
-        steps = _thin(dataset, max_tiles) if max_tiles and isinstance(dataset, BagDataset) else {}
+        steps = thin_grids(dataset, max_tiles) if max_tiles and isinstance(dataset, BagDataset) else {}
         if config.data.features:  # slides new to the store are encoded into it first
             for _event in attach_feature_store(config, method, [dataset]):
                 pass
@@ -313,7 +313,7 @@ def predict_slides(
             e = table.entries[row]
             grids = preds.grids[i].get(str(e.path), {})
             step = steps.get(row, 1)
-            grids = {name: _coarse(grid, step) for name, grid in grids.items()}
+            grids = {name: coarse_map(grid, step) for name, grid in grids.items()}
             titles = dict(method.map_titles)
             out.append(
                 SlidePrediction(
@@ -370,36 +370,9 @@ def preview_maps(
     view = copy.copy(dataset)
     view.grids, view.annotated = list(dataset.grids), None
     rows = dataset.items[item]
-    steps = _thin(view, max_tiles, rows)
+    steps = thin_grids(view, max_tiles, rows)
     maps = predict_dataset(method, view, repeats=0, with_grids=True, items=[item]).grids[0]
     step_of = {str(dataset.table.entries[row].path): steps.get(row, 1) for row in rows}
-    return {slide: {n: _coarse(g, step_of[slide]) for n, g in grids.items()} for slide, grids in maps.items()}
-
-
-def _thin(dataset: BagDataset, max_tiles: int, rows: Iterable[int] | None = None) -> dict[int, int]:
-    """Keep one tile in s x s of each grid (of `rows`, else all) with more than `max_tiles` (a lattice
-    from its first tile); returns s per table row that was thinned."""
-    steps = {}
-    for row in range(len(dataset.grids)) if rows is None else rows:
-        grid = dataset.grids[row]
-        if len(grid) <= max_tiles:
-            continue
-        step = math.ceil(math.sqrt(len(grid) / max_tiles))
-        t = grid.tile_size_level0
-        lattice = (grid.coords - grid.coords.min(axis=0)) // t % step
-        keep = (lattice == 0).all(axis=1)
-        if keep.any():
-            dataset.grids[row] = replace(grid, coords=grid.coords[keep], tissue=grid.tissue[keep])
-            steps[row] = step
-    return steps
-
-
-def _coarse(grid: ScoreGrid, step: int) -> ScoreGrid:
-    """A thinned slide's map with each read tile's score over its step x step block of cells (bags give
-    one score per tile: no RGB maps here); step 1: the map as it is."""
-    if step == 1:
-        return grid
-    rows, cols = np.nonzero(np.isfinite(grid.scores))
-    coords = np.stack([cols, rows], axis=1) * grid.cell_size_level0 + np.asarray(grid.origin)
-    cell = round(grid.cell_size_level0 * step)
-    return ScoreGrid.from_tiles(coords, grid.scores[rows, cols], cell, mpp=grid.mpp, name=grid.name)
+    return {
+        slide: {n: coarse_map(g, step_of[slide]) for n, g in grids.items()} for slide, grids in maps.items()
+    }
