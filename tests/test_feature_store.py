@@ -343,6 +343,36 @@ def test_attention_maps_from_the_store_land_where_recomputed_ones_do(
     np.testing.assert_allclose(stored.probs, computed.probs, rtol=1e-5)
 
 
+def test_a_run_from_the_store_draws_its_board_and_its_checkpoint_predicts_a_cohort(
+    slide_csv: Path, tmp_path: Path, store: Store
+) -> None:
+    """With TensorBoard on (the default), as `bigslide predict` reads a cohort: bags of stored features
+    have no tile grids, and both once failed on that (an IndexError at the first epoch's end; every slide
+    "feature file not attached")."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from bigslide.cli.main import main
+
+    config = small_config(slide_csv, tmp_path / "run", store.folder)
+    config.optim.epochs = 1
+    config.run.tensorboard = True
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    events = EventAccumulator(str(result.out_dir), size_guidance={"images": 0})
+    events.Reload()
+    assert [t for t in events.Tags()["images"] if "attention" in t]  # the first validation slide's map
+
+    out = tmp_path / "predicted"
+    argv = ["predict", "--slides", str(slide_csv), "--checkpoint", str(result.checkpoint)]
+    assert main([*argv, "--out", str(out), "--workers", "0", "--device", "cpu"]) == 0
+    rows = {Path(r.split(",")[0]).name: r for r in (out / "predictions.csv").read_text().splitlines()[1:]}
+    slides = slides_of(slide_csv)
+    assert len(rows) == len(slides)
+    for slide in slides[:2]:  # each as one slide's own prediction gives it
+        own = predict_slide(result.checkpoint, slide, device="cpu")
+        assert f"{own.probs[1]:.6f}" in rows[slide.name], rows[slide.name]
+
+
 def test_feature_settings_are_checked_in_the_config() -> None:
     with pytest.raises(ConfigError, match=r"data\.feature_dim: give the width"):
         TrainConfig.from_dict({"data": {"features": "f", "features_foreign": True}})

@@ -28,6 +28,7 @@ from bigslide.data.tile_cache import TileCache
 from bigslide.engine import setup
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.decision import Decision
+from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import Trained, predict_samples, prediction_table, read_samples
 from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.engine.tissue_report import draw_checks, slide_grids
@@ -68,7 +69,7 @@ class CohortSlides:
     def __init__(
         self,
         config: TrainConfig,
-        kind: str,
+        method: Method,
         table: SlideTable,
         endpoint: Endpoint,
         *,
@@ -77,7 +78,7 @@ class CohortSlides:
         tiles: TileCache | None = None,
         checks: Path | None = None,
     ) -> None:
-        self.config, self.kind, self.table, self.endpoint = config, kind, table, endpoint
+        self.config, self.method, self.table, self.endpoint = config, method, table, endpoint
         self.repeats, self.slide_mpp, self.tiles, self.checks = repeats, slide_mpp, tiles, checks
         self.items = list(table.cases().values())  # table rows of each case
         self.names = output_names([e.path for e in table.entries])  # of the thumbnails, unique in the cohort
@@ -95,12 +96,15 @@ class CohortSlides:
         try:
             dataset = setup.build_dataset(
                 self.config,
-                self.kind,
+                self.method.kind,
                 self.table.like([self.table.entries[r] for r in self.items[i]]),
                 train=False,
                 slides=slides,
                 endpoint=self.endpoint,
             )
+            if self.config.data.features:  # the store's rows; a slide new to it is encoded into it first
+                for _event in attach_feature_store(self.config, self.method, [dataset]):
+                    pass
             checked = list(slide_grids(dataset, self.config.data, slides))
             samples = read_samples(dataset, 0, self.repeats, pool)
             if self.checks is not None:
@@ -187,7 +191,7 @@ def read_cohort(
     fallback_mpp = slide_mpp if slide_mpp is not None else config.data.slide_mpp
     reader = CohortSlides(
         config,
-        method.kind,
+        method,
         table,
         endpoint,
         repeats=repeats,
