@@ -113,3 +113,23 @@ def test_numpy_values_in_a_state_are_saved_as_plain_data(tmp_path: Path) -> None
     assert loaded["auc"] == 0.75
     assert type(loaded["auc"]) is float
     assert loaded["confusion"].tolist() == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_files_written_whole_are_as_readable_as_the_users_own(tmp_path: Path, umask: int) -> None:
+    """Written through a temporary file and a rename, yet with the permissions the user's umask gives a
+    new file (a colleague on a shared server reads the results), not the temporary file's 0600."""
+    from bigslide.files import atomic_path, atomic_write_text
+
+    old = os.umask(umask)
+    try:
+        written = [
+            atomic_write_text(tmp_path / "predictions.csv", "slide,p\n"),
+            save_checkpoint({"epoch": 1}, tmp_path / "last.pt"),
+        ]
+        with atomic_path(tmp_path / "map.npz") as tmp:
+            np.savez(tmp, scores=np.zeros(2))
+        written.append(tmp_path / "map.npz")
+    finally:
+        os.umask(old)
+    assert [oct(p.stat().st_mode & 0o777) for p in written] == [oct(0o666 & ~umask)] * 3

@@ -11,11 +11,31 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def temporary_beside(path: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """(descriptor, name) of a new file in `path`'s folder, to be renamed over `path`, readable as a file
+    the user creates is (mkstemp's own 0600 would survive the rename: colleagues could not read results)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (setting it to read it races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` to a temporary file beside `path`, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
@@ -65,7 +85,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     PIL, numpy's .npz), renamed over `path` once the block ends without error; removed otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    fd, tmp = temporary_beside(path, f".tmp{path.suffix}")
     os.close(fd)
     try:
         yield Path(tmp)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import h5py
 import numpy as np
 
 from bigslide.errors import DataError
+from bigslide.files import temporary_beside
 
 FORMAT = "bigslide-features"
 FORMAT_VERSION = 1
@@ -102,7 +102,7 @@ def write_feature_file(
     path.parent.mkdir(parents=True, exist_ok=True)
     # Stale temporary files are left alone: another process (a second rank, a parallel run) may be writing
     # the same slide's file now; its rename, like this one, replaces the file whole.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:

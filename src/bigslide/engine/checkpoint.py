@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 
 from bigslide.engine.run_folder import LAST
 from bigslide.errors import TrainingError
+from bigslide.files import temporary_beside
 
 FORMAT = 2
 # What every checkpoint holds; `load_checkpoint(require=...)` adds what resuming needs.
@@ -50,7 +50,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed while saving
         stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **plain(state)}, f)
