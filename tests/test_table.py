@@ -124,6 +124,19 @@ def test_a_semicolon_table_reads_decimal_commas(slide_dir: Path) -> None:
     assert [(e.time, e.event) for e in table.entries] == [(12.5, 1), (3.0, 0)]
 
 
+def test_column_names_are_read_whatever_their_case(slide_dir: Path) -> None:
+    """A fixed split or a case column spelt "Split" or "CASE" was dropped without a word: the split was
+    then drawn at random, and one patient's slides could land on both sides."""
+    csv = write(slide_dir / "t.csv", "Slide,LABEL,Split,CASE,Patient ID\ns/a.svs,tumor,val,p1,7\n")
+    table = SlideTable.from_csv(csv)
+    assert [(e.path.name, e.label, e.split, e.case) for e in table.entries] == [
+        ("a.svs", "tumor", "val", "p1")
+    ]
+    both = write(slide_dir / "u.csv", "slide,label,split,Split\ns/a.svs,tumor,val,train\n")
+    with pytest.raises(DataError, match=r"u\.csv: columns 'split', 'Split' are one column \(split\)"):
+        SlideTable.from_csv(both)
+
+
 def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path) -> None:
     csv = write(slide_dir / "t.csv", "slide|label\ns/a.svs|tumor\n")
     with pytest.raises(DataError) as err:

@@ -49,6 +49,8 @@ class SlideEntry:
 
 SEPARATORS = {",": "commas", ";": "semicolons", "\t": "tabs"}
 NUMBER_COLUMNS = ("time", "event", "target")
+KNOWN_COLUMNS = frozenset({"slide", "split", "regions", "case", "annotations", *NUMBER_COLUMNS, "label"})
+"""Column names read whatever their letters' case."""
 
 
 def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
@@ -76,9 +78,20 @@ def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
     header = lines[0] if lines else ""
     separator = max(SEPARATORS, key=lambda s: (header.count(s), s == ","))
     reader = csv.DictReader(lines, delimiter=separator)
-    columns = [c.strip() for c in reader.fieldnames or []]
-    rows = [{(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
+    # "Split" or "CASE" is the column a person means: read under another name, it was silently dropped
+    names = {c: _column_name(c) for c in reader.fieldnames or []}
+    columns = list(names.values())
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        said = ", ".join(repr(c.strip()) for c in names if names[c] in twice)
+        raise DataError(f"{path}: columns {said} are one column ({', '.join(twice)}): keep one of them")
+    rows = [{names[k]: (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
     return columns, rows, separator
+
+
+def _column_name(name: str) -> str:
+    name = name.strip()
+    return name.lower() if name.lower() in KNOWN_COLUMNS else name
 
 
 def slides_at(path: Path) -> list[Path] | None:
