@@ -308,6 +308,11 @@ def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
     args = build_parser().parse_args(["train", str(base.config), "--target-mpp", "1.0"])
     config = config_from_args(args)
     assert (config.data.slide_mpp, config.data.target_mpp) == (None, 1.0)
+    # a magnification alone is the resolution asked for, not a disagreement with the default 0.5 µm/px
+    args = build_parser().parse_args(["train", str(base.config), "--set", "data.magnification=40"])
+    assert config_from_args(args).data.target_mpp == 0.25
+    args = build_parser().parse_args(["train", "--demo", "--set", "data.target_mpp=2"])
+    assert config_from_args(args).data.target_mpp == 2.0
     for command in (["train", str(base.config)], ["predict", "--slides", "a.csv", "--checkpoint", "c.pt"]):
         with pytest.raises(SystemExit):  # --mpp meant one or the other: refused, naming both
             build_parser().parse_args([*command, "--mpp", "0.25"])

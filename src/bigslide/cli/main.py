@@ -107,6 +107,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         values["method"] = {"name": args.method, "params": {}}
     for assignment in args.set or []:
         _set_dotted(values, assignment)
+    given = {a.partition("=")[0].strip() for a in args.set or []}
+    for said, other in (("magnification", "target_mpp"), ("target_mpp", "magnification")):
+        if f"data.{said}" in given and f"data.{other}" not in given:
+            values["data"][other] = None  # the resolution given here wins over the config's (or default's)
     if args.max_steps is not None:
         values["optim"]["max_steps"] = args.max_steps
     if args.epochs is not None:
