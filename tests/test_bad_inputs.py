@@ -109,6 +109,11 @@ def csv_duplicate(base: Base, folder: Path) -> list[str]:
     return ["--set", f"data.csv={write_csv(folder, rows)}"]
 
 
+def csv_one_class(base: Base, folder: Path) -> list[str]:
+    rows = [(base.slide(i), "tumor", split) for i, split in ((0, "train"), (1, "train"), (2, "val"))]
+    return ["--set", f"data.csv={write_csv(folder, rows)}"]
+
+
 def regions_csv(base: Base, folder: Path, geojson: str) -> list[str]:
     regions = folder / "regions.geojson"
     regions.write_text(geojson)
@@ -188,6 +193,11 @@ CASES = [
         "csv-duplicate-row",
         csv_duplicate,
         r"table\.csv, row 4: slide_000\.svs is listed twice \(first at row 2\)",
+    ),
+    Case(
+        "csv-one-class",
+        csv_one_class,
+        r"data: every slide of .*table\.csv is labelled 'tumor': a classifier learns from slides of at least",
     ),
     Case("geojson-malformed", geojson_malformed, r"regions\.geojson: not valid JSON"),
     Case(

@@ -144,6 +144,12 @@ def from_slides(data: DataConfig, kind: str, seed: int, slides: SlideCache) -> R
     train_table, val_table, test_table = (table.subset(s) for s in ("train", "val", "test"))
     if len(train_table) == 0:
         raise ConfigError("data: no slide is in the train split")
+    if table.task == "classification" and len(table.classes) < 2:
+        labels = f"labelled {table.classes[0]!r}" if table.classes else "unlabelled"
+        raise ConfigError(
+            f"data: every slide of {data.csv or 'the table'} is {labels}: a classifier learns from slides "
+            "of at least two classes"
+        )
     endpoint = fit_endpoint(table, survival_loss=data.survival_loss, time_bins=data.time_bins)
     make = partial(slide_dataset, data, kind, seed=seed, slides=slides, endpoint=endpoint)
     return RunData(
