@@ -124,6 +124,16 @@ def test_a_semicolon_table_reads_decimal_commas(slide_dir: Path) -> None:
     assert [(e.time, e.event) for e in table.entries] == [(12.5, 1), (3.0, 0)]
 
 
+def test_numeric_labels_are_classes_in_their_order_and_one_number_is_one_class(slide_dir: Path) -> None:
+    """Grades as text sorted 1, 10, 2: an ordinal metric (QWK) then read grade 10 as the lowest."""
+    rows = [f"s/{n}.svs,{g}" for n, g in zip("abcd", ("10", "2", "1", "tumour"))]
+    table = SlideTable.from_csv(write(slide_dir / "t.csv", "slide,label\n" + "\n".join(rows) + "\n"))
+    assert table.classes == ["1", "2", "10", "tumour"]
+    same = write(slide_dir / "u.csv", "slide,label\ns/a.svs,1\ns/b.svs,1.0\ns/c.svs,0\n")
+    with pytest.raises(DataError, match=r"'1' at row\(s\) 2; '1\.0' at row\(s\) 3 differ only in .*number"):
+        SlideTable.from_csv(same)
+
+
 def test_column_names_are_read_whatever_their_case(slide_dir: Path) -> None:
     """A fixed split or a case column spelt "Split" or "CASE" was dropped without a word: the split was
     then drawn at random, and one patient's slides could land on both sides."""

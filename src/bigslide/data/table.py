@@ -138,7 +138,7 @@ class SlideTable:
             for e in self.entries:
                 named.setdefault(e.label, []).append(e.path.name)
             check_label_spelling(named, "", "slide")
-            self.classes = sorted(named)
+            self.classes = sorted(named, key=class_order)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -340,18 +340,36 @@ class SlideTable:
 
 
 def check_label_spelling(where: dict[str, list[int]] | dict[str, list[str]], prefix: str, noun: str) -> None:
-    """Labels that differ only in upper/lower case or spaces (`tumor`, `Tumor `) would be two classes: a
-    `DataError` naming each spelling and where it is (`where`: label -> rows or slides)."""
+    """Labels that differ only in upper/lower case, spaces or how a number is written (`tumor`, `Tumor `;
+    `1`, `1.0`) would be two classes: a `DataError` naming each spelling and where it is (`where`: label ->
+    rows or slides)."""
     spellings: dict[str, list[str]] = {}
     for label in where:
-        spellings.setdefault(" ".join(label.split()).casefold(), []).append(label)
+        number = _as_number(label)
+        key = repr(number) if number is not None else " ".join(label.split()).casefold()
+        spellings.setdefault(key, []).append(label)
     for same in spellings.values():
         if len(same) > 1:
             told = "; ".join(f"{label!r} at {noun}(s) {', '.join(map(str, where[label]))}" for label in same)
             raise DataError(
-                f"{prefix}labels {told} differ only in upper/lower case or spaces, which would make them "
-                "different classes: spell each class one way"
+                f"{prefix}labels {told} differ only in upper/lower case, spaces or how a number is written, "
+                "which would make them different classes: spell each class one way"
             )
+
+
+def class_order(label: str) -> tuple[int, float, str]:
+    """Classes in order: numbers (grades, scores) by value, so that 10 comes after 2 and an ordinal
+    metric reads them in their order; then text, alphabetically."""
+    number = _as_number(label)
+    return (0, number, label) if number is not None else (1, 0.0, label)
+
+
+def _as_number(label: str) -> float | None:
+    try:
+        value = float(label)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _check_slide_folder(slide: Path, where: str) -> None:
