@@ -169,3 +169,26 @@ def test_a_slide_without_mpp_predicts_with_a_given_pixel_size(
     reference = BagDataset(table_of(scans[0.5]), tile_size=32, target_mpp=0.5, min_tissue=0.3)
     np.testing.assert_array_equal(grid.coords, reference.grids[0].coords)
     reference.slides.close()
+
+
+def test_a_slide_of_pixels_that_are_not_square_is_refused_by_name(tmp_path: Path) -> None:
+    """Read at its x pixel size alone, a 0.5 x 0.25 µm slide's tiles covered twice as much width as height."""
+    import tifffile
+
+    from bigslide.errors import SlideError
+    from bigslide.wsi.resolution import slide_mpp
+
+    image = np.full((512, 512, 3), 200, np.uint8)
+    for name, (x, y) in (("oblong.tif", (0.5, 0.25)), ("rounded.tif", (0.5, 0.5015))):
+        path = tmp_path / name
+        tifffile.imwrite(
+            path, image, tile=(256, 256), resolution=(1e4 / x, 1e4 / y), resolutionunit="CENTIMETER"
+        )
+        with open_slide(path) as slide:
+            if name == "rounded.tif":  # a calibration rounded differently on each axis is square
+                assert slide_mpp(slide) == pytest.approx(0.5)
+                continue
+            with pytest.raises(
+                SlideError, match=r"oblong\.tif: the file states pixels of 0\.5 x 0\.25 µm, not"
+            ):
+                slide_mpp(slide)

@@ -24,6 +24,9 @@ TOLERANCE = 0.1
 """A level whose mpp is within 10 % of the target is used without resampling."""
 DEFAULT_MPP = 0.5
 """20x: the resolution most pathology models are trained at."""
+SQUARE_TOLERANCE = 0.01
+"""Pixel sides stated within this share of each other are read as square (scanners round their
+calibration)."""
 
 
 def magnification_to_mpp(magnification: float) -> float:
@@ -60,7 +63,13 @@ def slide_mpp(slide: Slide) -> float:
             f"{slide.path}: the file states no pixel size (mpp), so it cannot be read at a physical "
             "resolution; give its level-0 µm per pixel with data.slide_mpp (--slide-mpp)"
         )
-    return float(slide.mpp[0])
+    x, y = (float(v) for v in slide.mpp)
+    if abs(x / y - 1) > SQUARE_TOLERANCE:  # tiles of x's size would cover another height than width
+        raise SlideError(
+            f"{slide.path}: the file states pixels of {x:g} x {y:g} µm, not square; tiles are read in "
+            "square pixels: resample the slide to square pixels first"
+        )
+    return x
 
 
 def coarser_scan(scanned: float | None, read: float | None) -> str | None:
