@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -130,6 +131,13 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
     code, stdout, _ = predict(args, capsys)
     assert "2 slides predicted, 1 skipped (outputs present), 0 failed" in stdout
     assert (out / "predictions.csv").read_text() == first
+
+    # a slide file replaced under its name (a rescan, a corrected file) is predicted again
+    table = SlideTable.from_csv(cohort, labels_required=False)
+    replaced = table.entries[0].path
+    os.utime(replaced, ns=(replaced.stat().st_atime_ns, replaced.stat().st_mtime_ns + 1_000_000_000))
+    code, stdout, _ = predict(args, capsys)
+    assert "1 slides predicted, 2 skipped (outputs present), 0 failed" in stdout
 
     code, stdout, _ = predict([*args, "--overwrite"], capsys)
     assert "3 slides predicted, 0 skipped (outputs present), 0 failed" in stdout

@@ -6,8 +6,9 @@ slides of one name in different folders keep apart): the prediction's outputs, o
 with the settings it was predicted with. Every file is written under a temporary name and renamed, and
 the row last, so a row on disk means the slide's outputs are whole. A rerun keeps the slides whose row
 holds a prediction made with the same checkpoint (by content), repeats and slide_mpp (and heatmaps, when
-asked for) and predicts the others, failed ones included. `predictions.csv` is then rebuilt from the
-rows of the table's slides, in table order.
+asked for) of the slide file as it is now (its size and modification time: a file replaced under the same
+name is predicted again) and predicts the others, failed ones included. `predictions.csv` is then rebuilt
+from the rows of the table's slides, in table order.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bigslide.cli.report import write_heatmaps, write_predictions
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import files_identity
 from bigslide.engine.decision import Decision
 from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.tissue_check import CSV_NAME, check_row, write_check_csv
@@ -58,7 +60,12 @@ def write_slide_outputs(
     """The slide's heatmaps (a prediction's, when `heatmaps`; drawn where `slides` decode; named `name`)
     and its tissue check's line (with its `grid`; the thumbnail was drawn where the slide was read), then
     its row."""
-    row: dict[str, Any] = {"slide": str(result.slide), "settings": settings, "tiles": tiles}
+    row: dict[str, Any] = {
+        "slide": str(result.slide),
+        "settings": settings,
+        "file": files_identity(result.slide),
+        "tiles": tiles,
+    }
     if grid is not None:
         row["tissue_check"] = check_row(result.slide, grid)
     if isinstance(result, SlideFailure):
@@ -89,6 +96,8 @@ def kept(out: Path, slide: Path, settings: dict[str, Any], *, heatmaps: bool) ->
     the same settings, and its heatmaps on disk when this run wants them."""
     row = read_row(out, slide)
     if row is None or row.get("error") or row.get("outputs") is None or row.get("settings") != settings:
+        return False
+    if row.get("file") != files_identity(slide):  # the file was replaced (or touched) since
         return False
     if not heatmaps:
         return True
