@@ -20,6 +20,7 @@ from bigslide.data.feature_store import (
     open_feature_file,
 )
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import slide_bytes
 from bigslide.engine import Loss, Message, Metrics, TrainConfig, predict_slide, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint, save_checkpoint
 from bigslide.engine.features import weights_fingerprint
@@ -215,6 +216,7 @@ def test_a_file_made_with_other_settings_is_refused_by_name(
         ({"slide_mpp": (0.25, 0.25)}, "slide_mpp"),
         ({"tile_size_level0": 2 * TILE}, "patch_size_level0"),
         ("drop-last-tile", "coords"),
+        ({"slide_bytes": 12345}, "another slide of the same name"),  # a slide of its name elsewhere
     ],
 )
 def test_a_file_of_other_tiles_is_refused_by_name(
@@ -226,7 +228,7 @@ def test_a_file_of_other_tiles_is_refused_by_name(
     with open_slide(slide) as s:
         grid = TileGrid.from_slide(s, TILE, min_tissue=0.6, target_mpp=0.5)
     assert grid.slide_mpp is not None
-    tiles = ExpectedTiles(grid.coords, grid.tile_size_level0, grid.slide_mpp)
+    tiles = ExpectedTiles(grid.coords, grid.tile_size_level0, grid.slide_mpp, slide_bytes(slide))
     file = open_feature_file(path, _settings(store))
     tiles.check(file)
     other = (

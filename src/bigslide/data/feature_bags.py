@@ -27,6 +27,7 @@ from bigslide.data.processes import Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
+from bigslide.data.tile_cache import slide_bytes
 from bigslide.errors import DataError
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings
@@ -111,7 +112,12 @@ class FeatureBagDataset(BagDataset):
     def expected_tiles(self, i: int) -> ExpectedTiles:
         grid = self.grid(i)
         mpp = grid.slide_mpp or (DEFAULT_MPP, DEFAULT_MPP)
-        return ExpectedTiles(grid.coords, grid.tile_size_level0, (float(mpp[0]), float(mpp[1])))
+        return ExpectedTiles(
+            grid.coords,
+            grid.tile_size_level0,
+            (float(mpp[0]), float(mpp[1])),
+            slide_bytes(Path(self.table.entries[i].path)),
+        )
 
     def attach(self, i: int, settings: StoreSettings) -> FeatureFile:
         """Open and check slide i's feature file (it must exist by now); a bigslide file must hold this

@@ -56,6 +56,7 @@ class FeatureFile:
     tile_size_level0: int
     foreign: bool
     slide_mpp: tuple[float, ...] | None = None  # bigslide files: the slide's level-0 (x, y) µm/px
+    slide_bytes: int | None = None  # bigslide files: the size of the slide file it was made from
 
     def read(self, indices: np.ndarray | None = None) -> np.ndarray:
         """The features of rows `indices` (increasing; None = every row) as float32 (rows, dim)."""
@@ -92,6 +93,7 @@ def write_feature_file(
     tile_size_level0: int,
     slide_mpp: tuple[float, float],
     slide_name: str,
+    slide_bytes: int,
 ) -> Path:
     """Write a bigslide feature file whole or not at all: a temporary file beside `path`, then a rename."""
     path = Path(path)
@@ -120,6 +122,7 @@ def write_feature_file(
             tiles.attrs["target_magnification"] = MAGNIFICATION_UM / settings.target_mpp
             tiles.attrs["level0_magnification"] = MAGNIFICATION_UM / float(slide_mpp[0])
             tiles.attrs["name"] = slide_name
+            tiles.attrs["slide_bytes"] = int(slide_bytes)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -174,9 +177,19 @@ def open_feature_file(path: str | Path, settings: StoreSettings, *, foreign_dim:
         _check_bigslide(path, features.attrs, coords_set.attrs, settings)
         size0 = int(coords_set.attrs["patch_size_level0"])
         stored_mpp = tuple(float(v) for v in np.ravel(coords_set.attrs["slide_mpp"]))
+        made_from = coords_set.attrs.get("slide_bytes")  # files written before it was kept have none
     if foreign_dim and dim != foreign_dim:
         raise DataError(f"{path}: features are {dim} wide, data.feature_dim says {foreign_dim}")
-    return FeatureFile(path, rows, dim, coords, size0, foreign=False, slide_mpp=stored_mpp)
+    return FeatureFile(
+        path,
+        rows,
+        dim,
+        coords,
+        size0,
+        foreign=False,
+        slide_mpp=stored_mpp,
+        slide_bytes=None if made_from is None else int(made_from),
+    )
 
 
 @dataclass(frozen=True)
@@ -186,10 +199,17 @@ class ExpectedTiles:
     coords: np.ndarray
     tile_size_level0: int
     slide_mpp: tuple[float, float]
+    slide_bytes: int
 
     def check(self, file: FeatureFile) -> None:
-        """A `DataError` naming the file and the attribute when a bigslide file holds other tiles."""
+        """A `DataError` naming the file and the attribute when a bigslide file holds other tiles, or was
+        made from another slide file (files are named by the slide's stem alone)."""
         path, coords, size0, slide_mpp = file.path, file.coords, file.tile_size_level0, file.slide_mpp or ()
+        if file.slide_bytes is not None and file.slide_bytes != self.slide_bytes:
+            raise DataError(
+                f"{path}: made from a slide file of {file.slide_bytes} bytes, this slide's is "
+                f"{self.slide_bytes}: another slide of the same name (slide_bytes); {REMEDY}"
+            )
         if not _close(slide_mpp, self.slide_mpp):
             raise DataError(
                 f"{path}: made with slide_mpp={_show(slide_mpp)} (level-0 µm/px), the slide reads as "

@@ -214,6 +214,11 @@ def files_identity(slide: Path) -> list[Any]:
     return out
 
 
+def slide_bytes(slide: Path) -> int:
+    """The size of the files the slide is read from, together (a missing one counts 0)."""
+    return sum(size or 0 for _name, size, _mtime in files_identity(slide))
+
+
 def grid_digest(grid: TileGrid) -> str:
     """A digest of everything a grid holds (its tiles, what was left out, its settings)."""
     digest = hashlib.sha256()

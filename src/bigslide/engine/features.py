@@ -21,6 +21,7 @@ from bigslide.data.feature_bags import FeatureBagDataset
 from bigslide.data.feature_store import StoreSettings, write_feature_file
 from bigslide.data.loader import default_workers
 from bigslide.data.processes import read_slide_squares
+from bigslide.data.tile_cache import slide_bytes
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.events import Event, Message
 from bigslide.errors import ConfigError
@@ -141,4 +142,5 @@ def extract_slide(
         tile_size_level0=grid.tile_size_level0,
         slide_mpp=(float(mpp[0]), float(mpp[1])),
         slide_name=Path(entry.path).name,
+        slide_bytes=slide_bytes(Path(entry.path)),
     )
