@@ -428,3 +428,21 @@ def test_a_slide_without_small_levels_gets_overviews_for_a_viewer(tmp_path: Path
 def test_a_pyramid_that_reaches_the_screen_gets_no_overview(svs_slide: WrittenSlide) -> None:
     with open_slide(svs_slide.path) as slide:
         assert len(slide.pyramid()) == slide.level_count
+
+
+def test_an_aperio_pixel_size_with_a_decimal_comma_is_read(tmp_path: Path) -> None:
+    """`MPP = 0,2500`, as written where a comma is the decimal mark, was read as no pixel size."""
+    path = tmp_path / "comma.svs"
+    description = (
+        "Aperio Image Library v12.0.0\r\n512x512 [0,0 512x512] (256x256) RGB|AppMag = 40|MPP = 0,2500"
+    )
+    tifffile.imwrite(
+        path,
+        textured_image(512, 512),
+        tile=(256, 256),
+        photometric="rgb",
+        description=description,
+        metadata=None,
+    )
+    with open_slide(path) as slide:
+        assert slide.mpp == pytest.approx((0.25, 0.25))

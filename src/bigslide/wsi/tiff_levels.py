@@ -4,6 +4,7 @@ arrays' chunks, whether every tile lies inside the file, and the pixel size it s
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -121,6 +122,8 @@ def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
             properties.get("tiff.ImageDescription"), properties.get("tiffslide.series-index")
         )
     if mpp_x is None and mpp_y is None:
+        mpp_x = mpp_y = _aperio_decimal_comma(properties.get("tiff.ImageDescription"))
+    if mpp_x is None and mpp_y is None:
         return None
     mpp = (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
     return mpp if max(mpp) <= COARSEST_MPP else None
@@ -152,6 +155,14 @@ def _ome_mpp(description: Any, series: Any) -> tuple[float | None, float | None]
         return number * scale if number is not None and scale is not None else None
 
     return size("X"), size("Y")
+
+
+def _aperio_decimal_comma(description: Any) -> float | None:
+    """Aperio's `MPP = 0,2500`, written where a comma is the decimal mark (tiffslide reads only a point)."""
+    if not isinstance(description, str) or not description.startswith("Aperio"):
+        return None
+    found = re.search(r"\|\s*MPP\s*=\s*(\d+,\d+)\s*(\||$)", description)
+    return _positive(found.group(1).replace(",", ".")) if found else None
 
 
 def _positive(raw: Any) -> float | None:
