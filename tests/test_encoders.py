@@ -174,6 +174,10 @@ def tokens():
 
 def not_a_module():
     return "a string"
+
+
+def broken():  # a factory of the user's that fails, e.g. on a weights file it expects
+    raise FileNotFoundError("weights/encoder.pth")
 """
 
 
@@ -209,6 +213,8 @@ def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> 
         create_encoder(f"{plain_modules}:tokens")
     with pytest.raises(ConfigError, match=r"returned a str, not a torch nn\.Module"):
         create_encoder(f"{plain_modules}:not_a_module")
+    with pytest.raises(ConfigError, match=r"my_encoders:broken failed: FileNotFoundError: weights/encoder"):
+        create_encoder(f"{plain_modules}:broken")
     with pytest.raises(
         ConfigError, match=r"model\.backbone: no_such_package\.encoders:f: ModuleNotFoundError"
     ):

@@ -222,7 +222,12 @@ def _plain_module(
             f"model.backbone: {name}: {type(err).__name__}: {err} (a plain module is named "
             "'package.module:factory', importable where bigslide runs)"
         ) from None
-    made = factory(**kwargs)  # a TypeError for arguments it does not take: the callers may retry
+    try:
+        made = factory(**kwargs)
+    except TypeError:  # for arguments it does not take: the callers may retry without them
+        raise
+    except Exception as err:  # the user's own code: one line naming it, not its traceback
+        raise ConfigError(f"model.backbone: {name} failed: {type(err).__name__}: {err}") from err
     if not isinstance(made, nn.Module):
         raise ConfigError(f"model.backbone: {name} returned a {type(made).__name__}, not a torch nn.Module")
     if weights is not None:
