@@ -4,6 +4,7 @@ the same prediction, and a checkpoint reads every slide at the resolution it was
 from __future__ import annotations
 
 import itertools
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -136,7 +137,11 @@ def test_an_old_config_with_data_mpp_reads_as_target_mpp(tmp_path: Path) -> None
 
 def test_predict_reads_every_scan_at_the_checkpoints_mpp(scans: dict[float, Path], tmp_path: Path) -> None:
     config = TrainConfig()
-    csv = table_of(scans[0.5]).to_csv(tmp_path / "slides.csv")
+    twin = tmp_path / "twin.svs"  # a second class to train on (the model's use here is its reading)
+    shutil.copy(scans[0.5], twin)
+    csv = SlideTable(
+        [SlideEntry(scans[0.5], "tumor", "train"), SlideEntry(twin, "normal", "train")], ["normal", "tumor"]
+    ).to_csv(tmp_path / "slides.csv")
     config.data.csv = str(csv)
     config.data.tile_size, config.data.bag_size, config.data.min_tissue = 32, 8, 0.3
     config.data.mpp, config.data.workers = 0.5, 0
