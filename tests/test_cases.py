@@ -137,3 +137,23 @@ def test_predict_writes_one_row_per_case_and_a_heatmap_per_slide(
         assert float(row["p_normal"]) + float(row["p_tumor"]) == pytest.approx(1.0, abs=1e-5)
     stems = {p.name.split(".")[0] for p in (out / "heatmaps").glob("*.attention.npz")}
     assert stems == {e.path.name.split(".")[0] for e in table.entries}
+
+
+def test_a_case_that_fails_says_its_error_once(tmp_path: Path) -> None:
+    """Every slide of a case that cannot be read carries the case's error: the row said it twice."""
+    from bigslide.cli.report import write_predictions
+    from bigslide.data.endpoint import Endpoint
+    from bigslide.data.table import SlideEntry
+    from bigslide.engine.slide_prediction import SlideFailure
+
+    entries = [SlideEntry(tmp_path / f"{n}.svs", "tumor", None, None, "p1") for n in "ab"]
+    error = "b.svs: cannot decode file tile (row 0, col 0) of level 0"
+    path = write_predictions(
+        [SlideFailure(e.path, error) for e in entries],
+        tmp_path / "out",
+        heatmaps=False,
+        table=SlideTable(entries, ["normal", "tumor"]),
+        endpoint=Endpoint(classes=["normal", "tumor"]),
+    )
+    with path.open() as f:
+        assert [(r["case"], r["error"]) for r in csv.DictReader(f)] == [("p1", error)]

@@ -100,7 +100,7 @@ def write_predictions(
         named = [key, ";".join(str(g.slide) for g in group)] if by_case else [key]
         failed = [g for g in group if isinstance(g, SlideFailure)]
         if failed:
-            error = "; ".join(f.error for f in failed)
+            error = "; ".join(dict.fromkeys(f.error for f in failed))  # a case's failure, said once
             lines.append([*named, *[""] * (len(lines[0]) - len(named) - 1), error])
             continue
         first = group[0]
