@@ -14,7 +14,7 @@ import pytest
 from bigslide.cli.main import main
 from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.engine.config import TrainConfig
-from bigslide.engine.cv import cross_validate, make_folds, prepare_folds, summary_rows
+from bigslide.engine.cv import cross_validate, make_folds, one_class_splits, prepare_folds, summary_rows
 from bigslide.engine.events import Loss, Message
 from bigslide.engine.loop import RunResult
 from bigslide.errors import ConfigError, DataError
@@ -102,6 +102,19 @@ def test_small_strata_and_regression_still_give_case_folds() -> None:
     )
     folds = make_folds(regression, 3, seed=0)
     assert held_out_once(folds, "test") == Counter({str(e.path): 1 for e in regression.entries})
+
+
+def test_a_fold_validating_on_one_class_says_why_its_auc_is_missing() -> None:
+    """Three cases of a class over five folds leave some folds' validation without it: val_auc was NaN
+    without a word."""
+    table = classification_table(9)
+    said = [one_class_splits(fold) for fold in make_folds(table, 5, seed=0)]
+    assert any(said)
+    for fold, words in zip(make_folds(table, 5, seed=0), said):
+        for split in ("val", "test"):
+            one = len({e.label for e in fold.subset(split).entries}) == 1
+            assert one == any(w.startswith(f"its {split} slides are all") for w in words)
+    assert one_class_splits(make_folds(classification_table(30), 3, seed=0)[0]) == []
 
 
 def test_bad_fold_requests_are_one_line_errors() -> None:

@@ -286,11 +286,29 @@ def train_fold(
         )
     fold.done_path.unlink(missing_ok=True)
     yield Message(f"fold {fold.index}/{fold.count}: {sizes} slides -> {fold.out_dir}")
+    for said in one_class_splits(fold.table):
+        yield Message(f"fold {fold.index}/{fold.count}: {said}")
     result = yield from train(fold.config, resume=resume, processes=processes)
     # written only now, atomically: a fold with this file is never trained again
     done = {"fold": fold.index, "steps": result.steps, "history": result.history, "test": result.test}
     atomic_write_text(fold.done_path, json.dumps(done, indent=2))
     return result
+
+
+def one_class_splits(table: SlideTable) -> list[str]:
+    """Words for a fold's validation or test slides all of one class: their AUC and balanced accuracy
+    cannot be computed (NaN in the fold's figures), a sign of too few cases per class for the folds."""
+    if table.task != "classification":
+        return []
+    out = []
+    for split in ("val", "test"):
+        labels = {e.label for e in table.subset(split).entries}
+        if len(labels) == 1:
+            out.append(
+                f"its {split} slides are all {labels.pop()!r}: AUC and balanced accuracy cannot be "
+                "computed on them (too few cases of a class for this many folds); the summary leaves them out"
+            )
+    return out
 
 
 def summary_rows(results: list[RunResult]) -> list[dict[str, Any]]:
