@@ -67,11 +67,17 @@ def coerce(hint: Any, value: Any, where: str) -> Any:
 
 def _float_text(text: str) -> float | str:
     """`text` as a finite float when it spells one (e.g. "1e-3"), else unchanged for the type error."""
+    number = finite_number(text)
+    return text if number is None else number
+
+
+def finite_number(text: str) -> float | None:
+    """The finite float `text` spells ("2", "1e-3", "1.0"), else None ("nan", "inf", words)."""
     try:
         number = float(text)
     except ValueError:
-        return text
-    return number if math.isfinite(number) else text
+        return None
+    return number if math.isfinite(number) else None
 
 
 def check_ranges(obj: Any, where: str) -> None:

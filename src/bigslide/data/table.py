@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bigslide.coerce import finite_number
 from bigslide.errors import DataError
 from bigslide.wsi.dicom_series import DICOM_SUFFIX, looks_like_dicom_folder
 from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
@@ -345,7 +346,7 @@ def check_label_spelling(where: dict[str, list[int]] | dict[str, list[str]], pre
     rows or slides)."""
     spellings: dict[str, list[str]] = {}
     for label in where:
-        number = _as_number(label)
+        number = finite_number(label)
         key = repr(number) if number is not None else " ".join(label.split()).casefold()
         spellings.setdefault(key, []).append(label)
     for same in spellings.values():
@@ -360,16 +361,8 @@ def check_label_spelling(where: dict[str, list[int]] | dict[str, list[str]], pre
 def class_order(label: str) -> tuple[int, float, str]:
     """Classes in order: numbers (grades, scores) by value, so that 10 comes after 2 and an ordinal
     metric reads them in their order; then text, alphabetically."""
-    number = _as_number(label)
+    number = finite_number(label)
     return (0, number, label) if number is not None else (1, 0.0, label)
-
-
-def _as_number(label: str) -> float | None:
-    try:
-        value = float(label)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _check_slide_folder(slide: Path, where: str) -> None:
