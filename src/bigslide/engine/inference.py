@@ -370,8 +370,7 @@ def preview_maps(
     view = copy.copy(dataset)
     view.grids, view.annotated = list(dataset.grids), None
     rows = dataset.items[item]
-    # bags of stored features have no grids to thin: every row is read, as cheaply as a thinned slide
-    steps = thin_grids(view, max_tiles, rows) if view.grids else {}
+    steps = thin_grids(view, max_tiles, rows)
     maps = predict_dataset(method, view, repeats=0, with_grids=True, items=[item]).grids[0]
     step_of = {str(dataset.table.entries[row].path): steps.get(row, 1) for row in rows}
     return {

@@ -15,8 +15,11 @@ from bigslide.explain.heatmap import ScoreGrid
 
 def thin_grids(dataset: BagDataset, max_tiles: int, rows: Iterable[int] | None = None) -> dict[int, int]:
     """Keep one tile in s x s of each grid (of `rows`, else all) with more than `max_tiles` (a lattice
-    from its first tile); returns s per table row that was thinned."""
-    steps = {}
+    from its first tile); returns s per table row that was thinned. Bags of stored features have no
+    grids: nothing is thinned, every row is read (as cheaply as a thinned slide)."""
+    steps: dict[int, int] = {}
+    if not dataset.grids:
+        return steps
     for row in range(len(dataset.grids)) if rows is None else rows:
         grid = dataset.grids[row]
         if len(grid) <= max_tiles:
