@@ -49,7 +49,7 @@ def task_classes(session: Session) -> list[str]:
     labels; "Lesion" for survival and regression)."""
     if session.task != "classification":
         return [NOT_LESION, LESION]
-    from bigslide.data.table import class_order
+    from bigslide.data.labels import class_order
 
     labels = sorted({r.label.strip() for r in session.rows if r.label.strip()}, key=class_order)
     return [NOT_LESION, *labels]
