@@ -105,10 +105,12 @@ def retrain(viewer: Any, panels: Any, gaps: Gaps, checkpoint: Any) -> float:
 
 
 def napari_alone() -> dict[str, float]:
-    """napari's own floor, in a viewer of its own without bigslide (opened after bigslide's closed, so
-    Python's caches are warm: if anything, this understates it): the longest gaps for its first image
-    layer (an RGB pyramid in memory, the second slide's size) and its first Shapes layer, with one
-    labelled polygon, as the annotation layer is made."""
+    """napari's own floor, in a process of its own without bigslide: the longest gaps for its first image
+    layer (an RGB pyramid in memory, the second slide's size), for File > Open of a plain RGB TIFF of the
+    same size through napari's own reader (the first, then a second), and for its first Shapes layer, with
+    one labelled polygon, as the annotation layer is made."""
+    import tifffile
+
     viewer = napari.Viewer()
     viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
     process(1.0)
@@ -116,6 +118,10 @@ def napari_alone() -> dict[str, float]:
     rng = np.random.default_rng(0)
     pyramid = [rng.integers(0, 255, (3072 >> k, 4096 >> k, 3), dtype=np.uint8) for k in range(0, 6, 2)]
     act_on(gaps, "first image layer", lambda: viewer.add_image(pyramid, rgb=True, multiscale=True), 2.0)
+    plain = Path(tempfile.mkdtemp()) / "plain.tif"
+    tifffile.imwrite(plain, pyramid[0], photometric="rgb")
+    for n in ("first", "second"):
+        act_on(gaps, f"File > Open of a plain TIFF ({n})", lambda: viewer.open(plain, plugin="napari"), 2.0)
     square = np.array([[100, 100], [100, 900], [900, 900], [900, 100]])
     act_on(
         gaps,
@@ -126,6 +132,18 @@ def napari_alone() -> dict[str, float]:
     gaps.timer.stop()
     viewer.close()
     return {a: w for a, w in gaps.worst().items() if a != "idle"}
+
+
+def napari_alone_in_a_process() -> dict[str, float]:
+    """`napari_alone` in a fresh interpreter, as a person's first napari of the day."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, __file__, "--napari-alone"], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def act_on(gaps: Gaps, name: str, fn: Any, settle: float = 1.0) -> Any:
@@ -142,7 +160,13 @@ def main() -> None:
     parser.add_argument(
         "--shots", type=Path, default=None, help="save the window with a preview map and the full map here"
     )
+    parser.add_argument("--napari-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.napari_alone:
+        import json
+
+        print(json.dumps(napari_alone()), flush=True)
+        return
     from bigslide.data.sources import demo_dir
     from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
     from bigslide.synthetic.slide_set import make_slide_set
@@ -307,12 +331,12 @@ def main() -> None:
     viewer.close()
     lines += [
         "",
-        "napari alone, the same Qt and OpenGL (a viewer of its own, no bigslide):",
+        "napari alone, the same Qt and OpenGL (a process of its own, no bigslide):",
         "",
         "| action | longest event-loop gap |",
         "| --- | --- |",
     ]
-    lines += [f"| {action} | {worst:.0f} ms |" for action, worst in napari_alone().items()]
+    lines += [f"| {action} | {worst:.0f} ms |" for action, worst in napari_alone_in_a_process().items()]
     verdict = "met" if not over else "MISSED (" + ", ".join(f"{a}: {w:.0f}" for a, w in over.items()) + ")"
     lines += [f"\ntarget every action's longest gap <= {GAP_TARGET_MS} ms: {verdict}", "exit status: 0"]
     report = "\n".join(lines)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -224,6 +225,23 @@ def test_pyramid_is_lazy_and_decodes_only_the_tiles_a_slice_covers(make_slide: M
             np.testing.assert_array_equal(np.asarray(lazy), written.levels[level])
 
 
+def test_the_coarsest_level_is_decoded_ahead_of_the_viewer_and_only_once(make_slide: MakeSlide) -> None:
+    # the whole-slide view's level: 4 x 4 file tiles, decoded on a thread while the viewer builds its layer
+    written = make_slide(textured_image(1024, 1024, seed=3), flavour="tiff", tile=64, n_levels=3)
+    coarsest = written.levels[-1].shape[0] * written.levels[-1].shape[1]
+    with open_slide(written.path) as slide:
+        pyramid = slide.pyramid()
+        deadline = time.monotonic() + 30
+        while slide.pixels_read[2] < coarsest and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slide.pixels_read[2] == coarsest  # nothing asked for it yet
+        np.testing.assert_array_equal(np.asarray(pyramid[2]), written.levels[2])
+        assert dict(slide.pixels_read) == {2: coarsest}  # the view read what was decoded ahead
+    with open_slide(written.path) as slide:  # read at once: it waits for the decode under way
+        np.testing.assert_array_equal(np.asarray(slide.pyramid()[2]), written.levels[2])
+        assert dict(slide.pixels_read) == {2: coarsest}
+
+
 def test_thumbnail_reads_smallest_sufficient_level(svs_slide: WrittenSlide) -> None:
     with open_slide(svs_slide.path) as slide:
         thumb = slide.thumbnail(400)
@@ -361,7 +379,8 @@ def test_a_viewer_slice_of_many_tiles_decodes_them_on_the_tile_threads(
     read = Slide.read_file_tile
 
     def recording(self: Slide, level: int, row: int, col: int) -> np.ndarray:
-        decoded_on.append(threading.current_thread().name)
+        if level == 0:  # (the coarsest level is decoded ahead, on a thread of its own)
+            decoded_on.append(threading.current_thread().name)
         if (level, row, col) == (0, 2, 3):
             raise SlideError(f"{self.path}: cannot decode file tile (row 2, col 3) of level 0 (test)")
         return read(self, level, row, col)

@@ -36,7 +36,8 @@ MAX_TILE_BOXES = 4000
 def slide_layer_data(
     slide: Slide, name: str | None = None, *, fallback_mpp: float | None = None
 ) -> tuple[list[Any], dict[str, Any], str]:
-    """A lazy multiscale RGB image layer tuple; no pixel is decoded until napari draws it.
+    """A lazy multiscale RGB image layer tuple: napari decodes the tiles it draws (a small coarsest level,
+    the whole-slide view's, is being decoded already: `bigslide.wsi.slide_view.PREFETCH_BYTES`).
 
     `fallback_mpp` is the level-0 µm/px used when the file states none (the Slides panel's field); without
     one such a slide is drawn at the provisional µm/px until it is given one."""

@@ -4,8 +4,9 @@ layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
 the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
-array per pyramid level (`bigslide.wsi.slide_view`), and nothing is decoded until napari draws the visible
-tiles of the level it needs; a tile that will not decode is drawn blank and named once in a notification.
+array per pyramid level (`bigslide.wsi.slide_view`): napari decodes the visible tiles of the level it needs
+as it draws them, and a small coarsest level, the whole-slide view's, is decoded on a thread while napari
+builds the layer; a tile that will not decode is drawn striped and named once in a notification.
 """
 
 from __future__ import annotations
