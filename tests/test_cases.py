@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from bigslide.data.images import SlideImageDataset
 from bigslide.data.table import SlideTable
 from bigslide.engine.inference import load_trained, predict_dataset
 from bigslide.errors import DataError
+from bigslide.explain.heatmap import ScoreGrid
 from bigslide.synthetic.study import make_study_set
 
 
@@ -137,6 +139,14 @@ def test_predict_writes_one_row_per_case_and_a_heatmap_per_slide(
         assert float(row["p_normal"]) + float(row["p_tumor"]) == pytest.approx(1.0, abs=1e-5)
     stems = {p.name.split(".")[0] for p in (out / "heatmaps").glob("*.attention.npz")}
     assert stems == {e.path.name.split(".")[0] for e in table.entries}
+    # each slide's row counts the tiles read from that slide, not its case's under the first slide
+    tiles = {
+        Path(r["slide"]).name: r["tiles"]
+        for r in map(json.loads, map(Path.read_text, (out / "slides").glob("*.json")))
+    }
+    for e in table.entries:
+        scores = ScoreGrid.load_npz(out / "heatmaps" / f"{e.path.name.split('.')[0]}.attention.npz").scores
+        assert tiles[e.path.name] == np.isfinite(scores).sum() > 0
 
 
 def test_a_case_that_fails_says_its_error_once(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ Bags of every tile (repeats 0) and image methods predict exactly what `predict_s
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ class SlideOutcome:
 
     index: int  # row of the table
     result: SlidePrediction | SlideFailure
-    tiles: int = 0  # tiles read (bag methods)
+    tiles: int = 0  # tiles read from this slide (bag methods)
     grid: TileGrid | None = None  # the slide's tile grid: its tissue check
 
 
@@ -161,14 +162,25 @@ def predict_cohort(
             if read.dataset is None:
                 yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
                 continue
-            count = sum(len(s.coords) for s in read.samples if s.coords is not None)
+            counts = tiles_by_slide(read.samples)
             results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
             grids = read.grids
             del read  # the tiles' shared buffer is free for the slides read next
-            for k, (r, result) in enumerate(zip(rows, results, strict=True)):
-                yield SlideOutcome(r, result, count if k == 0 else 0, grids.get(str(table.entries[r].path)))
+            for r, result in zip(rows, results, strict=True):
+                path = str(table.entries[r].path)
+                yield SlideOutcome(r, result, counts[path], grids.get(path))
     finally:
         reads.close()
+
+
+def tiles_by_slide(samples: list[Sample]) -> Counter[str]:
+    """Tiles read from each slide (by path) for `samples`, a case's bag counted slide by slide."""
+    counts: Counter[str] = Counter()
+    for sample in samples:
+        if sample.coords is not None:
+            for part in sample.by_slide():
+                counts[part.slide] += len(part.tiles)
+    return counts
 
 
 def read_cohort(
