@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bigslide.cli import progress
-from bigslide.engine.events import Event, Loss, Message, Progress
+from bigslide.engine.decision import Decision
+from bigslide.engine.events import Event, Loss, Message, Metrics, Progress
 from bigslide.engine.run import RunResult
 
 
@@ -41,3 +42,27 @@ def test_a_log_gets_a_line_only_every_so_often_and_one_at_the_end(capsys: pytest
     lines = [line for line in capsys.readouterr().err.splitlines() if "batches" in line]
     assert lines == [lines[-1]]
     assert lines[-1].startswith("50/50 batches (100%)")
+
+
+def test_epochs_are_counted_from_one_as_the_decision_line_counts_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def run() -> Generator[Event, None, RunResult]:
+        for epoch in range(2):
+            yield Metrics(epoch, "train", {"auc": 0.5})
+            yield Metrics(epoch, "val", {"auc": 0.75})
+        decision = Decision(0.4, "validation", 0.8, 1)  # chosen at the second epoch's validation
+        yield Message(f"test split: {decision.describe(['normal', 'tumor'])}")
+        yield Metrics(2, "test", {"auc": 1.0})  # scored once, after both epochs
+        return RunResult(out_dir=Path("."), checkpoint=None, steps=2)
+
+    progress.run_with_progress(run())
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" auc")[0] for line in lines if "auc=" in line] == [
+        "epoch 1 train",
+        "epoch 1 val  ",
+        "epoch 2 train",
+        "epoch 2 val  ",
+        "test",
+    ]
+    assert lines[4].endswith("(balanced accuracy 0.800, epoch 2)")  # the epoch of the line "epoch 2 val"

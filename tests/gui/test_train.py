@@ -231,6 +231,7 @@ def test_the_metrics_plot_keeps_its_legend_off_the_lines_and_says_what_it_leaves
     assert "val auc: not shown: the validation slides are all of one class" in lines
     assert {"train accuracy", "val accuracy", "test accuracy"} <= set(lines)
     assert "nan" not in widget.status.text()
+    assert widget.status.text().startswith("test split: ")  # not "epoch 4 test" after a 3-epoch run
     plot.grab()  # drawn: the plot grows a row for each legend line, below the axes
     assert plot.minimumHeight() >= 150 + 15 * len(lines)
 

@@ -140,7 +140,10 @@ def _drive(gen: Generator[Event, None, RunResult], stop: threading.Event, *, qui
             elif isinstance(event, Loss) and bar is not None:
                 bar.set_postfix(loss=f"{event.value:.4f}")
             elif isinstance(event, Metrics):
-                tqdm.write(f"epoch {event.epoch} {event.split:5s} {_fmt(event.values)}")
+                # epochs counted from 1, as the decision line and napari count them; the test split is
+                # scored once, after the last
+                when = "test" if event.split == "test" else f"epoch {event.epoch + 1} {event.split:5s}"
+                tqdm.write(f"{when} {_fmt(event.values)}")
             elif isinstance(event, CheckpointSaved):
                 tqdm.write(f"checkpoint saved: {event.path} (step {event.step})")
             elif isinstance(event, Message):

@@ -188,7 +188,8 @@ class TrainWidget(TrainForm):
             shown = ", ".join(
                 f"{k} {v:.3f}" for k, v in event.values.items() if k in PLOTTED_METRICS and math.isfinite(v)
             )
-            self.status.setText(f"epoch {event.epoch + 1} {event.split}: {shown}")
+            when = "test split" if event.split == "test" else f"epoch {event.epoch + 1} {event.split}"
+            self.status.setText(f"{when}: {shown}")
         elif kind == "CheckpointSaved":
             self.last_checkpoint = Path(event.path)
             self.session.checkpoint_saved.emit(self.last_checkpoint)
