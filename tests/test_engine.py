@@ -15,6 +15,7 @@ from bigslide.data.table import SlideTable
 from bigslide.engine import (
     CheckpointSaved,
     Loss,
+    Message,
     Metrics,
     Progress,
     TrainConfig,
@@ -105,6 +106,19 @@ def test_closing_the_run_saves_a_checkpoint_and_resume_repeats_the_same_losses(
     assert load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["position"]["step"] == 2
     rest, _ = drain(train(config, resume=True))
     assert losses(seen) + losses(rest) == pytest.approx(losses(full), rel=1e-6, abs=1e-7)
+    said = [e.text for e in rest if isinstance(e, Message) and e.text.startswith("resumed from")]
+    assert said == [
+        f"resumed from {config.run.out_dir}/checkpoints/last.pt in epoch 1, after 2 of its batches"
+    ]
+    # the finished run again: it says why it trains nothing
+    again, _ = drain(train(config, resume=True))
+    said = [e.text for e in again if isinstance(e, Message) and e.text.startswith("resumed from")]
+    epochs = config.optim.epochs
+    assert said[0].endswith(
+        f"after epoch {epochs}; nothing left to train: all {epochs} epochs done "
+        "(raise optim.epochs with --epochs)"
+    )
+    assert not losses(again)
 
 
 def test_non_finite_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(

@@ -145,9 +145,20 @@ class Run:
             self.method.stain_reference = StainFit.from_state(saved["stain"])
         self.risk_reference = saved.get("risk_reference")
         self.decision = Decision.from_state(saved.get("decision"), len(self.data.classes))
-        return Message(
-            f"resumed from {self.ckpt} at epoch {self.state['epoch']}, batch {self.state['batch']}"
-        )
+        epoch, batch, step = self.state["epoch"], self.state["batch"], self.state["step"]
+        if batch:
+            where = f"in epoch {epoch + 1}, after {batch} of its batches"
+        else:
+            where = f"after epoch {epoch}" if epoch else "before its first step"
+        text = f"resumed from {self.ckpt} {where}"
+        if step >= self.total:  # a rerun of a finished run, or of one whose step cap was reached
+            limit, epochs = self.config.optim.max_steps, self.config.optim.epochs
+            text += (
+                f"; nothing left to train: optim.max_steps {limit} reached (raise it with --max-steps)"
+                if limit and limit <= step
+                else f"; nothing left to train: all {epochs} epochs done (raise optim.epochs with --epochs)"
+            )
+        return Message(text)
 
     def open_logs(self, resumed: bool) -> None:
         if not self.ranks.is_main:
