@@ -233,6 +233,15 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     slide = viewer.layers["slide_000"]
     copy = next(layer for layer in viewer.layers if layer.name.startswith("slide_000 — before retraining"))
     assert copy.extent.world[1][-1] < slide.extent.world[0][-1]  # before on the left, after on the right
+    for captioned, words in ((copy, "before retraining"), (slide, "after retraining")):
+        [label] = [layer for layer in viewer.layers if layer.name == f"{captioned.name} caption"]
+        assert label.metadata["bigslide_role"] == "comparison"  # closed with the comparison
+        assert label.data.shape[-1] == 4, words  # letters on a clear ground
+        assert label.data[..., 3].any(), words
+        top, left = captioned.extent.world[0][-2:]
+        assert label.extent.world[1][-2] <= top  # just above the slide it names, at its left edge
+        assert label.extent.world[0][-2] > top - 0.2 * np.ptp(captioned.extent.world[:, -1])
+        assert abs(label.extent.world[0][-1] - left) <= label.scale[-1]
     np.testing.assert_allclose(copy.scale, slide.scale)
     assert ("heatmap", "slide_000 attention") in roles  # the slide's own map: the retrained model's
     assert "slide_000" in [s.name for s in slides.viewer.layers if s.metadata.get("bigslide_role") == "slide"]

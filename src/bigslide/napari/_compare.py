@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 
 COMPARISON = "comparison"
 STEP_PAUSE_MS = 30
+CAPTION_PX = 40
+"""Height of a caption's letters as drawn into its picture."""
+CAPTION_EDGE = 2
+CAPTION_HEIGHT = 0.06
+"""A caption's height as a share of the width of the layer it captions."""
+CAPTION_GAP = 0.25
+"""Space between a caption and the layer below it, as a share of the caption's height."""
 
 
 def beside_steps(
@@ -87,22 +94,43 @@ def in_turns(steps: Iterator[None], pause_ms: int = STEP_PAUSE_MS) -> None:
 
 
 def caption(viewer: napari.Viewer, layer: Any, text: str, slide: str | None, name: str | None = None) -> Any:
-    """A line of text over the top left corner of `layer` (replacing the caption of that name)."""
+    """A line of text just above the top left corner of `layer` (replacing the caption of that name), drawn
+    into a small RGBA picture laid out in the layer's world units, so it scales with the slide beneath it.
+
+    A picture layer is drawn by the shader the slides' layers already use; a napari text layer (a point
+    with text) froze the viewer 170-430 ms as it was made (software OpenGL, two cores), the longest freeze
+    of a retrain."""
     name = name or f"{layer.name} caption"
     old = next((c for c in viewer.layers if c.name == name), None)
     if old is not None:
         viewer.layers.remove(old)
+    picture = text_picture(text)
     extent = layer.extent.world
-    # just above the layer, where the canvas is dark: white text over white glass would not read
-    top = float(extent[0][-2]) - 0.01 * float(np.ptp(extent[:, -2]))
-    left = float(extent[0][-1])
-    return viewer.add_points(
-        np.array([[top, left]]),
+    scale = CAPTION_HEIGHT * float(np.ptp(extent[:, -1])) / picture.shape[0]
+    # above the layer, where the canvas is dark: white text over white glass would not read (it is edged
+    # in black for a light canvas)
+    top = float(extent[0][-2]) - (1 + CAPTION_GAP) * picture.shape[0] * scale
+    return viewer.add_image(
+        picture,
         name=name,
-        size=1,
-        face_color="transparent",
-        border_color="transparent",
+        rgb=True,
+        scale=(scale, scale),
+        translate=(top, float(extent[0][-1])),
         units=WORLD_UNITS,
-        text={"string": [text], "color": "white", "size": 13, "anchor": "upper_left"},  # above the point
+        contrast_limits=(0, 255),
+        interpolation2d="linear",  # letters shown smaller than drawn stay smooth
         metadata={ROLE: COMPARISON, "slide": slide},
     )
+
+
+def text_picture(text: str) -> np.ndarray:
+    """`text` in white letters edged in black on a transparent ground, CAPTION_PX high: (h, w, 4) uint8."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=CAPTION_PX)
+    left, top, right, bottom = (int(v) for v in font.getbbox(text, stroke_width=CAPTION_EDGE))
+    picture = Image.new("RGBA", (right - left, bottom - top), (0, 0, 0, 0))
+    ImageDraw.Draw(picture).text(
+        (-left, -top), text, font=font, fill="white", stroke_width=CAPTION_EDGE, stroke_fill="black"
+    )
+    return np.asarray(picture)
