@@ -235,8 +235,14 @@ def test_the_coarsest_level_is_decoded_ahead_of_the_viewer_and_only_once(make_sl
         while slide.pixels_read[2] < coarsest and time.monotonic() < deadline:
             time.sleep(0.01)
         assert slide.pixels_read[2] == coarsest  # nothing asked for it yet
-        np.testing.assert_array_equal(np.asarray(pyramid[2]), written.levels[2])
+        seen = np.asarray(pyramid[2])
+        np.testing.assert_array_equal(seen, written.levels[2])
         assert dict(slide.pixels_read) == {2: coarsest}  # the view read what was decoded ahead
+        # each read is a view of the level kept whole: no fresh array filled on the viewer's thread
+        part = pyramid[2][10:20, 30:50]
+        assert np.shares_memory(part, seen)
+        assert not part.flags.writeable
+        np.testing.assert_array_equal(part, written.levels[2][10:20, 30:50])
     with open_slide(written.path) as slide:  # read at once: it waits for the decode under way
         np.testing.assert_array_equal(np.asarray(slide.pyramid()[2]), written.levels[2])
         assert dict(slide.pixels_read) == {2: coarsest}

@@ -56,10 +56,12 @@ opened a slide whose coarsest level is 4,096 x 3,072 (36 MB) faster read whole t
 OVERVIEW_SIDE = 1024
 """Overview levels are added below the file's coarsest level until the longer side is at most this."""
 PREFETCH_BYTES = 48 << 20
-"""A file's coarsest level up to this size is decoded on a thread of its own as soon as a viewer is handed
-the levels: napari draws it first when the whole slide is in view. napari slices a layer as it makes it, so
-opening a slide still waits for most of that decode (about 120 ms of a 16k x 12k slide's 4,096 x 3,072
-level on two cores); the same slide opened again froze the viewer 27, 32 and 302 ms against 329-408."""
+"""A file's coarsest level up to this size is decoded whole, into one array, on a thread of its own as soon
+as a viewer is handed the levels: napari draws it first when the whole slide is in view, and its reads are
+views of that array. napari slices a layer as it makes it, so opening a slide still waits for most of that
+decode (about 120 ms of a 16k x 12k zlib slide's 4,096 x 3,072 level on two cores). Filling a fresh 36 MB
+array for each read had cost the viewer's thread another ~90 ms of page faults: the first open froze it
+401 and 393 ms (median of 4, zlib and JPEG) against 477 and 438 before."""
 OnError = Callable[[SlideError], None]
 
 
@@ -79,20 +81,48 @@ class TileCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._prefetching: dict[int, threading.Thread] = {}
+        self._whole: dict[int, np.ndarray] = {}
 
     def prefetch(self, level: int) -> None:
-        """Decode every tile of `level` on a thread of its own; a read of that level meanwhile waits for it
-        instead of decoding the same tiles again. Nothing happens for a level larger than half the cache."""
+        """Decode `level` whole into one array on a thread of its own (its tiles on several threads); reads
+        of that level then slice the array, and meanwhile wait for it instead of decoding the same tiles
+        again. Nothing happens for a level larger than half the cache."""
         h, w = self.shapes[level]
         if h * w * 3 > min(PREFETCH_BYTES, self.max_bytes // 2) or level in self._prefetching:
             return
-        th, tw = self.tile_shape(level)
-        tiles = [(r, c) for r in range(-(-h // th)) for c in range(-(-w // tw))]
-        thread = threading.Thread(
-            target=self.decode_many, args=(level, tiles), name="bigslide-prefetch", daemon=True
-        )
+        thread = threading.Thread(target=self._assemble, args=(level,), name="bigslide-prefetch", daemon=True)
         self._prefetching[level] = thread
         thread.start()
+
+    def _assemble(self, level: int) -> None:
+        h, w = self.shapes[level]
+        th, tw = self.tile_shape(level)
+        # a fresh array's pages are mapped as they are first written: here, not on the viewer's thread
+        whole = np.empty((h, w, 3), np.uint8)
+
+        def place(rc: tuple[int, int]) -> None:
+            row, col = rc
+            tile = self._decoded((level, row, col))
+            if tile is None:
+                tile = _stripes(min(th, h - row * th), min(tw, w - col * tw), row * th, col * tw)
+            whole[row * th : row * th + tile.shape[0], col * tw : col * tw + tile.shape[1]] = tile
+
+        tiles = [(r, c) for r in range(-(-h // th)) for c in range(-(-w // tw))]
+        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(tiles))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
+            list(pool.map(place, tiles))
+        whole.flags.writeable = False  # handed out in views: nobody may draw into the kept level
+        with self._lock:
+            self._whole[level] = whole
+
+    def whole(self, level: int) -> np.ndarray | None:
+        """The level decoded whole ahead (`prefetch`), read-only, once its decode is done; None for a
+        level not decoded so."""
+        prefetch = self._prefetching.get(level)
+        if prefetch is not None and prefetch is not threading.current_thread():
+            prefetch.join()
+        with self._lock:
+            return self._whole.get(level)
 
     def tile_shape(self, level: int) -> tuple[int, int]:
         """(height, width) of a tile of `level`: an overview level's are its file level's."""
@@ -107,11 +137,22 @@ class TileCache:
         with self._lock:
             if key in self._failed:
                 return None
+            whole = self._whole.get(level)
+        if whole is not None:
+            th, tw = self.tile_shape(level)
+            return whole[row * th : (row + 1) * th, col * tw : (col + 1) * tw]
         tile = self._kept(key)
         if tile is not None:
             return tile
+        tile = self._decoded(key)
+        if tile is not None:
+            self._keep(key, tile)
+        return tile
+
+    def _decoded(self, key: tuple[int, int, int]) -> np.ndarray | None:
+        """File tile `key` decoded, or None when it will not decode (said once to `on_error`)."""
         try:
-            tile = self.slide.read_file_tile(level, row, col)
+            return self.slide.read_file_tile(*key)
         except SlideError as err:
             with self._lock:
                 first = key not in self._failed
@@ -119,8 +160,6 @@ class TileCache:
             if first and self.on_error is not None:
                 self.on_error(err)
             return None
-        self._keep(key, tile)
-        return tile
 
     def _kept(self, key: tuple[int, int, int]) -> np.ndarray | None:
         """The tile kept under `key` (now the most recently used), or None."""
@@ -173,9 +212,8 @@ class TileCache:
         from the tiles above it as it needs them. Returns what it made, by (row, col) (none when few were
         missing: they are made as they are read), for the caller to use even if the cache has let go of
         them meanwhile (a view larger than the cache)."""
-        prefetch = self._prefetching.get(level)
-        if prefetch is not None and prefetch is not threading.current_thread():
-            prefetch.join()
+        if self.whole(level) is not None:
+            return {}  # its tiles are views of the level decoded whole
         with self._lock:
             missing = [
                 (r, c)
@@ -228,6 +266,9 @@ class TileLevel:
         return out[tuple(0 if one else slice(None) for one in single)]
 
     def _region(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        whole = self.cache.whole(self.level)
+        if whole is not None:
+            return whole[y0:y1, x0:x1]
         out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
         th, tw = self.tile_shape
         rows, cols = range(y0 // th, -(-y1 // th)), range(x0 // tw, -(-x1 // tw))
