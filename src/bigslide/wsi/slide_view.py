@@ -58,7 +58,8 @@ OVERVIEW_SIDE = 1024
 PREFETCH_BYTES = 48 << 20
 """A file's coarsest level up to this size is decoded whole, into one array, on a thread of its own as soon
 as a viewer is handed the levels: napari draws it first when the whole slide is in view, and its reads are
-views of that array. napari slices a layer as it makes it, so opening a slide still waits for most of that
+views of that array (kept for the slide's life beside the cache of tiles: at most this much more memory per
+open slide). napari slices a layer as it makes it, so opening a slide still waits for most of that
 decode (about 120 ms of a 16k x 12k zlib slide's 4,096 x 3,072 level on two cores). Filling a fresh 36 MB
 array for each read had cost the viewer's thread another ~90 ms of page faults: the first open froze it
 401 and 393 ms (median of 4, zlib and JPEG) against 477 and 438 before."""
