@@ -338,3 +338,51 @@ def test_whole_slide_bags_are_predicted_without_timing_convolutions() -> None:
     finally:
         torch.backends.cudnn.benchmark = before
     assert seen == [False, True]  # images of one size keep the timing
+
+
+@pytest.mark.parametrize(("omp", "expected"), [(None, 3), ("4", 4)])
+def test_on_the_cpu_the_model_leaves_the_decode_workers_their_cores_and_gives_them_back(
+    omp: str | None,
+    expected: int,
+    cohort: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # on 4 cores with 1 decode worker the model predicts on 3 threads, unless the user chose a number
+    import bigslide.engine.cohort as cohort_module
+    import bigslide.engine.cpu_threads as cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 4)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    seen: list[int] = []
+    real = cohort_module.predict_samples
+
+    def recording(*args: object, **kwargs: object) -> object:
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cohort_module, "predict_samples", recording)
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        argv = [
+            "--slides",
+            str(cohort),
+            "--checkpoint",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "o"),
+            "--workers",
+            "1",
+        ]
+        code, _, _ = predict(argv, capsys)
+        assert code == 0
+        assert seen == [expected] * 3
+        assert torch.get_num_threads() == 4  # the caller's threads, once the cohort is done
+    finally:
+        torch.set_num_threads(before)

@@ -36,13 +36,17 @@ class ItemDataset(Protocol[Item_co]):
     def __getitem__(self, i: int) -> Item_co: ...
 
 
+def usable_cores() -> int:
+    """The cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
     """min(cores this process may use, 8)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+    return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
 
 
 def load_item(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:

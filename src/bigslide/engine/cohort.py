@@ -20,7 +20,7 @@ from typing import NamedTuple
 from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
-from bigslide.data.loader import BatchLoader
+from bigslide.data.loader import BatchLoader, default_workers
 from bigslide.data.processes import DecodeProcesses, Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
@@ -28,6 +28,7 @@ from bigslide.data.table import SlideEntry, SlideTable
 from bigslide.data.tile_cache import TileCache
 from bigslide.engine import setup
 from bigslide.engine.config import TrainConfig
+from bigslide.engine.cpu_threads import threads_beside_workers
 from bigslide.engine.decision import Decision
 from bigslide.engine.features import attach_feature_store
 from bigslide.engine.inference import Trained, predict_samples, prediction_table, read_samples
@@ -156,21 +157,39 @@ def predict_cohort(
         checks=checks,
         processes=processes,
     )
+    n_workers = default_workers() if workers is None else workers
+    if processes is not None:
+        n_workers = processes.workers
     try:
-        for rows, read in reads:
-            entries = [table.entries[r] for r in rows]
-            if read.dataset is None:
-                yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
-                continue
-            counts = tiles_by_slide(read.samples)
-            results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
-            grids = read.grids
-            del read  # the tiles' shared buffer is free for the slides read next
-            for r, result in zip(rows, results, strict=True):
-                path = str(table.entries[r].path)
-                yield SlideOutcome(r, result, counts[path], grids.get(path))
+        with threads_beside_workers(method.device, n_workers):
+            yield from _predicted(reads, table, method, with_grids, classes, epochs, endpoint, decision)
     finally:
         reads.close()
+
+
+def _predicted(
+    reads: Generator[tuple[list[int], SlideRead], None, None],
+    table: SlideTable,
+    method: Method,
+    with_grids: bool,
+    classes: list[str],
+    epochs: int,
+    endpoint: Endpoint,
+    decision: Decision | None,
+) -> Generator[SlideOutcome, None, None]:
+    """One outcome per slide of each case `reads` gives."""
+    for rows, read in reads:
+        entries = [table.entries[r] for r in rows]
+        if read.dataset is None:
+            yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
+            continue
+        counts = tiles_by_slide(read.samples)
+        results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
+        grids = read.grids
+        del read  # the tiles' shared buffer is free for the slides read next
+        for r, result in zip(rows, results, strict=True):
+            path = str(table.entries[r].path)
+            yield SlideOutcome(r, result, counts[path], grids.get(path))
 
 
 def tiles_by_slide(samples: list[Sample]) -> Counter[str]:
