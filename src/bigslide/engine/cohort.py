@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -160,36 +161,19 @@ def predict_cohort(
     n_workers = default_workers() if workers is None else workers
     if processes is not None:
         n_workers = processes.workers
-    try:
-        with threads_beside_workers(method.device, n_workers):
-            yield from _predicted(reads, table, method, with_grids, classes, epochs, endpoint, decision)
-    finally:
-        reads.close()
-
-
-def _predicted(
-    reads: Generator[tuple[list[int], SlideRead], None, None],
-    table: SlideTable,
-    method: Method,
-    with_grids: bool,
-    classes: list[str],
-    epochs: int,
-    endpoint: Endpoint,
-    decision: Decision | None,
-) -> Generator[SlideOutcome, None, None]:
-    """One outcome per slide of each case `reads` gives."""
-    for rows, read in reads:
-        entries = [table.entries[r] for r in rows]
-        if read.dataset is None:
-            yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
-            continue
-        counts = tiles_by_slide(read.samples)
-        results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
-        grids = read.grids
-        del read  # the tiles' shared buffer is free for the slides read next
-        for r, result in zip(rows, results, strict=True):
-            path = str(table.entries[r].path)
-            yield SlideOutcome(r, result, counts[path], grids.get(path))
+    with closing(reads), threads_beside_workers(method.device, n_workers):
+        for rows, read in reads:
+            entries = [table.entries[r] for r in rows]
+            if read.dataset is None:
+                yield from (SlideOutcome(r, SlideFailure(e.path, read.error)) for r, e in zip(rows, entries))
+                continue
+            counts = tiles_by_slide(read.samples)
+            results = _predict(method, read, entries, with_grids, classes, epochs, endpoint, decision)
+            grids = read.grids
+            del read  # the tiles' shared buffer is free for the slides read next
+            for r, result in zip(rows, results, strict=True):
+                path = str(table.entries[r].path)
+                yield SlideOutcome(r, result, counts[path], grids.get(path))
 
 
 def tiles_by_slide(samples: list[Sample]) -> Counter[str]:

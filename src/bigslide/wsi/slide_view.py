@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -64,6 +64,7 @@ decode (about 120 ms of a 16k x 12k zlib slide's 4,096 x 3,072 level on two core
 array for each read had cost the viewer's thread another ~90 ms of page faults: the first open froze it
 401 and 393 ms (median of 4, zlib and JPEG) against 477 and 438 before."""
 OnError = Callable[[SlideError], None]
+T = TypeVar("T")
 
 
 class TileCache:
@@ -108,10 +109,7 @@ class TileCache:
                 tile = _stripes(min(th, h - row * th), min(tw, w - col * tw), row * th, col * tw)
             whole[row * th : row * th + tile.shape[0], col * tw : col * tw + tile.shape[1]] = tile
 
-        tiles = [(r, c) for r in range(-(-h // th)) for c in range(-(-w // tw))]
-        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(tiles))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
-            list(pool.map(place, tiles))
+        _on_tile_threads(place, [(r, c) for r in range(-(-h // th)) for c in range(-(-w // tw))])
         whole.flags.writeable = False  # handed out in views: nobody may draw into the kept level
         with self._lock:
             self._whole[level] = whole
@@ -213,8 +211,6 @@ class TileCache:
         from the tiles above it as it needs them. Returns what it made, by (row, col) (none when few were
         missing: they are made as they are read), for the caller to use even if the cache has let go of
         them meanwhile (a view larger than the cache)."""
-        if self.whole(level) is not None:
-            return {}  # its tiles are views of the level decoded whole
         with self._lock:
             missing = [
                 (r, c)
@@ -224,10 +220,7 @@ class TileCache:
         if len(missing) < PARALLEL_TILES:
             return {}
         make = self._overview_tile if level >= self.slide.level_count else self.tile
-        # threads made for the call and joined before it returns: none lingers into a later fork
-        workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(missing))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
-            return dict(zip(missing, pool.map(lambda rc: make(level, *rc), missing), strict=True))
+        return dict(zip(missing, _on_tile_threads(lambda rc: make(level, *rc), missing), strict=True))
 
     @property
     def failed(self) -> set[tuple[int, int, int]]:
@@ -284,6 +277,14 @@ class TileLevel:
                 ax0, ax1 = max(tx, x0), min(tx + tile.shape[1], x1)
                 out[ay0 - y0 : ay1 - y0, ax0 - x0 : ax1 - x0] = tile[ay0 - ty : ay1 - ty, ax0 - tx : ax1 - tx]
         return out
+
+
+def _on_tile_threads(fn: Callable[[tuple[int, int]], T], tiles: list[tuple[int, int]]) -> list[T]:
+    """`fn` of every (row, col) of `tiles`, on up to MAX_TILE_THREADS threads made for the call and joined
+    before it returns: none lingers into a later fork."""
+    workers = min(MAX_TILE_THREADS, os.cpu_count() or 1, len(tiles))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bigslide-tiles") as pool:
+        return list(pool.map(fn, tiles))
 
 
 def _stripes(height: int, width: int, y0: int, x0: int) -> np.ndarray:
