@@ -199,6 +199,7 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     qtbot.wait(1500)
     assert "Progress" not in steps, steps
     in_turns(held.pop())
+    monkeypatch.undo()  # the panel's own turns from here on
     qtbot.waitUntil(lambda: retrain.worker is None, timeout=240_000)
     assert "Progress" in steps
     assert retrain.status.text().startswith("Retrained:"), retrain.status.text()
@@ -256,7 +257,12 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     # one click closes the comparison; the slide and its map stay
     assert not retrain.close_comparison.isHidden()
     qtbot.mouseClick(retrain.close_comparison, Qt.MouseButton.LeftButton)
-    assert not [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "comparison"]
+    assert retrain.close_comparison.isHidden()
+    # one layer per event-loop turn: removing a comparison's four at once froze the viewer 200 ms
+    qtbot.waitUntil(
+        lambda: not [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "comparison"],
+        timeout=5_000,
+    )
     assert "slide_000" in viewer.layers
     assert "slide_000 attention" in viewer.layers
 

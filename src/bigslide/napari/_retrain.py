@@ -31,9 +31,9 @@ from qtpy.QtWidgets import (
     QVBoxLayout,
 )
 
-from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns
+from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns, removal_steps
 from bigslide.napari._number import NumberField
-from bigslide.napari._roles import layers_with_role, remove_layers
+from bigslide.napari._roles import layers_with_role
 from bigslide.napari._toasts import show_error, show_info
 
 if TYPE_CHECKING:
@@ -297,8 +297,8 @@ class RetrainBox(QGroupBox):
         in_turns(steps())  # four layers: 0.5-0.8 s made in one turn
 
     def remove_comparison(self) -> None:
-        remove_layers(self.panel.viewer, role=COMPARISON)
         self.close_comparison.setVisible(False)
+        in_turns(removal_steps(self.panel.viewer, COMPARISON))
 
     def _on_returned(self, retrained: Retrained) -> None:
         checkpoint = retrained.result.checkpoint or self.last_checkpoint
