@@ -62,6 +62,23 @@ def test_heatmap_lands_on_the_lesion(viewer: Any, dock: Any, shift: tuple[float,
         np.testing.assert_allclose((col, row), (x0 + (TILE - 1) / 2, y0 + (TILE - 1) / 2), atol=1e-6)
 
 
+def test_a_new_map_goes_under_the_outlines_drawn_before_it(viewer: Any, dock: Any) -> None:
+    """The true lesions (as annotations, regions and the tile preview) stay on top of maps drawn after them:
+    a map lies just above its slide and its other maps."""
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    scores, _grid = lesion_grid(
+        slide.metadata["path"], [r.geometry for r in load_regions(lesions.metadata["path"])]
+    )
+    panel = dock("Results")
+    first = panel.add_grid(scores, slide, "lesion fraction")
+    second = panel.add_grid(scores, slide, "lesion fraction, again")
+    order = [layer.name for layer in viewer.layers]  # bottom to top
+    assert order == [slide.name, first.name, second.name, lesions.name], order
+    assert viewer.layers.selection.active is second  # the newest map is the one chosen, as napari does
+    assert second.visible
+    assert not first.visible  # one map of a slide shown at a time
+
+
 def test_display_controls_and_exports(viewer: Any, dock: Any, tmp_path: Path) -> None:
     slide, lesions = viewer.open_sample("bigslide", "slide")
     scores, grid = lesion_grid(

@@ -276,9 +276,26 @@ def add_heatmap(
     else:
         if existing is not None:
             viewer.layers.remove(existing)
-        layer = viewer.add_image(heatmap_display(grid, normalisation), **kwargs)
+        from napari.layers import Image
+
+        layer = Image(heatmap_display(grid, normalisation), **kwargs)
+        viewer.layers.insert(above_slide_pictures(viewer, slide_layer), layer)
     show_legend(viewer, layer)
     return layer
+
+
+def above_slide_pictures(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> int:
+    """Where a new map of `slide_layer` goes in the layer list: just above the slide and its other maps,
+    below its outlines (lesions, annotations, regions, the tile preview), which a map drawn later would
+    otherwise cover."""
+    path = slide_layer.metadata.get("path")
+    pictures = [
+        i
+        for i, layer in enumerate(viewer.layers)
+        if layer is slide_layer
+        or (layer.metadata.get(ROLE) == "heatmap" and layer.metadata.get("slide") == path)
+    ]
+    return max(pictures, default=len(viewer.layers) - 1) + 1
 
 
 def show_only(viewer: napari.Viewer, slide: str | None, name: str) -> None:
