@@ -53,3 +53,14 @@ def test_the_missing_pixel_size_warning_goes_when_it_is_typed(
     type_into(qtbot, slides.slide_mpp, "0.5")
     qtbot.waitUntil(lambda: not any("no pixel size" in t for t in _open_toasts()), timeout=5_000)
     assert shown_viewer.layers[0].metadata["mpp"] == (0.5, 0.5)
+
+
+def test_a_finished_run_names_its_folder_not_the_whole_path() -> None:
+    """The toast of a finished run stays one short line (napari cuts a long one off); the panel's status
+    line keeps the whole path."""
+    from bigslide.napari._toasts import saved_in
+
+    checkpoint = Path("/data/studies/lung/runs/abmil_acc-20261129-085152/checkpoints/last.pt")
+    assert saved_in(checkpoint) == "checkpoint last.pt in run abmil_acc-20261129-085152"
+    assert saved_in(Path("/data/models/best.pt")) == "checkpoint best.pt in folder models"
+    assert saved_in(None) == "no checkpoint was saved"

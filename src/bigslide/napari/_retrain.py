@@ -34,7 +34,7 @@ from qtpy.QtWidgets import (
 from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns, removal_steps
 from bigslide.napari._number import NumberField
 from bigslide.napari._roles import layers_with_role
-from bigslide.napari._toasts import show_error, show_info
+from bigslide.napari._toasts import saved_in, show_error, show_info
 
 if TYPE_CHECKING:
     import napari
@@ -308,7 +308,7 @@ class RetrainBox(QGroupBox):
         self.summary.setText(
             "\n".join(retrained.summary) or "No annotated slide has an attention map to compare."
         )
-        show_info(f"Retraining finished; checkpoint {checkpoint}")
+        show_info(f"Retraining finished; {saved_in(checkpoint)}")
 
     def _on_error(self, err: Exception) -> None:
         from bigslide.napari._run import in_panel_words

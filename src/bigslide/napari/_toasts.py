@@ -8,6 +8,7 @@ toasts are shown as napari shows them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from napari.utils import notifications
@@ -40,6 +41,17 @@ def _close(match: str | None = None) -> None:
     for toast, text in shown():
         if match is None or text.startswith(match):
             toast.close()
+
+
+def saved_in(checkpoint: Any) -> str:
+    """Where a run's checkpoint went, short enough for a toast (the panel's status line has the whole
+    path): the run's folder, as the panels name it."""
+    if checkpoint is None:
+        return "no checkpoint was saved"
+    path = Path(checkpoint)
+    if path.parent.name == "checkpoints":
+        return f"checkpoint {path.name} in run {path.parent.parent.name}"
+    return f"checkpoint {path.name} in folder {path.parent.name}"
 
 
 def show_info(message: str) -> None:

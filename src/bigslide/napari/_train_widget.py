@@ -21,7 +21,7 @@ from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBox
 
 from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._time_left import TimeLeft
-from bigslide.napari._toasts import show_error, show_info
+from bigslide.napari._toasts import saved_in, show_error, show_info
 from bigslide.napari._train_form import TrainForm
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class TrainWidget(TrainForm):
         if self.last_checkpoint is not None:
             self.session.run_finished.emit(self.last_checkpoint)
         self.status.setText(f"Finished. Checkpoint: {self.last_checkpoint}")
-        show_info(f"Training finished; checkpoint saved to {self.last_checkpoint}")
+        show_info(f"Training finished; {saved_in(self.last_checkpoint)}")
 
     def _on_error(self, err: Exception) -> None:
         from bigslide.napari._run import in_panel_words
