@@ -248,6 +248,37 @@ def test_the_coarsest_level_is_decoded_ahead_of_the_viewer_and_only_once(make_sl
         assert dict(slide.pixels_read) == {2: coarsest}
 
 
+def test_closing_a_slide_stops_the_decode_ahead_and_waits_for_it(
+    make_slide: MakeSlide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slide closed while its coarsest level is still being decoded ahead (a layer deleted as it opens)
+    stops that decode and waits for it: no thread reads the closed file, none lingers."""
+    import threading
+
+    from bigslide.wsi.slide import Slide
+
+    written = make_slide(textured_image(1024, 1024, seed=3), flavour="tiff", tile=64, n_levels=3)
+    reads: list[tuple[float, int]] = []
+    read = Slide.read_file_tile
+
+    def slow(self: Slide, level: int, row: int, col: int) -> np.ndarray:
+        time.sleep(0.05)
+        tile = read(self, level, row, col)
+        reads.append((time.monotonic(), level))
+        return tile
+
+    monkeypatch.setattr(Slide, "read_file_tile", slow)
+    with open_slide(written.path) as slide:
+        slide.pyramid()  # the coarsest level's 16 file tiles start decoding on their threads
+        time.sleep(0.08)
+    closed = time.monotonic()
+    assert 0 < len(reads) < 16  # stopped part way
+    assert all(when <= closed for when, _level in reads)
+    assert not [
+        t for t in threading.enumerate() if t.name.startswith(("bigslide-tiles", "bigslide-prefetch"))
+    ]
+
+
 def test_thumbnail_reads_smallest_sufficient_level(svs_slide: WrittenSlide) -> None:
     with open_slide(svs_slide.path) as slide:
         thumb = slide.thumbnail(400)

@@ -13,6 +13,7 @@ import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -56,6 +57,7 @@ class Slide:
         # one descriptor for all threads: os.pread does not move a shared file position
         self._fd: int | None = os.open(path, os.O_RDONLY) if any(self._pages) else None
         self.pixels_read: Counter[int] = Counter()
+        self._closing: list[Callable[[], None]] = []
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
     # -- geometry -------------------------------------------------------------------------------
@@ -216,7 +218,15 @@ class Slide:
             raise SlideError(f"{self.path}: level {level} does not exist (slide has {self.level_count})")
 
     # -- lifetime -------------------------------------------------------------------------------
+    def when_closing(self, fn: Callable[[], None]) -> None:
+        """Run `fn` as the slide closes, before its file does: what reads it on threads of its own (a
+        viewer's decode ahead) stops first, and no thread lingers on a closed file."""
+        self._closing.append(fn)
+
     def close(self) -> None:
+        closing, self._closing = self._closing, []
+        for fn in closing:
+            fn()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -40,6 +40,8 @@ class Slide(Protocol):
 
     def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray: ...
 
+    def when_closing(self, fn: Callable[[], None]) -> None: ...
+
 
 CACHE_BYTES = 96 << 20
 """Decoded tiles kept across slices (panning back over a region decodes nothing again)."""
@@ -84,6 +86,8 @@ class TileCache:
         self._lock = threading.Lock()
         self._prefetching: dict[int, threading.Thread] = {}
         self._whole: dict[int, np.ndarray] = {}
+        self._stopping = False
+        slide.when_closing(self.stop)
 
     def prefetch(self, level: int) -> None:
         """Decode `level` whole into one array on a thread of its own (its tiles on several threads); reads
@@ -103,6 +107,8 @@ class TileCache:
         whole = np.empty((h, w, 3), np.uint8)
 
         def place(rc: tuple[int, int]) -> None:
+            if self._stopping:
+                return  # the slide is closing: the level will never be read
             row, col = rc
             tile = self._decoded((level, row, col))
             if tile is None:
@@ -112,7 +118,15 @@ class TileCache:
         _on_tile_threads(place, [(r, c) for r in range(-(-h // th)) for c in range(-(-w // tw))])
         whole.flags.writeable = False  # handed out in views: nobody may draw into the kept level
         with self._lock:
-            self._whole[level] = whole
+            if not self._stopping:
+                self._whole[level] = whole
+
+    def stop(self) -> None:
+        """Stop the decodes ahead and wait for them (the slide is closing)."""
+        self._stopping = True
+        for thread in list(self._prefetching.values()):
+            if thread is not threading.current_thread():
+                thread.join()
 
     def whole(self, level: int) -> np.ndarray | None:
         """The level decoded whole ahead (`prefetch`), read-only, once its decode is done; None for a
