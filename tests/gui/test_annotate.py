@@ -200,6 +200,11 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
     assert "Progress" not in steps, steps
     in_turns(held.pop())
     monkeypatch.undo()  # the panel's own turns from here on
+    qtbot.waitUntil(retrain.before_drawn.is_set, timeout=30_000)
+    # the slide's own map is made now, empty and hidden: the retrained maps are drawn into it in place
+    ahead = viewer.layers["slide_000 attention"]
+    assert not ahead.visible
+    assert np.isnan(ahead.data).all()
     qtbot.waitUntil(lambda: retrain.worker is None, timeout=240_000)
     assert "Progress" in steps
     assert retrain.status.text().startswith("Retrained:"), retrain.status.text()
@@ -245,6 +250,9 @@ def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_
         assert abs(label.extent.world[0][-1] - left) <= label.scale[-1]
     np.testing.assert_allclose(copy.scale, slide.scale)
     assert ("heatmap", "slide_000 attention") in roles  # the slide's own map: the retrained model's
+    assert viewer.layers["slide_000 attention"] is ahead
+    assert ahead.visible
+    assert np.isfinite(ahead.data).any()
     assert "slide_000" in [s.name for s in slides.viewer.layers if s.metadata.get("bigslide_role") == "slide"]
     assert len(panel.session.rows) == 4  # the copy is no slide of the training set
 

@@ -79,6 +79,32 @@ def test_a_new_map_goes_under_the_outlines_drawn_before_it(viewer: Any, dock: An
     assert not first.visible  # one map of a slide shown at a time
 
 
+def test_a_map_made_ahead_is_filled_in_place_and_dropped_when_its_run_fails(viewer: Any, dock: Any) -> None:
+    """A retrain makes the slide's map layer ahead, empty and hidden; the run's map is drawn into it (no
+    layer made as the run ends), and a run that fails first leaves no empty layer behind."""
+    from bigslide.napari._layers import add_empty_heatmap, is_empty_heatmap
+
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    scores, _grid = lesion_grid(
+        slide.metadata["path"], [r.geometry for r in load_regions(lesions.metadata["path"])]
+    )
+    panel = dock("Results")
+    ahead = add_empty_heatmap(viewer, scores, slide, name="sample slide attention")
+    assert is_empty_heatmap(ahead)
+    assert not ahead.visible
+    assert [layer.name for layer in viewer.layers].index(ahead.name) == 1  # on its slide, under the outlines
+    drawn = panel.add_grid(scores, slide, "sample slide attention")
+    assert drawn is ahead
+    assert ahead.visible
+    assert not is_empty_heatmap(ahead)
+    np.testing.assert_array_equal(np.isnan(ahead.data), np.isnan(scores.scores))
+
+    empty = add_empty_heatmap(viewer, scores, slide, name="sample slide attention, again")
+    panel.retrain._on_error(RuntimeError("out of memory"))
+    assert empty not in viewer.layers
+    assert ahead in viewer.layers  # a drawn map stays
+
+
 def test_display_controls_and_exports(viewer: Any, dock: Any, tmp_path: Path) -> None:
     slide, lesions = viewer.open_sample("bigslide", "slide")
     scores, grid = lesion_grid(

@@ -21,12 +21,19 @@ from qtpy.QtWidgets import (
 
 from bigslide.napari._annotate import AnnotateBox
 from bigslide.napari._heatmap_exports import HeatmapExports
-from bigslide.napari._layers import HEATMAP_COLORMAPS, add_heatmap, renormalise, show_legend, show_only
+from bigslide.napari._layers import (
+    HEATMAP_COLORMAPS,
+    add_empty_heatmap,
+    add_heatmap,
+    renormalise,
+    show_legend,
+    show_only,
+)
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
 from bigslide.napari._qt import path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
-from bigslide.napari._roles import layers_with_role, slide_layers
+from bigslide.napari._roles import find_layer, layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
 from bigslide.napari._toasts import show_error
 from bigslide.wsi.resolution import coarser_scan
@@ -273,10 +280,7 @@ class ResultsWidget(HeatmapExports, Panel):
         self.result.setText(
             f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}{scan}"
         )
-        grids = [
-            (grid, f"{slide.name} {prediction.titles.get(key, key)}")
-            for key, grid in prediction.grids.items()
-        ]
+        grids = [(grid, map_name(slide, prediction, key)) for key, grid in prediction.grids.items()]
         self.pending_grids = list(reversed(grids))  # popped from the end: in the method's order
         QTimer.singleShot(0, lambda: self._add_next_grid(slide))
 
@@ -290,8 +294,16 @@ class ResultsWidget(HeatmapExports, Panel):
         self.pending_grids = []
         if self.prediction is not None and self.prediction.grids:
             first = next(iter(self.prediction.grids))
-            self.heatmap_box.setCurrentText(f"{slide.name} {self.prediction.titles.get(first, first)}")
+            self.heatmap_box.setCurrentText(map_name(slide, self.prediction, first))
         self._maybe_idle()
+
+    def map_ahead(self, slide: Any, prediction: Any, key: str) -> None:
+        """The slide's `key` map made now as an empty hidden layer, unless it has one: a run's maps are then
+        drawn into it in place, not made as it ends (`add_empty_heatmap`)."""
+        name = map_name(slide, prediction, key)
+        if find_layer(self.viewer, name) is None:
+            grid = prediction.grids[key]
+            add_empty_heatmap(self.viewer, grid, slide, name=name, normalisation=self._normalisation())
 
     def add_grid(self, grid: Any, slide: Any, name: str) -> Any:
         layer = add_heatmap(self.viewer, grid, slide, name=name, normalisation=self._normalisation())
@@ -348,3 +360,8 @@ def _predict(checkpoint: Path, slide: str, *, session: Session, **kwargs: Any) -
 
     settle_imports()
     return predict_slide(checkpoint, slide, processes=session.decode_processes(), **kwargs)
+
+
+def map_name(slide: Any, prediction: Any, key: str) -> str:
+    """The layer name of a slide's map: "<slide> <the method's title for it>"."""
+    return f"{slide.name} {prediction.titles.get(key, key)}"

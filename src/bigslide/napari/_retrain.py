@@ -32,6 +32,7 @@ from qtpy.QtWidgets import (
 )
 
 from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns, removal_steps
+from bigslide.napari._layers import is_empty_heatmap
 from bigslide.napari._number import NumberField
 from bigslide.napari._roles import layers_with_role
 from bigslide.napari._toasts import saved_in, show_error, show_info
@@ -65,6 +66,8 @@ class ResultsPanel(Protocol):
     def slide_layer(self) -> Any: ...
 
     def chosen_checkpoint(self) -> Path: ...
+
+    def map_ahead(self, slide: Any, prediction: Any, key: str) -> None: ...
 
 
 class RetrainBox(QGroupBox):
@@ -291,6 +294,9 @@ class RetrainBox(QGroupBox):
                     caption(viewer, slide, "after retraining", slide.metadata.get("path"))
                 self.close_comparison.setVisible(True)
                 viewer.reset_view()
+                yield
+                if slide in viewer.layers:  # the retrained maps are drawn into it: no layer made at the end
+                    self.panel.map_ahead(slide, prediction, "attention")
             finally:
                 self.before_drawn.set()  # the fine-tune goes on
 
@@ -316,6 +322,9 @@ class RetrainBox(QGroupBox):
         text = in_panel_words(f"Retraining failed: {err}")
         self.status.setText(text)
         show_error(text)
+        viewer = self.panel.viewer
+        for layer in [layer for layer in viewer.layers if is_empty_heatmap(layer)]:
+            viewer.layers.remove(layer)  # made ahead for maps that will not come
 
     def _on_finished(self) -> None:
         self.worker = None
