@@ -49,6 +49,13 @@ def default_workers() -> int:
     return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
 
 
+def worker_count(workers: int | None, processes: DecodeProcesses | None = None) -> int:
+    """The decode workers a read uses: a shared pool's, else `workers` (None: `default_workers()`)."""
+    if processes is not None:
+        return processes.workers
+    return default_workers() if workers is None else int(workers)
+
+
 def load_item(dataset: ItemDataset[Item], i: int, pool: Pool) -> Item:
     """Item i, decoded on `pool` when the dataset can use one (bags and slide images can)."""
     load = getattr(dataset, "load", None)
@@ -98,10 +105,7 @@ class BatchLoader(Generic[Item]):
         self.dataset = dataset
         self.skip_bad = skip_bad
         self.bad: dict[int, str] = {}  # items left out (skip_bad), with why
-        if processes is not None:
-            self.workers = processes.workers
-        else:
-            self.workers = default_workers() if workers is None else int(workers)
+        self.workers = worker_count(workers, processes)
         self.depth = max(1, int(prefetch), self.workers + 1)
         self._threads: ThreadPoolExecutor | None = None
         self._shared = processes

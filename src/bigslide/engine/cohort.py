@@ -21,7 +21,7 @@ from typing import NamedTuple
 from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.images import SlideImageDataset
-from bigslide.data.loader import BatchLoader, default_workers
+from bigslide.data.loader import BatchLoader, worker_count
 from bigslide.data.processes import DecodeProcesses, Pool
 from bigslide.data.sample import Sample
 from bigslide.data.slides import SlideCache
@@ -158,10 +158,7 @@ def predict_cohort(
         checks=checks,
         processes=processes,
     )
-    n_workers = default_workers() if workers is None else workers
-    if processes is not None:
-        n_workers = processes.workers
-    with closing(reads), threads_beside_workers(method.device, n_workers):
+    with closing(reads), threads_beside_workers(method.device, worker_count(workers, processes)):
         for rows, read in reads:
             entries = [table.entries[r] for r in rows]
             if read.dataset is None:

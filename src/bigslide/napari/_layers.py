@@ -276,10 +276,7 @@ def add_heatmap(
     else:
         if existing is not None:
             viewer.layers.remove(existing)
-        from napari.layers import Image
-
-        layer = Image(heatmap_display(grid, normalisation), **kwargs)
-        viewer.layers.insert(above_slide_pictures(viewer, slide_layer), layer)
+        layer = _insert_map(viewer, slide_layer, heatmap_display(grid, normalisation), kwargs)
     show_legend(viewer, layer)
     return layer
 
@@ -295,11 +292,18 @@ def add_empty_heatmap(
     """A hidden map layer of `grid`'s cells, each empty, placed as `add_heatmap` places one: a map drawn
     later under that name fills it in place (filling a layer costs milliseconds, making one a tenth of a
     second or more of frozen viewer)."""
-    from napari.layers import Image
-
     kwargs = heatmap_layer_kwargs(grid, slide_layer, name=name, normalisation=normalisation)
     cells = np.full(heatmap_display(grid, normalisation).shape, np.nan, np.float32)
-    layer = Image(cells, visible=False, **kwargs)
+    return _insert_map(viewer, slide_layer, cells, {**kwargs, "visible": False})
+
+
+def _insert_map(
+    viewer: napari.Viewer, slide_layer: napari.layers.Image, cells: np.ndarray, kwargs: dict[str, Any]
+) -> napari.layers.Image:
+    """A new map layer of `cells`, placed in the layer list by `above_slide_pictures`."""
+    from napari.layers import Image
+
+    layer = Image(cells, **kwargs)
     viewer.layers.insert(above_slide_pictures(viewer, slide_layer), layer)
     return layer
 

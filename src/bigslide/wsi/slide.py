@@ -56,8 +56,8 @@ class Slide:
         self._pages = tiled_pages(handle, self._arrays)
         # one descriptor for all threads: os.pread does not move a shared file position
         self._fd: int | None = os.open(path, os.O_RDONLY) if any(self._pages) else None
+        self._closing: list[Callable[[], None]] = []  # run before the file closes (`when_closing`)
         self.pixels_read: Counter[int] = Counter()
-        self._closing: list[Callable[[], None]] = []
         """Pixels decoded per level since opening; lets callers check that no level-0 scan happened."""
 
     # -- geometry -------------------------------------------------------------------------------
