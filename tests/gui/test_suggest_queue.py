@@ -12,7 +12,7 @@ import numpy as np
 import shapely
 from qtpy.QtCore import Qt
 
-from bigslide.explain.suggest import REVIEW_COLOUR
+from bigslide.explain.suggest import HIGH, REVIEW_COLOUR
 from bigslide.napari._suggest_queue import ROLE, answer_keys
 from bigslide.tiling.annotations import NOT_LESION, annotated_count, annotations_path, read_annotations
 from bigslide.tiling.grid import TileGrid
@@ -84,6 +84,9 @@ def test_answers_given_with_one_key_are_saved_where_the_model_asked_and_counted(
         assert box.place.text() == f"Place {number} of {PLACES} — {PLACES - number + 1} left"
         assert s.reason in box.reason.text()
         assert s.slide.name in box.where.text()
+        # a normal slide's place is called a likely false alarm only when attended well above its mean
+        called = "false alarm" in box.where.text()
+        assert called == (s.kind == "false_alarm" and s.score >= HIGH), (box.where.text(), s)
         slide = box._slide_layer(s.slide)  # opened when it was not
         assert slide is not None
         assert viewer.layers.selection.active is slide  # the keys reach the viewer, not a Shapes tool

@@ -19,7 +19,7 @@ from qtpy.QtCore import QEvent, QObject, Qt
 from qtpy.QtGui import QKeyEvent
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from bigslide.explain.suggest import REVIEW_COLOUR, Suggestion, normal_class, save_answer
+from bigslide.explain.suggest import HIGH, REVIEW_COLOUR, Suggestion, normal_class, save_answer
 from bigslide.napari._annotate import CLASS, annotation_layer, count_worker, hex_colour, task_classes
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
@@ -43,9 +43,19 @@ KINDS = {
     "uncertain": "the model is unsure",
     "looked_at": "the model looks",
 }
+EVEN_ATTENTION = "where the model looks on a normal slide"
+"""A normal slide's place attended less than `HIGH` times its mean: asked about, not called a false alarm
+(a weak or early model attends nearly evenly)."""
 CONTEXT = 3.0
 """The view spans this many times the place: its surroundings show, and it still fills a third of it."""
 FINISH = "press Retrain with annotations to teach the model"
+
+
+def place_title(s: Suggestion) -> str:
+    """What a place is, in a few words."""
+    if s.kind == "false_alarm" and s.score < HIGH:
+        return EVEN_ATTENTION
+    return KINDS.get(s.kind, s.kind)
 
 
 class ResultsPanel(Protocol):
@@ -219,7 +229,7 @@ class SuggestBox(QGroupBox):
             return
         left = len(self.queue) - self.index
         self.place.setText(f"Place {self.index + 1} of {len(self.queue)} — {left} left")
-        self.where.setText(f"{s.slide.name}: {KINDS.get(s.kind, s.kind)}")
+        self.where.setText(f"{s.slide.name}: {place_title(s)}")
         self.reason.setText(f"Why: {s.reason}")
         slide = self._slide_layer(s.slide)
         if slide is None:
