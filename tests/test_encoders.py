@@ -14,13 +14,15 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
+from timm.layers import SwiGLUPacked
 from torch import nn
 
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.inference import load_trained, predict_slide
 from bigslide.errors import ConfigError
-from bigslide.nn.backbones import create_encoder, hub_recipe
+from bigslide.methods.base import ModelSpec
+from bigslide.nn.backbones import backbone_arguments, create_encoder, hub_recipe
 from bigslide.synthetic.slide_set import make_slide_set
 
 HUB_ID = "bigslide-test/tiny-encoder"
@@ -32,6 +34,24 @@ def slide_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_slide_set(tmp_path_factory.mktemp("encoder-slides"), n_slides=4, size=(512, 512), seed=5)
 
 
+def put_in_cache(cache: Path, hub_id: str, architecture: str, model_args: dict, model: nn.Module) -> None:
+    """`model` as `huggingface-cli download` leaves a timm model in the cache: its weights and a
+    config.json naming its architecture and the arguments it is built with."""
+    repo = cache / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, snapshot / "model.safetensors")
+    config = {
+        "architecture": architecture,
+        "num_classes": 0,
+        "model_args": model_args,
+        "pretrained_cfg": {"input_size": [3, 64, 64], "mean": HUB_MEAN, "std": HUB_STD, "num_classes": 0},
+    }
+    (snapshot / "config.json").write_text(json.dumps(config))
+
+
 @pytest.fixture
 def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A Hugging Face cache holding one timm model, laid out as `huggingface-cli download` leaves it, and
@@ -39,20 +59,8 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from huggingface_hub import constants
 
     cache = tmp_path / "hf" / "hub"
-    repo = cache / f"models--{HUB_ID.replace('/', '--')}"
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
     torch.manual_seed(1)
-    model = timm.create_model("test_resnet", num_classes=0)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, snapshot / "model.safetensors")
-    config = {
-        "architecture": "test_resnet",
-        "num_classes": 0,
-        "pretrained_cfg": {"input_size": [3, 64, 64], "mean": HUB_MEAN, "std": HUB_STD, "num_classes": 0},
-    }
-    (snapshot / "config.json").write_text(json.dumps(config))
+    put_in_cache(cache, HUB_ID, "test_resnet", {}, timm.create_model("test_resnet", num_classes=0))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub_recipe.cache_clear()
@@ -133,6 +141,72 @@ def test_a_hub_encoder_missing_from_the_cache_offline_is_a_config_error(hub_cach
         create_encoder(f"hf-hub:{HUB_ID}", pretrained=True)
 
 
+# as Virchow's config.json asks: a ViT returning every token (class, 4 registers, patches), unpooled
+TOKENS_ARGS = {"img_size": 64, "num_classes": 0, "global_pool": "", "reg_tokens": 4}
+CARD_ARGS = {"mlp_layer": "timm.layers.SwiGLUPacked", "act_layer": "torch.nn.SiLU"}
+"""What Virchow2's and UNI2-h's model cards pass to timm.create_model beside the name: layers that their
+config.json cannot hold."""
+
+
+def test_a_hub_vit_returning_its_tokens_embeds_a_tile_as_its_class_token_beside_its_patch_mean(
+    hub_cache: Path, slide_csv: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(3)
+    vit = timm.create_model("test_vit", **TOKENS_ARGS).eval()
+    put_in_cache(hub_cache, "lab/tokens", "test_vit", TOKENS_ARGS, vit)
+    encoder = create_encoder("hf-hub:lab/tokens", pretrained=True).eval()
+    tiles = torch.rand(3, 3, 64, 64)
+    with torch.no_grad():
+        tokens = vit(encoder.normalize(tiles))
+        assert tokens.shape == (3, 1 + 4 + 16, vit.num_features)  # what the model itself returns
+        expected = torch.cat([tokens[:, 0], tokens[:, 5:].mean(dim=1)], dim=1)
+        torch.testing.assert_close(encoder(tiles), expected)
+    assert encoder.dim == 2 * vit.num_features
+    # a projection (PatchGD's latent) comes after the pooling
+    assert create_encoder("hf-hub:lab/tokens", out_dim=7)(tiles).shape == (3, 7)
+
+    config = small_config(slide_csv, tmp_path / "run", "hf-hub:lab/tokens")
+    config.model.pretrained = True
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    slide = slide_csv.parent / "slide_000.svs"
+    with_cache = predict_slide(result.checkpoint, slide, device="cpu")
+    shutil.rmtree(hub_cache)  # the checkpoint rebuilds it without the hub
+    hub_recipe.cache_clear()
+    without = predict_slide(result.checkpoint, slide, device="cpu")
+    np.testing.assert_allclose(without.probs, with_cache.probs, rtol=1e-6)
+
+
+def test_layers_a_model_card_passes_to_timm_are_backbone_args_and_travel_with_the_checkpoint(
+    hub_cache: Path, slide_csv: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(4)
+    card = backbone_arguments(CARD_ARGS)
+    assert card == {"mlp_layer": SwiGLUPacked, "act_layer": nn.SiLU}
+    published = timm.create_model("test_vit", **TOKENS_ARGS, **card)
+    put_in_cache(hub_cache, "lab/card", "test_vit", TOKENS_ARGS, published)
+    # its config.json alone builds another MLP: the published weights do not fit, and the cure is named
+    with pytest.raises(ConfigError, match=r"hf-hub:lab/card: its weights do not fit .*model.backbone_args"):
+        create_encoder("hf-hub:lab/card", pretrained=True)
+    with pytest.raises(ConfigError, match=r"model.backbone_args.act_layer: torch.nn.Silu names no object"):
+        TrainConfig.from_dict({"model": {"backbone_args": {**CARD_ARGS, "act_layer": "torch.nn.Silu"}}})
+
+    with pytest.raises(ConfigError, match=r"model.backbone_args: test_vit does not take them .*mlp_layers"):
+        ModelSpec(backbone="test_vit", backbone_args={"mlp_layers": "timm.layers.SwiGLUPacked"}).encoder()
+
+    config = small_config(slide_csv, tmp_path / "run", "hf-hub:lab/card")
+    config.model.pretrained = True
+    config.model.backbone_args = dict(CARD_ARGS)
+    result = run_to_end(train(config))
+    assert result.checkpoint is not None
+    slide = slide_csv.parent / "slide_000.svs"
+    with_cache = predict_slide(result.checkpoint, slide, device="cpu")
+    shutil.rmtree(hub_cache)
+    hub_recipe.cache_clear()
+    without = predict_slide(result.checkpoint, slide, device="cpu")
+    np.testing.assert_allclose(without.probs, with_cache.probs, rtol=1e-6)
+
+
 PLAIN_MODULES = """
 import torch
 from torch import nn
@@ -170,6 +244,12 @@ def with_classifier():  # timm's default: num_features states the width before t
 
 def tokens():
     return nn.Sequential(nn.Conv2d(3, 4, 16, stride=16), nn.Flatten(2))
+
+
+def vit_tokens(reg_tokens=0):  # a timm ViT built unpooled, its arguments from model.backbone_args
+    import timm
+
+    return timm.create_model("test_vit", img_size=32, num_classes=0, global_pool="", reg_tokens=reg_tokens)
 
 
 def not_a_module():
@@ -211,6 +291,10 @@ def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> 
         assert create_encoder(f"{plain_modules}:with_classifier").dim == 7
     with pytest.raises(ConfigError, match=r"returns \(2, 4, 196\).*class token"):
         create_encoder(f"{plain_modules}:tokens")
+    vit = create_encoder(f"{plain_modules}:vit_tokens", reg_tokens=2)  # as model.backbone_args gives it
+    assert vit.dim == 2 * vit.backbone.vit.num_features
+    assert vit.backbone.prefix == 3
+    assert vit(torch.rand(2, 3, 32, 32)).shape == (2, vit.dim)
     with pytest.raises(ConfigError, match=r"returned a str, not a torch nn\.Module"):
         create_encoder(f"{plain_modules}:not_a_module")
     with pytest.raises(ConfigError, match=r"my_encoders:broken failed: FileNotFoundError: weights/encoder"):

@@ -35,6 +35,26 @@ class ModelConfig:
     weights: str | None = field(
         default=None, metadata={"help": "local backbone state dict (.safetensors, .pt, .pth, .bin)"}
     )
+    backbone_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for the backbone beside its name, as a model card passes them to "
+            "timm.create_model (or your factory); a value naming an object (timm.layers.SwiGLUPacked, "
+            "torch.nn.SiLU) is that object"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backbone_args, dict):
+            raise ConfigError(
+                "model.backbone_args: expected a mapping of argument names to values, got "
+                f"{self.backbone_args!r}"
+            )
+        if self.backbone_args:  # a misnamed layer fails here, not when the model is built
+            from bigslide.nn.backbones import backbone_arguments
+
+            backbone_arguments(self.backbone_args)
+
     init_from: str | None = field(
         default=None,
         metadata={

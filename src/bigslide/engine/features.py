@@ -27,6 +27,7 @@ from bigslide.engine.events import Event, Message
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Method
 from bigslide.methods.replay import encode_chunks
+from bigslide.nn.backbones import encoder_identity
 
 
 def weights_fingerprint(module: nn.Module) -> str:
@@ -56,7 +57,7 @@ def store_settings(config: TrainConfig, method: Method) -> StoreSettings:
     encoder = frozen_encoder(config, method)
     foreign = config.data.features_foreign
     return StoreSettings(
-        encoder=None if foreign else config.model.backbone,
+        encoder=None if foreign else encoder_identity(config.model.backbone, config.model.backbone_args),
         encoder_sha256=None if foreign else weights_fingerprint(encoder),
         tile_size=config.data.tile_size,
         target_mpp=config.data.read_mpp,

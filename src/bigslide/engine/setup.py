@@ -74,6 +74,7 @@ def build_method(
         backbone=config.model.backbone,
         pretrained=config.model.pretrained and not replaced,
         weights=None if replaced else config.model.weights,
+        backbone_args=dict(config.model.backbone_args),
         recipe=checkpoint.get("encoder") if checkpoint is not None else None,
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,

@@ -26,7 +26,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
 from bigslide.data.stain_norm import StainFit
 from bigslide.errors import ConfigError
-from bigslide.nn.backbones import Encoder, create_encoder
+from bigslide.nn.backbones import Encoder, backbone_arguments, create_encoder
 from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class ModelSpec:
     backbone: str = "resnet18"
     pretrained: bool = False
     weights: str | None = None  # a local state-dict file for the backbone
+    backbone_args: dict[str, Any] = field(default_factory=dict)  # `model.backbone_args`, as written
     num_classes: int = 2  # outputs of a classifier when no endpoint is given
     endpoint: Endpoint | None = None  # what is predicted (None: `num_classes` classes)
     feature_dim: int | None = None  # features stored by another tool's encoder (None: the backbone's)
@@ -125,14 +126,19 @@ class ModelSpec:
 
     def encoder(self, out_dim: int | None = None, **kwargs: Any) -> Encoder:
         """The tile encoder this spec names, with its starting weights (`create_encoder`)."""
-        return create_encoder(
-            self.backbone,
-            pretrained=self.pretrained,
-            weights=self.weights,
-            out_dim=out_dim,
-            recipe=self.recipe,
-            **kwargs,
-        )
+        try:
+            return create_encoder(
+                self.backbone,
+                pretrained=self.pretrained,
+                weights=self.weights,
+                out_dim=out_dim,
+                recipe=self.recipe,
+                **{**backbone_arguments(self.backbone_args), **kwargs},
+            )
+        except TypeError as err:
+            if kwargs or not self.backbone_args:
+                raise  # the method's own arguments: it may build the encoder again without them
+            raise ConfigError(f"model.backbone_args: {self.backbone} does not take them ({err})") from None
 
 
 P = TypeVar("P", bound=MethodParams)

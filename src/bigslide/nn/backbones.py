@@ -1,6 +1,9 @@
 """Tile encoders: any timm model name, a timm model on the Hugging Face hub (`hf-hub:org/name`, read from
 the local Hugging Face cache when there is no network), or a plain `nn.Module` of the user's own
-(`package.module:factory`), with the backbone's normalisation built in.
+(`package.module:factory`), with the backbone's normalisation built in. Arguments a model card passes to
+`timm.create_model` beside the name (layers its config.json cannot hold) come as `model.backbone_args`; a
+ViT built to return its tokens (timm's `global_pool=""`, as Virchow's config.json asks) gives one feature
+vector per tile, its class token beside the mean of its patch tokens.
 
 Inputs everywhere in bigslide are RGB floats in [0, 1]; the encoder normalises them with the
 backbone's own mean/std (timm's `pretrained_cfg`; ImageNet's when the model states none) so pretrained
@@ -12,7 +15,9 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 PROBE_SIDE = 224
 """Side of the blank tiles a plain module's feature width is measured on when it does not state it."""
+OBJECT_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*")
+"""A `model.backbone_args` value naming an object to import: `package.module.Name`, `package.module:Name`."""
 
 
 class Normalize(nn.Module):
@@ -60,6 +67,30 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(self.normalize(x))
+
+
+class TokenPool(nn.Module):
+    """A ViT that returns its tokens (B, N, C) as one feature vector per tile: its class token beside the mean
+    of its patch tokens (registers left out), (B, 2C), as Virchow's model card embeds a tile; the mean alone,
+    (B, C), for a ViT without a class token."""
+
+    def __init__(self, vit: nn.Module) -> None:
+        super().__init__()
+        self.vit = vit
+        self.prefix = int(getattr(vit, "num_prefix_tokens", 0))
+        self.class_token = getattr(vit, "cls_token", None) is not None
+        self.num_features = int(getattr(vit, "num_features")) * (2 if self.class_token else 1)  # noqa: B009
+        self.pretrained_cfg = getattr(vit, "pretrained_cfg", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.vit(x)
+        patches = tokens[:, self.prefix :].mean(dim=1)
+        return torch.cat([tokens[:, 0], patches], dim=1) if self.class_token else patches
+
+
+def _returns_tokens(model: nn.Module) -> bool:
+    """Whether a timm model is built to return its tokens, unpooled (a ViT with `global_pool=""`)."""
+    return getattr(model, "global_pool", None) == "" and hasattr(model, "num_prefix_tokens")
 
 
 class NoEncoder(nn.Module):
@@ -122,17 +153,63 @@ def create_encoder(
             backbone = _timm_model(
                 name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
             )
-        except RuntimeError as err:  # timm raises RuntimeError for unknown names
-            raise ConfigError(f"model.backbone: {err}") from None
+        except RuntimeError as err:  # timm raises RuntimeError for unknown names and misfit weights
+            raise ConfigError(f"model.backbone: {_misfit(name, err) or err}") from None
         except OSError as err:  # the hub's weights neither in the local cache nor reachable
             raise ConfigError(f"model.pretrained: {name}: {_hub_error(err)}") from None
         mean, std = _normalisation(backbone)
     if weights is not None:
         _load_weights(backbone, Path(weights), name)
+    if _returns_tokens(backbone):
+        if out_dim:
+            backbone.reset_classifier(0)  # type: ignore[operator]  # projected after the pooling instead
+        backbone = TokenPool(backbone)
+        if out_dim:
+            backbone, dim = nn.Sequential(backbone, nn.Linear(backbone.num_features, out_dim)), out_dim
     encoder = Encoder(backbone, mean, std, dim)
     if out_dim:
         encoder.dim = out_dim
     return encoder
+
+
+def backbone_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """`model.backbone_args` as the backbone's builder takes them: a string naming an object
+    (`OBJECT_NAME`, e.g. `timm.layers.SwiGLUPacked`, `torch.nn.SiLU`) is that object, every other value
+    is itself. A `ConfigError` names an argument whose object cannot be imported."""
+    out = {}
+    for key, value in args.items():
+        if isinstance(value, str) and OBJECT_NAME.fullmatch(value):
+            module_name, attr = value.rsplit(":", 1) if ":" in value else value.rsplit(".", 1)
+            try:
+                value = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as err:
+                raise ConfigError(
+                    f"model.backbone_args.{key}: {value} names no object that can be imported "
+                    f"({type(err).__name__}: {err})"
+                ) from None
+        out[str(key)] = value
+    return out
+
+
+def encoder_identity(backbone: str, args: Mapping[str, Any]) -> str:
+    """The backbone's name with its `model.backbone_args` (sorted; none: the name alone): what stored tile
+    features were made with."""
+    return f"{backbone} {json.dumps(dict(args), sort_keys=True, default=str)}" if args else backbone
+
+
+def _misfit(name: str, err: RuntimeError) -> str | None:
+    """Why a model's published weights did not load into the model its configuration builds, and the
+    usual cure; None for any other error."""
+    text = str(err)
+    if "state_dict" not in text:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = "; ".join(lines[1:3]) if len(lines) > 1 else lines[0]
+    return (
+        f"{name}: its weights do not fit the model its configuration builds ({detail}): a model whose card "
+        "passes layers to timm.create_model beside its name needs them as model.backbone_args, e.g. "
+        "{mlp_layer: timm.layers.SwiGLUPacked, act_layer: torch.nn.SiLU} for Virchow2 and UNI2-h"
+    )
 
 
 def _normalisation(backbone: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -232,6 +309,8 @@ def _plain_module(
         raise ConfigError(f"model.backbone: {name} returned a {type(made).__name__}, not a torch nn.Module")
     if weights is not None:
         _load_weights(made, Path(weights), name)
+    if _returns_tokens(made):
+        made = TokenPool(made)
     stated = getattr(made, "num_features", None)
     dim, maps = _measured_width(made, name, stated if isinstance(stated, int) else None)
     if maps:  # a feature map (a torchvision trunk, a CNN without its head): averaged, as timm pools
