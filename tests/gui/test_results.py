@@ -79,6 +79,27 @@ def test_a_new_map_goes_under_the_outlines_drawn_before_it(viewer: Any, dock: An
     assert not first.visible  # one map of a slide shown at a time
 
 
+def test_a_slide_opened_again_goes_under_the_maps_and_outlines_it_left(
+    viewer: Any, dock: Any, tiny_set: Path
+) -> None:
+    """Closing a slide leaves its maps and outlines; opening it again (beside another slide now) puts them
+    on it where it lies, above it: a followed run's next map is drawn into that map layer."""
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    path = slide.metadata["path"]
+    scores, _grid = lesion_grid(path, [r.geometry for r in load_regions(lesions.metadata["path"])])
+    heatmap = dock("Results").add_grid(scores, slide, "lesion fraction")
+    before = {layer.name: np.array(layer.translate[-2:]) for layer in (slide, heatmap, lesions)}
+    viewer.layers.remove(slide)
+    viewer.open(tiny_set.parent / "slide_001.svs", plugin="bigslide")  # another slide, where it was
+    [again] = viewer.open(path, plugin="bigslide")
+    order = [layer.name for layer in viewer.layers]  # bottom to top
+    assert order.index(again.name) < order.index(heatmap.name) < order.index(lesions.name), order
+    moved = np.array(again.translate[-2:]) - before[slide.name]
+    assert moved[1] > 0  # beside the other slide now ...
+    for overlay in (heatmap, lesions):  # ... and its overlays with it
+        np.testing.assert_allclose(np.array(overlay.translate[-2:]) - before[overlay.name], moved)
+
+
 def test_a_map_made_ahead_is_filled_in_place_and_dropped_when_its_run_fails(viewer: Any, dock: Any) -> None:
     """A retrain makes the slide's map layer ahead, empty and hidden; the run's map is drawn into it (no
     layer made as the run ends), and a run that fails first leaves no empty layer behind."""

@@ -95,6 +95,24 @@ def place_overlays(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> N
             place_layer(layer, slide_layer)
 
 
+def under_its_overlays(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> None:
+    """A slide opened again while overlays of its file stayed (its maps, outlines, the tile preview, left
+    when it was closed): they are placed on it where it now lies, and it goes under the lowest of them,
+    which it would otherwise cover (a map drawn into such a layer, following a run, was hidden)."""
+    path = slide_layer.metadata.get("path")
+    below = [
+        i
+        for i, layer in enumerate(viewer.layers)
+        if layer.metadata.get(ROLE) in OVERLAY_ROLES and layer.metadata.get("slide") == path
+    ]
+    if not below:
+        return
+    place_overlays(viewer, slide_layer)
+    at = viewer.layers.index(slide_layer)
+    if min(below) < at:
+        viewer.layers.move(at, min(below))
+
+
 def slide_of(viewer: napari.Viewer, layer: Any) -> Any:
     """The slide layer an overlay belongs to, or None."""
     path = layer.metadata.get("slide")
@@ -183,6 +201,7 @@ def keep_in_place(viewer: napari.Viewer) -> None:
                 if offset is not None:
                     layer.translate = offset
             layer.events.translate.connect(lambda _e, s=layer: _follow(ref, s))
+            under_its_overlays(view, layer)
         elif role in OVERLAY_ROLES:
             slide = slide_of(view, layer)
             if slide is not None:
