@@ -98,6 +98,23 @@ def test_drawn_annotations_are_saved_as_qupath_geojson_beside_the_table_and_coun
     assert panel.session.table().annotated()
 
 
+def test_save_with_the_outlines_slide_closed_says_where_they_are_and_saves_once_it_is_open_again(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path
+) -> None:
+    _slides, panel, layer = annotated_panel(viewer, dock, tiny_set)
+    [slide] = [found for found in viewer.layers if found.metadata.get("bigslide_role") == "slide"]
+    viewer.layers.remove(slide)  # closed before Save: its outlines stay in their layer
+    assert panel.annotate.save() is None
+    status = panel.annotate.status.text()
+    assert status.startswith(f"Nothing saved: the outlines in '{layer.name}' belong to slide_000.svs"), status
+    assert "Open it again" in status
+    [again] = viewer.open(tiny_set.parent / "slide_000.svs", plugin="bigslide")
+    panel.slide_box.setCurrentText(again.name)
+    saved = panel.annotate.save()
+    assert saved is not None
+    assert len(read_annotations(saved)) == 2
+
+
 def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
     viewer: Any, dock: Any, tiny_set: Path, tmp_path: Path
 ) -> None:
@@ -172,6 +189,31 @@ def test_retrain_anew_trains_from_the_models_starting_weights_for_the_first_runs
         assert model is None  # not the checkpoint's weights
         assert epochs == 1
     assert saved["data"]["instance_weight"] == 1.0
+
+
+def test_a_stopped_retrain_says_what_it_left_and_leaves_no_empty_map(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    from bigslide.napari._layers import is_empty_heatmap
+
+    _slides, panel, _checkpoint = retrain_ready(viewer, dock, qtbot, tiny_set, tmp_path)
+    panel.device.setCurrentText("cpu")
+    retrain = panel.retrain
+    type_into(qtbot, retrain.epochs, "50")
+    qtbot.mouseClick(retrain.button, Qt.MouseButton.LeftButton)
+    assert retrain.worker is not None, retrain.status.text()
+    qtbot.waitUntil(lambda: any(is_empty_heatmap(layer) for layer in viewer.layers), timeout=120_000)
+    qtbot.mouseClick(retrain.button, Qt.MouseButton.LeftButton)  # "Stop retraining"
+    assert retrain.status.text().startswith("Stopping")
+    qtbot.waitUntil(lambda: retrain.worker is None, timeout=120_000)
+    status = retrain.status.text()
+    left = retrain.run_dir / "checkpoints" / "last.pt"
+    if left.is_file():
+        assert status == f"Stopped. Checkpoint: {left}"
+    else:
+        assert status == "Stopped before the first step: no checkpoint was written."
+    assert retrain.button.text() == "Retrain with annotations"
+    assert not any(is_empty_heatmap(layer) for layer in viewer.layers)
 
 
 def test_retrain_with_annotations_fine_tunes_the_checkpoint_in_a_replayable_run_and_shows_both_maps(

@@ -80,6 +80,7 @@ class RetrainBox(QGroupBox):
         self.run_gen: Any = None
         self.run_dir: Path | None = None
         self.last_checkpoint: Path | None = None
+        self.stopped = False
         self.before_drawn = threading.Event()  # set: the fine-tune may start (see `_retrain`)
         self.epochs = NumberField(
             int, 5, name="retraining epochs", minimum=1, maximum=10_000, tip="Epochs of the fine-tune run"
@@ -205,6 +206,7 @@ class RetrainBox(QGroupBox):
         row = panel.session.row(slide.metadata["path"])
         panel.follow.setChecked(True)
         self.last_checkpoint = None
+        self.stopped = False
         self.summary.setText("")
         table = panel.session.table()
         self.before_drawn = threading.Event()
@@ -239,6 +241,7 @@ class RetrainBox(QGroupBox):
     def stop(self) -> None:
         self.before_drawn.set()
         if self.worker is not None:
+            self.stopped = True
             self.status.setText("Stopping after the current step; saving a checkpoint…")
             self.worker.quit()
 
@@ -322,11 +325,21 @@ class RetrainBox(QGroupBox):
         text = in_panel_words(f"Retraining failed: {err}")
         self.status.setText(text)
         show_error(text)
+        self._drop_maps_ahead()
+
+    def _drop_maps_ahead(self) -> None:
         viewer = self.panel.viewer
         for layer in [layer for layer in viewer.layers if is_empty_heatmap(layer)]:
             viewer.layers.remove(layer)  # made ahead for maps that will not come
 
     def _on_finished(self) -> None:
+        if self.stopped and self.run_dir is not None:
+            from bigslide.napari._run import stopped_status
+
+            text, checkpoint = stopped_status(self.run_dir)
+            self.last_checkpoint = checkpoint or self.last_checkpoint
+            self.status.setText(text)
+            self._drop_maps_ahead()
         self.worker = None
         self.run_gen = None
         self.button.setText("Retrain with annotations")

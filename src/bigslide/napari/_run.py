@@ -79,6 +79,16 @@ def in_panel_words(message: str) -> str:
     )
 
 
+def stopped_status(run_dir: Path) -> tuple[str, Path | None]:
+    """What a panel's status line says once a run it stopped has ended, and the checkpoint it left."""
+    from bigslide.engine.run_folder import LAST
+
+    checkpoint = run_dir / LAST
+    if checkpoint.is_file():
+        return f"Stopped. Checkpoint: {checkpoint}", checkpoint
+    return "Stopped before the first step: no checkpoint was written.", None
+
+
 def write_run_folder(
     viewer: napari.Viewer,
     session: Session,

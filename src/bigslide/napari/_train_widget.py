@@ -212,14 +212,11 @@ class TrainWidget(TrainForm):
 
     def _on_finished(self) -> None:
         if self.stopped and self.config_path is not None:
-            from bigslide.engine.run_folder import LAST
+            from bigslide.napari._run import stopped_status
 
-            checkpoint = self.config_path.parent / LAST
-            if checkpoint.is_file():
-                self.last_checkpoint = checkpoint
-                self.status.setText(f"Stopped. Checkpoint: {checkpoint}")
-            else:
-                self.status.setText("Stopped before the first step: no checkpoint was written.")
+            text, checkpoint = stopped_status(self.config_path.parent)
+            self.last_checkpoint = checkpoint or self.last_checkpoint
+            self.status.setText(text)
         self.worker = None
         self.run_gen = None
         self._set_running(False)
