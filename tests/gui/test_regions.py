@@ -53,6 +53,14 @@ def test_draw_save_load_regions(viewer: Any, dock: Any, tmp_path: Path, svs_slid
     loaded = panel.load_geojson(saved)
     np.testing.assert_allclose(np.sort(loaded.data[0][:, ::-1], axis=0), np.sort(expected, axis=0))
 
+    # the slide closed with its regions drawn: Save says where they wait, and writes nothing
+    viewer.layers.remove(slide)
+    assert panel.save_geojson(tmp_path / "closed.geojson") is None
+    assert panel.status.text().startswith(f"Nothing saved: the areas in '{loaded.name}' belong to "), (
+        panel.status.text()
+    )
+    assert not (tmp_path / "closed.geojson").exists()
+
 
 def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> None:
     slide, _ = viewer.open_sample("bigslide", "slide")

@@ -20,7 +20,7 @@ from bigslide.errors import BigslideError
 from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
 from bigslide.napari._qt import connect_while_alive
-from bigslide.napari._roles import layers_with_role, slide_layers
+from bigslide.napari._roles import layers_with_role, left_by_closed_slides
 from bigslide.napari._session import counted
 from bigslide.napari._toasts import show_error, show_info, show_warning
 from bigslide.tiling.annotations import (
@@ -207,7 +207,7 @@ class AnnotateBox(QGroupBox):
         layer = self.layer()
         if slide is None or layer is None or not len(layer.data):
             self._fail(
-                self._closed_slides_outlines()
+                left_by_closed_slides(self.viewer, (ROLE,), "outlines")
                 or "Nothing to save: draw annotations on the slide first (Draw)."
             )
             return None
@@ -277,23 +277,6 @@ class AnnotateBox(QGroupBox):
         self.session.update(path, annotated=count)
         self.status.setText(f"{path.name}: {count} tiles lie in its annotations (Slides panel: Annotated).")
         show_info(f"{path.name}: {count} annotated tiles")
-
-    def _closed_slides_outlines(self) -> str | None:
-        """Why Save found nothing when outlines wait unsaved over a slide that was closed: where they are
-        and what to do; None when none do."""
-        open_paths = {layer.metadata.get("path") for layer in slide_layers(self.viewer)}
-        left = [
-            layer
-            for layer in layers_with_role(self.viewer, ROLE)
-            if len(layer.data) and layer.metadata.get("slide") not in open_paths
-        ]
-        if not left:
-            return None
-        names = ", ".join(Path(str(layer.metadata.get("slide"))).name for layer in left)
-        return (
-            f"Nothing saved: the outlines in {', '.join(repr(layer.name) for layer in left)} belong to "
-            f"{names}, which is closed. Open it again and choose it above, then press Save."
-        )
 
     def _fail(self, text: str) -> None:
         self.status.setText(text)

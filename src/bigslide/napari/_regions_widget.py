@@ -27,7 +27,7 @@ from bigslide.napari._layers import add_tile_preview, polygons_to_shapes, region
 from bigslide.napari._panel import Panel
 from bigslide.napari._qt import scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
-from bigslide.napari._roles import layers_with_role, remove_layers, slide_layers
+from bigslide.napari._roles import layers_with_role, left_by_closed_slides, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
 from bigslide.napari._tile_check import add_rejected_tiles
 from bigslide.napari._toasts import show_error
@@ -193,8 +193,12 @@ class RegionsWidget(Panel):
         """Write the drawn regions (level-0 px, QuPath convention) and use the file in the slide table."""
         from bigslide.tiling.regions import save_regions
 
-        slide = self._require_slide()
+        left = left_by_closed_slides(self.viewer, ("regions", "exclusions"), "areas")
+        slide = self.slide_layer() if left else self._require_slide()
         if slide is None:
+            if left:
+                show_error(left)
+                self.status.setText(left)
             return None
         regions = layer_regions(self.viewer, slide.metadata["path"])
         if regions is None:
