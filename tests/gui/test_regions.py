@@ -10,9 +10,12 @@ import pytest
 import shapely
 
 from bigslide.napari._session import scale_bar_of
+from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.regions import load_regions
 from bigslide.wsi.slide import open_slide
+from tests.gui.test_typed_numbers import type_into
 from tests.test_focus_rule import PATCH, soft_scan_with_a_blurred_patch
 
 
@@ -60,6 +63,29 @@ def test_draw_save_load_regions(viewer: Any, dock: Any, tmp_path: Path, svs_slid
         panel.status.text()
     )
     assert not (tmp_path / "closed.geojson").exists()
+
+
+def test_the_tile_preview_follows_the_slides_panel_and_a_slide_without_pixel_size_once_given_one(
+    viewer: Any, dock: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    image = synthesize_slide((1024, 768), lesions=1, seed=8).rgb
+    path = write_pyramid(tmp_path / "unstated.tif", downsample_pyramid(image, 2), mpp=None, tile=256)
+    [slide] = viewer.open(path, plugin="bigslide")
+    slides, panel = dock("Slides"), dock("Sampling regions")
+    panel.slide_box.setCurrentText(slide.name)
+    panel.preview.setChecked(True)
+    qtbot.waitUntil(lambda: panel.status.text().startswith("Tile preview failed"), timeout=90_000)
+    assert "'slide µm/px if unstated'" in panel.status.text()
+
+    def tiles() -> Any:
+        return next((lay for lay in viewer.layers if lay.metadata.get("bigslide_role") == "tiles"), None)
+
+    type_into(qtbot, slides.slide_mpp, "0.5")  # what the failure asked for: the preview follows
+    qtbot.waitUntil(lambda: tiles() is not None, timeout=90_000)
+    assert "will be sampled" in panel.status.text(), panel.status.text()
+    before = len(tiles().data)
+    type_into(qtbot, slides.tile_size, str(2 * panel.session.tile_size))
+    qtbot.waitUntil(lambda: tiles() is not None and 0 < len(tiles().data) < before, timeout=90_000)
 
 
 def test_tile_preview_follows_regions(viewer: Any, dock: Any, qtbot: Any) -> None:

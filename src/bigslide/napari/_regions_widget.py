@@ -25,7 +25,7 @@ from bigslide.errors import BigslideError
 from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import add_tile_preview, polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._panel import Panel
-from bigslide.napari._qt import scrolled, set_items
+from bigslide.napari._qt import connect_while_alive, scrolled, set_items
 from bigslide.napari._regions import layer_regions, slide_regions
 from bigslide.napari._roles import layers_with_role, left_by_closed_slides, remove_layers, slide_layers
 from bigslide.napari._run import in_panel_words
@@ -92,6 +92,7 @@ class RegionsWidget(Panel):
         self.viewer.layers.events.inserted.connect(self._on_layers_changed)
         self.viewer.layers.events.removed.connect(self._on_layers_changed)
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
+        connect_while_alive(self.session.tiling_changed, self, self._schedule_preview)
         self._on_layers_changed()
 
     # -- slide choice ------------------------------------------------------------------------------

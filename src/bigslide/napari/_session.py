@@ -53,6 +53,8 @@ class Session:
     """Rows were added, removed or edited."""
     slide_mpp_changed = Signal(object)
     """The fallback level-0 µm/px (float or None) changed."""
+    tiling_changed = Signal()
+    """How tiles are made changed (tile size, resolution, slide µm/px if unstated, min tissue, pen marks)."""
     checkpoint_saved = Signal(object)
     """A training run of this viewer saved a checkpoint (its Path)."""
     run_finished = Signal(object)

@@ -216,6 +216,7 @@ class SlidesWidget(SlidesTable):
         for row in s.rows:
             row.tiles = None
         self.refresh()
+        s.tiling_changed.emit()  # the tile preview follows
 
     def count_tiles(self) -> Any:
         """Count tiles per slide in a worker thread; returns the worker (already started)."""
