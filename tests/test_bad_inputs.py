@@ -87,6 +87,21 @@ def truncated(base: Base, folder: Path) -> list[str]:
     return ["--set", f"data.csv={with_slide(base, folder, cut)}"]
 
 
+def damaged_tiles(base: Base, folder: Path) -> list[str]:
+    """A copy of a slide whose file tiles' JPEG data is overwritten: it opens, but no tile decodes."""
+    import tifffile
+
+    hurt = folder / "damaged.svs"
+    hurt.write_bytes(base.slide(0).read_bytes())
+    with tifffile.TiffFile(hurt) as tif:
+        spots = [(o, n) for page in tif.pages for o, n in zip(page.dataoffsets, page.databytecounts)]
+    with hurt.open("r+b") as f:
+        for offset, count in spots:
+            f.seek(offset + 2)
+            f.write(bytes([0xFF, 0xC4, 0x00, 0x01]) * ((count - 4) // 4))
+    return ["--set", f"data.csv={with_slide(base, folder, hurt)}"]
+
+
 def not_a_tiff(base: Base, folder: Path) -> list[str]:
     fake = folder / "scan.svs"
     fake.write_text("<html>this download failed</html>")
@@ -174,6 +189,11 @@ def _patch_step(step: Callable[..., StepResult]) -> Callable[[pytest.MonkeyPatch
 
 CASES = [
     Case("truncated-tiff", truncated, r"truncated\.svs: .*(truncated|not a readable TIFF)"),
+    Case(
+        "damaged-tiles",
+        damaged_tiles,
+        r"damaged\.svs: cannot read level \d .*; set data\.skip_bad_slides: true to leave such slides out",
+    ),
     Case(
         "non-tiff-named-svs",
         not_a_tiff,

@@ -14,6 +14,7 @@ from qtpy.QtCore import QTimer
 
 from bigslide.engine.config import TrainConfig
 from bigslide.methods.base import available_methods
+from bigslide.napari._run import SKIP_BAD_FIELD
 from tests.toy_method import toy_method
 
 __all__ = ["toy_method"]  # the fixture
@@ -173,6 +174,35 @@ def test_error_reaches_user_and_panel_recovers(
     record = start(widget)
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
     assert record.fired == ["returned", "finished"]
+
+
+def test_a_slide_that_will_not_decode_is_named_with_the_box_that_leaves_it_out(
+    dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    import tifffile
+
+    folder = tmp_path / "set"
+    shutil.copytree(tiny_set.parent, folder)
+    hurt = folder / "slide_000.svs"
+    with tifffile.TiffFile(hurt) as tif:
+        spots = [(o, n) for page in tif.pages for o, n in zip(page.dataoffsets, page.databytecounts)]
+    with hurt.open("r+b") as f:  # it opens, but none of its tiles decodes
+        for offset, count in spots:
+            f.seek(offset + 2)
+            f.write(bytes([0xFF, 0xC4, 0x00, 0x01]) * ((count - 4) // 4))
+    widget = train_panel(dock, folder / "slides.csv", tmp_path / "run", "abmil_acc")
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
+    assert record.fired == ["errored", "finished"]
+    status = widget.status.text()
+    assert "slide_000.svs: cannot read level" in status, status
+    assert status.endswith(f"{SKIP_BAD_FIELD} to leave such slides out"), status
+    box = widget.data_form.widgets["skip_bad_slides"]
+    box.click()  # the panel's data settings scroll below the dock's fold
+    assert box.isChecked()
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    assert record.fired == ["returned", "finished"], widget.status.text()
 
 
 def test_viewer_stays_responsive(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path) -> None:

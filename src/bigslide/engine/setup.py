@@ -21,7 +21,7 @@ from bigslide.data.sources import RunData, TrainData, demo_dir
 from bigslide.data.stain_norm import StainFit, stain_reference
 from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
-from bigslide.errors import ConfigError
+from bigslide.errors import ConfigError, SlideError
 from bigslide.methods.base import Method, ModelSpec, get_method, make_params
 
 __all__ = ["RunData", "TrainData", "build_data", "build_method", "demo_dir", "resolve_device"]
@@ -45,8 +45,14 @@ def decode_processes(data: DataConfig) -> DecodeProcesses | None:
 
 
 def build_data(config: TrainConfig, kind: str, slides: SlideCache) -> RunData:
-    """The train and validation datasets for a method of `kind` ("bag" or "image")."""
-    return sources.build_data(config.data, kind, config.run.seed, slides)
+    """The train and validation datasets for a method of `kind` ("bag" or "image"). A slide that cannot be
+    read stops the run, its error saying how to leave such slides out instead."""
+    try:
+        return sources.build_data(config.data, kind, config.run.seed, slides)
+    except SlideError as err:
+        if config.data.skip_bad_slides:
+            raise
+        raise SlideError(f"{err}; set data.skip_bad_slides: true to leave such slides out") from None
 
 
 def build_method(

@@ -7,6 +7,7 @@ training has started, `checkpoints/last.pt`. `bigslide train <out>/config.yaml` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from datetime import datetime
 from pathlib import Path
@@ -72,11 +73,15 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
 FALLBACK_FIELD = "its scanner's µm/px in the Slides panel's 'slide µm/px if unstated' field"
 
 
+SKIP_BAD_FIELD = "tick 'skip bad slides' in the Train panel's data settings"
+
+
 def in_panel_words(message: str) -> str:
-    """An engine message with the config key a panel user never sees replaced by the panel field."""
-    return message.replace(
+    """An engine message with the config keys a panel user never sees replaced by the panel fields."""
+    message = message.replace(
         "give its level-0 µm per pixel with data.slide_mpp (--slide-mpp)", f"enter {FALLBACK_FIELD}"
     )
+    return re.sub(r"[Ss]et data\.skip_bad_slides: true", SKIP_BAD_FIELD, message)
 
 
 def stopped_status(run_dir: Path) -> tuple[str, Path | None]:

@@ -44,6 +44,7 @@ DATA_FIELDS = (
     "stain_augment",
     "stain_augment_strength",
     "stain_normalise",
+    "skip_bad_slides",
 )
 KIND_FIELDS = {
     "bag": ("bag_size", "instance_weight", "instance_loss"),
