@@ -120,7 +120,10 @@ def test_results_status_ends_in_the_outcome(
     assert "broken.pt" in panel.result.text()
     panel.checkpoint.setText(str(tmp_path / "missing.pt"))
     assert panel.run() is None
-    assert "No checkpoint at" in panel.result.text()
+    assert f"No checkpoint at '{tmp_path / 'missing.pt'}'" in panel.result.text()
+    panel.checkpoint.setText("")
+    assert panel.run() is None
+    assert panel.result.text().startswith("No checkpoint chosen: train a model"), panel.result.text()
 
 
 def test_count_tiles_error_is_the_last_word(

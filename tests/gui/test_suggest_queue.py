@@ -147,7 +147,8 @@ def test_no_checkpoint_is_said_in_the_status_line_and_nothing_runs(
     box = dock("Results").suggest
     qtbot.mouseClick(box.suggest_button, Qt.MouseButton.LeftButton)
     assert box.worker is None
-    assert box.status.text().startswith("No place to suggest: no checkpoint at "), box.status.text()
+    status = box.status.text()  # nothing typed in the checkpoint field: not "no checkpoint at '.'"
+    assert status.startswith("No place to suggest: no checkpoint chosen: train a model"), status
     assert any(n.severity == "error" for n in notifications)
 
 

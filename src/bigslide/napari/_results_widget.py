@@ -177,6 +177,15 @@ class ResultsWidget(HeatmapExports, Panel):
 
         return checkpoint_of(Path(self.checkpoint.text().strip()).expanduser())
 
+    def checkpoint_problem(self) -> str | None:
+        """Why no checkpoint can be used (none chosen, or no file where it points), else None."""
+        if not self.checkpoint.text().strip():
+            return "no checkpoint chosen: train a model (Train panel) or choose a .pt file above"
+        checkpoint = self.chosen_checkpoint()
+        if not checkpoint.is_file():
+            return f"no checkpoint at '{checkpoint}': train a model or choose a .pt file above"
+        return None
+
     # -- inference -----------------------------------------------------------------------------------
     def run(self, checkpoint: Path | None = None, *, preview: bool = False) -> Any:
         """Predict the chosen slide in a worker thread; returns the started worker (or None). A `preview`
@@ -186,8 +195,9 @@ class ResultsWidget(HeatmapExports, Panel):
         if slide is None:
             self._fail("Open a slide first (File ▸ Open), then choose it above.")
             return None
-        if not checkpoint.is_file():
-            self._fail(f"No checkpoint at '{checkpoint}': train a model or choose a .pt file.")
+        problem = None if checkpoint.is_file() else self.checkpoint_problem()
+        if problem is not None:
+            self._fail(f"{problem[0].upper()}{problem[1:]}.")
             return None
         row = self.session.row(slide.metadata["path"])
         regions = row.regions if row is not None else None

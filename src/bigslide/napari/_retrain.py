@@ -67,6 +67,8 @@ class ResultsPanel(Protocol):
 
     def chosen_checkpoint(self) -> Path: ...
 
+    def checkpoint_problem(self) -> str | None: ...
+
     def map_ahead(self, slide: Any, prediction: Any, key: str) -> None: ...
 
 
@@ -171,14 +173,14 @@ class RetrainBox(QGroupBox):
 
     def problems(self) -> list[str]:
         slide = self.panel.slide_layer()
-        checkpoint = self.panel.chosen_checkpoint()
         typed = [text for text in (self.epochs.refusal(), self.weight.refusal()) if text]
         if typed:
             return typed
         if slide is None:
             return ["open a slide and choose it above: its map is followed and compared"]
-        if not checkpoint.is_file():
-            return [f"no checkpoint at '{checkpoint}': choose the one to retrain above"]
+        problem = self.panel.checkpoint_problem()
+        if problem is not None:
+            return [problem]
         if not any(r.annotations for r in self.panel.session.rows):
             return ["no slide has saved annotations: draw some (Draw) and press Save"]
         return []

@@ -69,6 +69,8 @@ class ResultsPanel(Protocol):
 
     def chosen_checkpoint(self) -> Path: ...
 
+    def checkpoint_problem(self) -> str | None: ...
+
 
 def answer_keys(lesions: Sequence[str]) -> dict[str, str]:
     """The key of each lesion class: L for a task's one lesion class; with several, the first letter of
@@ -137,8 +139,9 @@ class SuggestBox(QGroupBox):
         try:
             if self.count.refusal():
                 raise BigslideError(self.count.refusal() or "")
-            if not checkpoint.is_file():
-                raise BigslideError(f"no checkpoint at '{checkpoint}': choose a trained one above")
+            problem = self.panel.checkpoint_problem()
+            if problem is not None:
+                raise BigslideError(problem)
             table = self.session.table()
             table = table.like([e for e in table.entries if e.split in (None, "train")])
             if not table.entries:
