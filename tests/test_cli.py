@@ -156,7 +156,7 @@ def test_train_then_predict_and_heatmap_from_a_fresh_process(slide_csv: Path, tm
     )
     assert done.returncode == 1  # the slide that is not one failed; the other was predicted
     assert "fake.svs" in one_line(done.stderr)
-    assert "1 slides predicted, 0 skipped (outputs present), 1 failed" in done.stdout
+    assert "1 slide predicted, 0 skipped (outputs present), 1 failed" in done.stdout
     assert "fake.svs" in (tmp_path / "p" / "predictions.csv").read_text().splitlines()[2]
 
     heat = [sys.executable, "-m", "bigslide", "heatmap", "--slide", str(slide_csv.parent / "slide_000.svs")]

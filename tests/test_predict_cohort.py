@@ -137,7 +137,7 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
     replaced = table.entries[0].path
     os.utime(replaced, ns=(replaced.stat().st_atime_ns, replaced.stat().st_mtime_ns + 1_000_000_000))
     code, stdout, _ = predict(args, capsys)
-    assert "1 slides predicted, 2 skipped (outputs present), 0 failed" in stdout
+    assert "1 slide predicted, 2 skipped (outputs present), 0 failed" in stdout
 
     code, stdout, _ = predict([*args, "--overwrite"], capsys)
     assert "3 slides predicted, 0 skipped (outputs present), 0 failed" in stdout
@@ -223,7 +223,7 @@ def test_a_slide_interrupted_while_written_leaves_no_file_under_a_final_name(
 
     code, stdout, _ = predict(args, capsys)
     assert code == 0
-    assert "1 slides predicted, 2 skipped (outputs present), 0 failed" in stdout
+    assert "1 slide predicted, 2 skipped (outputs present), 0 failed" in stdout
     assert len(read_csv(out / "predictions.csv")) == 3
 
 

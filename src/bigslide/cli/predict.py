@@ -43,6 +43,7 @@ from bigslide.engine.inference import Trained, load_trained
 from bigslide.engine.slide_prediction import SlideFailure
 from bigslide.errors import ConfigError, DataError
 from bigslide.explain.tissue_check import FOLDER, warnings_for
+from bigslide.words import counted
 from bigslide.wsi.names import output_names
 
 
@@ -62,8 +63,8 @@ class CohortRun:
         rate = (self.predicted + self.failed) / self.seconds if self.seconds else 0.0
         tiles = f", {self.tiles / self.seconds:.0f} tiles/s" if self.tiles and self.seconds else ""
         return (
-            f"{self.predicted} slides predicted, {self.skipped} skipped (outputs present), {self.failed} "
-            f"failed; wall time {self.seconds:.1f} s ({rate:.2f} slides/s{tiles})"
+            f"{counted(self.predicted, 'slide')} predicted, {self.skipped} skipped (outputs present), "
+            f"{self.failed} failed; wall time {self.seconds:.1f} s ({rate:.2f} slides/s{tiles})"
         )
 
 

@@ -11,6 +11,7 @@ from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.suggest import suggest_from_checkpoint
 from bigslide.errors import DataError
 from bigslide.explain.suggest import write_suggestions
+from bigslide.words import counted
 
 
 def run_suggest(args: argparse.Namespace) -> int:
@@ -44,6 +45,6 @@ def run_suggest(args: argparse.Namespace) -> int:
         x, y = s.centre
         print(f"{s.rank:3d}. {Path(s.slide).name} at ({x:.0f}, {y:.0f}): {s.reason}")
     slides = len({s.slide for s in suggestions})
-    print(f"{len(suggestions)} suggestions on {slides} slide{'s' if slides != 1 else ''}: {written[0]}")
+    print(f"{counted(len(suggestions), 'suggestion')} on {counted(slides, 'slide')}: {written[0]}")
     print(f"for QuPath, one file per slide in {written[0].with_suffix('')}/")
     return 0

@@ -21,7 +21,6 @@ from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
 from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._roles import layers_with_role, left_by_closed_slides
-from bigslide.napari._session import counted
 from bigslide.napari._toasts import show_error, show_info, show_warning
 from bigslide.tiling.annotations import (
     LESION,
@@ -32,6 +31,7 @@ from bigslide.tiling.annotations import (
     read_annotations,
     write_annotations,
 )
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     import napari

@@ -15,6 +15,7 @@ from psygnal import Signal
 
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
@@ -260,11 +261,6 @@ class Session:
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
-
-
-def counted(n: int, noun: str) -> str:
-    """'1 slide', '2 slides': a count with its noun in the right number."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def session_for(viewer: napari.Viewer) -> Session:

@@ -15,10 +15,10 @@ from qtpy.QtWidgets import QCheckBox, QFileDialog, QFormLayout, QHBoxLayout, QLa
 from bigslide.napari._formats import SUFFIXES
 from bigslide.napari._number import NumberField
 from bigslide.napari._qt import connect_while_alive, scrolled
-from bigslide.napari._session import counted
 from bigslide.napari._slides_table import SlidesTable
 from bigslide.napari._toasts import show_error, show_info
 from bigslide.tiling.pixel_classes import PEN_FLATNESS
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache

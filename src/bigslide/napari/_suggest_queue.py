@@ -25,9 +25,9 @@ from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
 from bigslide.napari._placement import placement_of
 from bigslide.napari._roles import remove_layers, slide_layers
-from bigslide.napari._session import counted
 from bigslide.napari._toasts import show_error
 from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colour
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     import napari
