@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from qtpy.QtCore import QPoint, QRect
+from qtpy.QtWidgets import QScrollArea
 
 from tests.gui.test_train import train_panel
 
@@ -32,6 +33,11 @@ def test_the_tabbed_panels_fit_the_screen_while_training(
     qtbot.waitExposed(window)
     assert window.minimumSizeHint().height() <= SCREEN.height()
     assert window.frameGeometry().height() <= SCREEN.height()
+    for tab in range(panels.tabs.count()):  # every panel fits the dock's width: nothing scrolls sideways
+        panels.tabs.setCurrentIndex(tab)
+        qtbot.wait(50)
+        for area in panels.tabs.currentWidget().findChildren(QScrollArea):
+            assert not area.horizontalScrollBar().isVisible(), panels.tabs.tabText(tab)
 
     train = panels.train
     train.max_steps.setValue(6)

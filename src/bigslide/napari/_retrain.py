@@ -94,7 +94,7 @@ class RetrainBox(QGroupBox):
             minimum=0,
             tip="Weight of the loss on annotated tiles beside the slide loss (data.instance_weight)",
         )
-        self.anew = QCheckBox("train anew (many outlines; as many epochs as the first run)")
+        self.anew = QCheckBox("train anew (for many outlines)")  # the rest in its tip: the panel stays narrow
         self.anew.setToolTip(
             "Trains the checkpoint's model from its starting weights instead of continuing from the "
             "checkpoint, the annotations taught from the first epoch: slower (as many epochs as the first "
