@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import shapely
 import yaml
-from qtpy.QtCore import Qt
+from qtpy.QtCore import QPoint, Qt
 
 from bigslide.data.table import SlideTable
 from bigslide.engine.config import TrainConfig
@@ -176,7 +176,8 @@ def test_retrain_anew_trains_from_the_models_starting_weights_for_the_first_runs
     _slides, panel, _checkpoint = retrain_ready(viewer, dock, qtbot, tiny_set, tmp_path)
     retrain = panel.retrain
     assert retrain.epochs.value() == 5  # a fine-tune's few epochs ...
-    qtbot.mouseClick(retrain.anew, Qt.MouseButton.LeftButton)
+    box = retrain.anew  # clicked on its box, as a person does (its label is shorter than the panel)
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
     assert retrain.anew.isChecked()
     assert retrain.epochs.value() == 1  # ... anew, as many as the first run's
     config = retrain.write_folder()

@@ -208,3 +208,14 @@ def test_slides_added_from_the_dialog_become_unlabelled_rows_without_opening(
     qtbot.mouseClick(panel.add_button, Qt.MouseButton.LeftButton)  # the same again: no second row
     assert panel.table.rowCount() == 2
     assert panel.status.text().startswith("Added 0 slides")
+
+
+def test_the_panels_ask_for_labels_only_for_the_slides_without_one(dock: Any, tiny_set: Path) -> None:
+    panel, train = dock("Slides"), dock("Train")
+    panel.load_csv(tiny_set)  # every row labelled
+    said = "each slide's class is in the Label column (type over one to change it)."
+    assert panel.status.text().endswith(said)
+    assert train.status.text() == "Every slide has its class: press Start to train."
+    panel.table.item(0, panel.column("Label")).setText("")  # a class erased in its cell
+    assert "type a class in the Label column for the 1 slide without one" in panel.status.text()
+    assert train.status.text().startswith("Label the 1 slide without a class in the Slides panel")

@@ -25,6 +25,7 @@ from qtpy.QtWidgets import (
 
 from bigslide.napari._number import parse_number
 from bigslide.napari._panel import Panel
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     from qtpy.QtWidgets import QLabel
@@ -183,7 +184,7 @@ class SlidesTable(Panel):
         if not rows:
             return "Open slides (File ▸ Open) or load a slide table."
         what = {
-            "classification": "type each slide's class in the Label column",
+            "classification": labels_to_type(rows),
             "survival": "each slide's time and event (1 observed, 0 censored) come from the table",
             "regression": "each slide's target comes from the table",
         }[self.session.task]
@@ -217,7 +218,7 @@ class SlidesTable(Panel):
         name = self.columns[item.column()]
         text = item.text().strip()
         if name == "Label":
-            row.label = text
+            self.session.update(row.path, label=text)  # the panels' next-step lines follow
         elif name == "Split":
             self.session.update(row.path, split=item.data(Qt.ItemDataRole.UserRole) or "")
         elif name in ("Time", "Event", "Target"):
@@ -247,3 +248,13 @@ class SlidesTable(Panel):
         rows = sorted({index.row() for index in self.table.selectedIndexes()}, reverse=True)
         for i in rows:
             self.session.remove(self.session.rows[i].path)
+
+
+def labels_to_type(rows: list[SlideRow]) -> str:
+    """What the Label column still needs, in words."""
+    unlabelled = sum(1 for r in rows if not r.label.strip())
+    if unlabelled == len(rows):
+        return "type each slide's class in the Label column"
+    if unlabelled:
+        return f"type a class in the Label column for the {counted(unlabelled, 'slide')} without one"
+    return "each slide's class is in the Label column (type over one to change it)"

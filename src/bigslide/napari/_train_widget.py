@@ -23,6 +23,7 @@ from bigslide.napari._qt import connect_while_alive
 from bigslide.napari._time_left import TimeLeft
 from bigslide.napari._toasts import saved_in, show_error, show_info
 from bigslide.napari._train_form import TrainForm
+from bigslide.words import counted
 
 if TYPE_CHECKING:
     from bigslide.napari._session import Session
@@ -88,7 +89,13 @@ class TrainWidget(TrainForm):
         if not rows:
             self.status.setText("Open slides or load a slide table in the Slides panel, then press Start.")
         elif self.session.task == "classification":
-            self.status.setText("Label the slides in the Slides panel (Label column), then press Start.")
+            unlabelled = sum(1 for r in rows if not r.label.strip())
+            self.status.setText(
+                f"Label the {counted(unlabelled, 'slide')} without a class in the Slides panel "
+                "(Label column), then press Start."
+                if unlabelled
+                else "Every slide has its class: press Start to train."
+            )
         else:
             what = "times and events" if self.session.task == "survival" else "targets"
             self.status.setText(f"The {what} come from {self.session.table_name}: press Start to train.")
