@@ -100,6 +100,7 @@ def main() -> None:
     window = viewer.window._qt_window
     window.setGeometry(0, 0, 1600, 1000)
     _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
+    wait_until(lambda: panels.ready)  # built once the warm-up has loaded PyTorch
     slides, train, results = panels.slides, panels.train, panels.results
     process(500)
 
