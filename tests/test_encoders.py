@@ -207,6 +207,16 @@ def test_layers_a_model_card_passes_to_timm_are_backbone_args_and_travel_with_th
     np.testing.assert_allclose(without.probs, with_cache.probs, rtol=1e-6)
 
 
+def test_virchow2_by_its_name_alone_is_built_as_its_card_builds_it(hub_cache: Path) -> None:
+    torch.manual_seed(5)
+    published = timm.create_model("test_vit", **TOKENS_ARGS, **backbone_arguments(CARD_ARGS))
+    put_in_cache(hub_cache, "paige-ai/Virchow2", "test_vit", TOKENS_ARGS, published)
+    encoder = ModelSpec(backbone="hf-hub:paige-ai/Virchow2", pretrained=True).encoder().eval()
+    for name, value in published.state_dict().items():  # the published weights, every one of them fitting
+        assert torch.equal(encoder.backbone.vit.state_dict()[name], value), name
+    assert encoder.dim == 2 * published.num_features  # class token beside the patch tokens' mean
+
+
 PLAIN_MODULES = """
 import torch
 from torch import nn

@@ -26,7 +26,7 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
 from bigslide.data.stain_norm import StainFit
 from bigslide.errors import ConfigError
-from bigslide.nn.backbones import Encoder, backbone_arguments, create_encoder
+from bigslide.nn.backbones import Encoder, backbone_arguments, card_arguments, create_encoder
 from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class ModelSpec:
                 weights=self.weights,
                 out_dim=out_dim,
                 recipe=self.recipe,
-                **{**backbone_arguments(self.backbone_args), **kwargs},
+                **{**backbone_arguments(card_arguments(self.backbone, self.backbone_args)), **kwargs},
             )
         except TypeError as err:
             if kwargs or not self.backbone_args:

@@ -172,6 +172,21 @@ def create_encoder(
     return encoder
 
 
+CARD_ARGUMENTS = {
+    repo: {"mlp_layer": "timm.layers.SwiGLUPacked", "act_layer": "torch.nn.SiLU"}
+    for repo in ("paige-ai/Virchow", "paige-ai/Virchow2")
+}
+"""What these hub models' cards pass to `timm.create_model` beside the name (their config.json cannot hold
+layers): taken when `model.backbone_args` gives none, so that the name alone builds the published model."""
+
+
+def card_arguments(name: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`args`, or, when they are empty, what the model card of hub model `name` passes (`CARD_ARGUMENTS`)."""
+    if args or not name.startswith(HUB_PREFIXES):
+        return args
+    return CARD_ARGUMENTS.get(name.split(":", 1)[1], {})
+
+
 def backbone_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
     """`model.backbone_args` as the backbone's builder takes them: a string naming an object
     (`OBJECT_NAME`, e.g. `timm.layers.SwiGLUPacked`, `torch.nn.SiLU`) is that object, every other value
@@ -208,7 +223,7 @@ def _misfit(name: str, err: RuntimeError) -> str | None:
     return (
         f"{name}: its weights do not fit the model its configuration builds ({detail}): a model whose card "
         "passes layers to timm.create_model beside its name needs them as model.backbone_args, e.g. "
-        "{mlp_layer: timm.layers.SwiGLUPacked, act_layer: torch.nn.SiLU} for Virchow2 and UNI2-h"
+        "{mlp_layer: timm.layers.SwiGLUPacked, act_layer: torch.nn.SiLU}, as UNI2-h's card passes them"
     )
 
 
