@@ -30,6 +30,7 @@ from bigslide.engine.inference import load_trained
 from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.errors import DataError
 from bigslide.synthetic.slide_set import make_slide_set
+from bigslide.words import counted
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +229,8 @@ def test_prediction_goes_on_when_a_worker_is_killed_and_names_a_slide_that_kills
     assert str(bad) in failed[0]
     assert "twice" in failed[0]
     assert (
-        f"{len(table) - 1} slides predicted, 0 skipped (outputs present), 1 failed" in capsys.readouterr().out
+        f"{counted(len(table) - 1, 'slide')} predicted, 0 skipped (outputs present), 1 failed"
+        in capsys.readouterr().out
     )
 
 
