@@ -151,7 +151,25 @@ def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
     np.testing.assert_allclose(
         layer.edge_color[0][:3], np.array(class_colour("tumor", ["normal", "tumor"])) / 255
     )
-    assert "tumor" in panel.annotate.status.text()
+    assert panel.annotate.status.text().startswith("Read 1 annotation (tumor) from qupath.geojson;")
+
+    # another slide's export: it lies off this one, so it is refused and names where it lies
+    off = {"type": "Polygon", "coordinates": [[[9000, 9000], [9500, 9000], [9500, 9400], [9000, 9000]]]}
+    features = json.loads(export.read_text())["features"]
+    far = tmp_path / "another-slide.geojson"
+    far.write_text(json.dumps({"type": "FeatureCollection", "features": [{**features[0], "geometry": off}]}))
+    assert panel.annotate.load(far) is None
+    status = panel.annotate.status.text()
+    assert status.startswith(f"another-slide.geojson: none of its 1 outline lies on {slide.name} ("), status
+    assert "x 9000..9500, y 9000..9400" in status
+    assert list(panel.annotate.layer().features["class"]) == ["tumor"]  # what was read before stays
+    # some on the slide, some off: those off are left out, and counted
+    both = tmp_path / "both.geojson"
+    both.write_text(
+        json.dumps({"type": "FeatureCollection", "features": [*features, {**features[0], "geometry": off}]})
+    )
+    assert len(panel.annotate.load(both).data) == 1
+    assert "1 outline outside" in panel.annotate.status.text()
 
 
 def retrain_ready(

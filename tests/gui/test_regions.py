@@ -13,7 +13,7 @@ from bigslide.napari._session import scale_bar_of
 from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.grid import TileGrid
-from bigslide.tiling.regions import load_regions
+from bigslide.tiling.regions import Region, load_regions, save_regions
 from bigslide.wsi.slide import open_slide
 from tests.gui.test_typed_numbers import type_into
 from tests.test_focus_rule import PATCH, soft_scan_with_a_blurred_patch
@@ -55,6 +55,13 @@ def test_draw_save_load_regions(viewer: Any, dock: Any, tmp_path: Path, svs_slid
     viewer.layers.remove(layer)
     loaded = panel.load_geojson(saved)
     np.testing.assert_allclose(np.sort(loaded.data[0][:, ::-1], axis=0), np.sort(expected, axis=0))
+
+    # regions of another, larger slide: refused naming where they lie, and the table keeps its file
+    far = tmp_path / "another-slide.geojson"
+    save_regions([Region(shapely.box(90_000, 90_000, 91_000, 91_000))], far)
+    assert panel.load_geojson(far) is None
+    assert "x 90000..91000, y 90000..91000 lies outside the slide" in panel.status.text(), panel.status.text()
+    assert panel.session.row(svs_slide.path).regions == saved.resolve()
 
     # the slide closed with its regions drawn: Save says where they wait, and writes nothing
     viewer.layers.remove(slide)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import shapely
 from napari.qt.threading import create_worker
 from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
@@ -251,14 +252,28 @@ class AnnotateBox(QGroupBox):
         except BigslideError as err:
             self._fail(str(err))
             return None
+        width, height = slide.metadata["level_dimensions"][0]
+        frame = shapely.box(0, 0, width, height)
+        on_slide = [a for a in annotations if a.geometry.intersects(frame)]
+        if annotations and not on_slide:
+            x0, y0, x1, y1 = shapely.union_all([a.geometry for a in annotations]).bounds
+            self._fail(
+                f"{Path(path).name}: none of its {counted(len(annotations), 'outline')} lies on {slide.name} "
+                f"({width} x {height} px; they span x {x0:.0f}..{x1:.0f}, y {y0:.0f}..{y1:.0f}): an export "
+                "of another slide? Nothing was read."
+            )
+            return None
         old = annotation_layer(self.viewer, slide.metadata["path"])
         if old is not None:
             self.viewer.layers.remove(old)
-        layer = add_annotation_layer(self.viewer, slide, annotations, self._classes())
-        names = sorted({a.name for a in annotations})
+        layer = add_annotation_layer(self.viewer, slide, on_slide, self._classes())
+        names = sorted({a.name for a in on_slide})
+        off = len(annotations) - len(on_slide)
         self.status.setText(
-            f"Read {len(annotations)} annotations ({', '.join(names) or 'none'}) from {Path(path).name}; "
-            "press Save to keep them with the slide table."
+            f"Read {counted(len(on_slide), 'annotation')} ({', '.join(names) or 'none'}) from "
+            f"{Path(path).name}"
+            + (f"; {counted(off, 'outline')} outside {slide.name} left out" if off else "")
+            + "; press Save to keep them with the slide table."
         )
         return layer
 

@@ -144,9 +144,10 @@ class RegionsWidget(Panel):
         return layer
 
     def load_geojson(self, path: str | Path | None = None) -> Any:
-        from bigslide.tiling.regions import load_regions, split_regions
+        from bigslide.tiling.regions import check_inside, load_regions, split_regions
 
-        if self._require_slide() is None:
+        slide = self._require_slide()
+        if slide is None:
             return None
         if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Load regions", "", OUTLINE_FILES)
@@ -154,8 +155,11 @@ class RegionsWidget(Panel):
                 return None
         try:
             regions = load_regions(path)
+            # regions of another slide would be kept in the table and fail the run: refused here
+            check_inside(regions, tuple(slide.metadata["level_dimensions"][0]), f"{path} on {slide.name}")
         except BigslideError as err:
             show_error(str(err))
+            self.status.setText(str(err))
             return None
         include, exclude = split_regions(regions)
         layer = self.regions_layer(create=bool(include) or not exclude)
