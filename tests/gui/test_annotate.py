@@ -168,8 +168,10 @@ def test_a_qupath_export_is_drawn_on_the_slide_in_its_classes_colours(
     both.write_text(
         json.dumps({"type": "FeatureCollection", "features": [*features, {**features[0], "geometry": off}]})
     )
-    assert len(panel.annotate.load(both).data) == 1
-    assert "1 outline outside" in panel.annotate.status.text()
+    assert len(panel.annotate.load(both).data) == 2  # the outline read before stays: nothing is lost
+    status = panel.annotate.status.text()
+    assert "1 outline outside" in status
+    assert "beside the 1 outline already there" in status
 
 
 def retrain_ready(

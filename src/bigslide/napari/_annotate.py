@@ -238,7 +238,7 @@ class AnnotateBox(QGroupBox):
         return saved
 
     def load(self, path: str | Path | None = None) -> Any:
-        """Read a QuPath GeoJSON export onto the chosen slide (replacing what its layer holds)."""
+        """Read a QuPath GeoJSON export onto the chosen slide, beside the outlines its layer holds."""
         slide = self.slide_layer()
         if slide is None:
             self._fail("Open a slide first, then choose it above.")
@@ -264,15 +264,18 @@ class AnnotateBox(QGroupBox):
             )
             return None
         old = annotation_layer(self.viewer, slide.metadata["path"])
-        if old is not None:
+        kept: list[Annotation] = []
+        if old is not None:  # what is drawn already stays (it may not be saved): the file's are added
+            kept, _flat = layer_annotations(old)
             self.viewer.layers.remove(old)
-        layer = add_annotation_layer(self.viewer, slide, on_slide, self._classes())
+        layer = add_annotation_layer(self.viewer, slide, kept + on_slide, self._classes())
         names = sorted({a.name for a in on_slide})
         off = len(annotations) - len(on_slide)
         self.status.setText(
             f"Read {counted(len(on_slide), 'annotation')} ({', '.join(names) or 'none'}) from "
             f"{Path(path).name}"
             + (f"; {counted(off, 'outline')} outside {slide.name} left out" if off else "")
+            + (f", beside the {counted(len(kept), 'outline')} already there" if kept else "")
             + "; press Save to keep them with the slide table."
         )
         return layer
