@@ -51,7 +51,7 @@ class ModelConfig:
                 f"{self.backbone_args!r}"
             )
         if self.backbone_args:  # a misnamed layer fails here, not when the model is built
-            from bigslide.nn.backbones import backbone_arguments
+            from bigslide.nn.backbone_args import backbone_arguments
 
             backbone_arguments(self.backbone_args)
 

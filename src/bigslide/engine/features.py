@@ -27,7 +27,7 @@ from bigslide.engine.events import Event, Message
 from bigslide.errors import ConfigError
 from bigslide.methods.base import Method
 from bigslide.methods.replay import encode_chunks
-from bigslide.nn.backbones import encoder_identity
+from bigslide.nn.backbone_args import encoder_identity
 
 
 def weights_fingerprint(module: nn.Module) -> str:

@@ -26,7 +26,8 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.sample import Batch, Sample
 from bigslide.data.stain_norm import StainFit
 from bigslide.errors import ConfigError
-from bigslide.nn.backbones import Encoder, backbone_arguments, card_arguments, create_encoder
+from bigslide.nn.backbone_args import backbone_arguments, card_arguments
+from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.losses import endpoint_loss, endpoint_outputs, endpoint_score
 
 if TYPE_CHECKING:
