@@ -133,7 +133,7 @@ def test_predict_writes_one_row_per_case_and_a_heatmap_per_slide(
         rows = list(csv.DictReader(f))
     table = SlideTable.from_csv(cases_csv)
     assert [r["case"] for r in rows] == list(table.cases())
-    assert list(rows[0])[:3] == ["case", "slides", "predicted"]
+    assert list(rows[0])[:4] == ["case", "slides", "label", "predicted"]  # the table's label beside
     for row, slides in zip(rows, table.cases().values(), strict=True):
         assert row["slides"].split(";") == [str(table.entries[i].path) for i in slides]
         assert float(row["p_normal"]) + float(row["p_tumor"]) == pytest.approx(1.0, abs=1e-5)

@@ -88,7 +88,7 @@ def test_decode_processes_predict_what_one_process_and_predict_slides_do(
     # the path every slide went through before: one slide after another, tiles on threads
     table = SlideTable.from_csv(cohort, classes=["normal", "tumor"], labels_required=False)
     preds, _ = predict_slides(ckpt, table, device="cpu", repeats=0)
-    reference = write_predictions(preds, tmp_path / "reference", heatmaps=True)
+    reference = write_predictions(preds, tmp_path / "reference", heatmaps=True, table=table)
     assert (outs[2] / "predictions.csv").read_text() == reference.read_text()
     rows = read_csv(outs[2] / "predictions.csv")
     assert [r["error"] for r in rows] == ["", "", ""]
@@ -111,7 +111,7 @@ def test_a_rerun_keeps_what_is_done_and_overwrite_predicts_again(
     args = ["--slides", str(cohort), "--checkpoint", str(ckpt), "--out", str(out), "--workers", "0"]
     assert predict(args, capsys)[0] == 0
     first = (out / "predictions.csv").read_text()
-    rebuilt = ("predictions.csv", "tissue_check.csv")  # from the slides' rows, on every run
+    rebuilt = ("predictions.csv", "tissue_check.csv", "cohort_metrics.json")  # rebuilt each run
     check = (out / "tissue_check.csv").read_text()
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name not in rebuilt)
     stamps = {p: p.stat().st_mtime_ns for p in files}

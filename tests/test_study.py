@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sksurv.metrics import concordance_index_censored
 
 from bigslide.cli.main import main
 from bigslide.engine import run_to_end, train
@@ -108,13 +109,19 @@ def test_survival_from_the_cli_predicts_risks_and_draws_kaplan_meier(
     with (tmp_path / "p" / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12
-    assert list(rows[0])[:2] == ["slide", "risk"]
+    assert list(rows[0])[:4] == ["slide", "time", "event", "risk"]
     curves = np.array([[float(v) for k, v in row.items() if k.startswith("survival_")] for row in rows])
     assert curves.shape == (12, 4)  # data.time_bins 4 intervals
     assert np.all(np.diff(curves, axis=1) <= 0)
     risks = np.array([float(row["risk"]) for row in rows])
     assert risks == pytest.approx(-curves.sum(axis=1), abs=1e-5)
     assert (tmp_path / "p" / "km.png").stat().st_size > 0
+    # the table's times and events make the cohort a scored one: its C-index, from the CSV's own columns
+    times = np.array([float(row["time"]) for row in rows])
+    observed = np.array([row["event"] == "1" for row in rows])
+    scored = json.loads((tmp_path / "p" / "cohort_metrics.json").read_text())
+    c_index = concordance_index_censored(observed, times, risks)[0]
+    assert scored["metrics"]["c_index"] == pytest.approx(c_index, abs=1e-5)
     maps = {p.name.split(".")[1] for p in (tmp_path / "p" / "heatmaps").glob("*.npz")}
     assert maps == {"attention", "risk"}
 
@@ -132,7 +139,7 @@ def test_regression_from_the_cli_predicts_numbers_in_the_tables_units(
     )
     with (out / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["slide", "predicted", "error"]
+    assert list(rows[0]) == ["slide", "target", "predicted", "error"]
     assert not any(r["error"] for r in rows)
     targets = [float(r["target"]) for r in csv.DictReader(regression_csv.open())]
     predicted = [float(r["predicted"]) for r in rows]

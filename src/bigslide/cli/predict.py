@@ -37,6 +37,8 @@ from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import tile_cache_for
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.cohort import SlideOutcome, predict_cohort
+from bigslide.engine.cohort_score import FILE_NAME as SCORE_FILE
+from bigslide.engine.cohort_score import CohortScore
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.distributed import DistContext, from_environment
 from bigslide.engine.inference import Trained, load_trained
@@ -58,6 +60,7 @@ class CohortRun:
     seconds: float
     csv: Path | None  # None when stopped before the end, or on a rank other than 0
     stopped: bool = False
+    score: CohortScore | None = None  # the table's labelled cases scored (rank 0, not stopped)
 
     def line(self) -> str:
         rate = (self.predicted + self.failed) / self.seconds if self.seconds else 0.0
@@ -144,7 +147,11 @@ def run_predict(args: argparse.Namespace) -> int:
         return 1 if run.failed else 0
     if endpoint.task == "classification":
         print(trained.decision.describe(trained.classes))
+    for line in run.score.lines() if run.score is not None else []:
+        print(line)
     print(f"predictions: {run.csv}")
+    if run.score is not None:
+        print(f"figures of the labelled cases: {run.csv.parent / SCORE_FILE}")
     if (run.csv.parent / "tissue_check.csv").is_file():
         print(
             f"tissue check: {run.csv.parent / 'tissue_check.csv'} and a thumbnail per slide in tissue_check/"
@@ -243,12 +250,12 @@ def predict_to(
                     tally.add(outcome)
             tally.bar.close()
     predicted, failed, tiles = tally.predicted, tally.failed, tally.tiles
-    csv = None
+    csv, score = None, None
     if not stopped:
         ranks.barrier()  # every rank's slides are written
     if not stopped and ranks.is_main:
         method = trained.method
-        csv = slide_rows.assemble_predictions(
+        csv, score = slide_rows.assemble_predictions(
             out,
             table,
             classes=trained.classes,
@@ -257,7 +264,7 @@ def predict_to(
             epochs=trained.epochs,
             decision=trained.decision,
         )
-    return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv, stopped)
+    return CohortRun(predicted, skipped, failed, tiles, time.perf_counter() - start, csv, stopped, score)
 
 
 def rank_share(table: SlideTable, todo: list[int], rank: int, world: int) -> list[int]:

@@ -12,7 +12,8 @@ import numpy as np
 
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
-from bigslide.data.table import SlideTable
+from bigslide.data.table import TASK_COLUMNS, SlideEntry, SlideTable
+from bigslide.engine.cohort_score import labelled
 from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
@@ -83,12 +84,16 @@ def write_predictions(
         if heatmaps and isinstance(r, SlidePrediction):
             write_heatmaps(r, out / "heatmaps", name=files[Path(r.slide)])
     names = ["case", "slides"] if by_case else ["slide"]
+    entries = {e.path: e for e in table.entries} if table is not None else {}
+    # the table's own values beside the prediction, when it gives them: a labelled cohort reads as scored
+    truth = TASK_COLUMNS[endpoint.task] if any(labelled(e, endpoint.task) for e in entries.values()) else ()
     decision = next((p.decision for p in preds if p.decision is not None), None)
     # two classes: the threshold the class was called with, on every row
     called = decision is not None and decision.source != "argmax" and len(endpoint.classes) == 2
     lines = [
         [
             *names,
+            *truth,
             *_columns(endpoint.task),
             *(["threshold"] if called else []),
             *endpoint.output_names,
@@ -98,6 +103,7 @@ def write_predictions(
     firsts: list[SlidePrediction] = []
     for key, group in groups.items():
         named = [key, ";".join(str(g.slide) for g in group)] if by_case else [key]
+        named += _truth(entries.get(group[0].slide), truth)
         failed = [g for g in group if isinstance(g, SlideFailure)]
         if failed:
             error = "; ".join(dict.fromkeys(f.error for f in failed))  # a case's failure, said once
@@ -120,6 +126,12 @@ def write_predictions(
             event = np.array([e.event for e, _ in scored], dtype=float)
             km_plot(risk_groups(time, event, np.array([r for _, r in scored])), out / "km.png")
     return path
+
+
+def _truth(entry: SlideEntry | None, columns: Sequence[str]) -> list[str]:
+    """The table's values of `columns` on `entry`'s row ('' where it gives none)."""
+    values = [getattr(entry, c, None) if entry is not None else None for c in columns]
+    return ["" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in values]
 
 
 def _columns(task: str) -> list[str]:

@@ -8,7 +8,8 @@ the row last, so a row on disk means the slide's outputs are whole. A rerun keep
 holds a prediction made with the same checkpoint (by content), repeats and slide_mpp (and heatmaps, when
 asked for) of the slide file as it is now (its size and modification time: a file replaced under the same
 name is predicted again) and predicts the others, failed ones included. `predictions.csv` is then rebuilt
-from the rows of the table's slides, in table order.
+from the rows of the table's slides, in table order, and, where the table labels its cases, their score
+(`bigslide.engine.cohort_score`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import files_identity
+from bigslide.engine.cohort_score import FILE_NAME as SCORE_FILE
+from bigslide.engine.cohort_score import CohortScore, score_cohort
 from bigslide.engine.decision import Decision
 from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.tissue_check import CSV_NAME, check_row, write_check_csv
@@ -105,6 +108,11 @@ def kept(out: Path, slide: Path, settings: dict[str, Any], *, heatmaps: bool) ->
     return files is not None and all((out / f).is_file() for f in files)
 
 
+class Assembled(NamedTuple):
+    csv: Path
+    score: CohortScore | None  # None: the table labels none of the cases predicted
+
+
 def assemble_predictions(
     out: Path,
     table: SlideTable,
@@ -114,9 +122,10 @@ def assemble_predictions(
     titles: dict[str, str] | None = None,
     epochs: int = 0,
     decision: Decision | None = None,
-) -> Path:
+) -> Assembled:
     """`predictions.csv` (and the survival plot) from the rows of `table`'s slides, in table order; a
-    slide without a row (not reached yet) is left out. Classes are called by `decision`."""
+    slide without a row (not reached yet) is left out. Classes are called by `decision`. Where the table
+    labels its cases, their score too (`cohort_metrics.json`)."""
     results: list[SlidePrediction | SlideFailure] = []
     for entry in table.entries:
         row = read_row(out, entry.path)
@@ -136,4 +145,10 @@ def assemble_predictions(
     ]
     if checks:
         write_check_csv(checks, out / CSV_NAME)
-    return write_predictions(results, out, heatmaps=False, table=table, endpoint=endpoint)
+    csv = write_predictions(results, out, heatmaps=False, table=table, endpoint=endpoint)
+    score = score_cohort(table, results, endpoint, decision)
+    if score is not None:
+        score.write(out)
+    else:  # no label now: a score from an earlier run on a labelled table would be taken for this one's
+        (out / SCORE_FILE).unlink(missing_ok=True)
+    return Assembled(csv, score)

@@ -9,31 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigslide.engine.metric_words import SHOWN, why_missing
 from bigslide.engine.slide_prediction import SlidePrediction
 from bigslide.explain.attention_share import attention_share
 from bigslide.tiling.annotations import NOT_LESION_NAMES, Annotation, canonical
-
-SHOWN = {
-    "accuracy": "accuracy",
-    "balanced_accuracy": "balanced accuracy",
-    "auc": "AUC",
-    "mae": "mean absolute error",
-    "pearson_r": "correlation",
-    "c_index": "C-index",
-}
-"""The validation figures the summary names, in a pathologist's words (the others are in metrics.json)."""
-WHY_MISSING = {
-    "auc": "the {split} slides are all of one class",
-    "pearson_r": "the {split} targets (or predictions) are all the same",
-    "c_index": "no two {split} cases can be ordered by their times",
-}
-SPLIT_WORDS = {"val": "validation", "train": "training"}
-
-
-def why_missing(key: str, split: str = "val") -> str:
-    """Why metric `key` of `split` ("train", "val", "test") cannot be computed, in words."""
-    words = SPLIT_WORDS.get(split, split)
-    return WHY_MISSING.get(key, "it cannot be computed on these {split} slides").format(split=words)
 
 
 @dataclass(frozen=True)

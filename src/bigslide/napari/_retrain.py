@@ -252,7 +252,7 @@ class RetrainBox(QGroupBox):
             self.progress.setRange(0, max(event.total, 1))
             self.progress.setValue(event.step)
         elif kind == "Metrics" and event.split == "val":
-            from bigslide.engine.retrain_report import SHOWN
+            from bigslide.engine.metric_words import SHOWN
 
             shown = ", ".join(
                 f"{SHOWN[k]} {v:.3f}" for k, v in event.values.items() if k in SHOWN and math.isfinite(v)

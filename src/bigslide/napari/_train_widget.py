@@ -181,7 +181,7 @@ class TrainWidget(TrainForm):
         elif kind == "Loss":
             self.loss_plot.add_point("loss", event.step, event.value)
         elif kind == "Metrics":
-            from bigslide.engine.retrain_report import why_missing  # loaded: a run is under way
+            from bigslide.engine.metric_words import why_missing  # loaded: a run is under way
 
             # the test split is scored once, after the last epoch: drawn at that epoch
             x = event.epoch + 1 if event.split != "test" else (self.metric_plot.last_x() or event.epoch)
