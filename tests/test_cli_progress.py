@@ -66,3 +66,16 @@ def test_epochs_are_counted_from_one_as_the_decision_line_counts_them(
         "test",
     ]
     assert lines[4].endswith("(balanced accuracy 0.800, epoch 2)")  # the epoch of the line "epoch 2 val"
+
+
+def test_a_figure_that_cannot_be_computed_is_named_with_its_reason_not_printed_as_nan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def run() -> Generator[Event, None, RunResult]:
+        yield Metrics(0, "val", {"accuracy": 1.0, "auc": float("nan")})
+        return RunResult(out_dir=Path("."), checkpoint=None, steps=1)
+
+    progress.run_with_progress(run())
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "nan" not in line
+    assert line == "epoch 1 val   accuracy=1.000  (auc left out: the validation slides are all of one class)"

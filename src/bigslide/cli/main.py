@@ -249,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--slides",
         required=True,
-        help="slide table (CSV with a slide column, labels optional: a labelled table is also scored), one slide, or a folder of slides",
+        help=(
+            "slide table (CSV with a slide column, labels optional: a labelled table is also scored), "
+            "one slide, or a folder of slides"
+        ),
     )
     p.add_argument("--checkpoint", required=True, type=run_checkpoint, help=CHECKPOINT_HELP)
     p.add_argument("--out", default="predictions")

@@ -10,6 +10,7 @@ saves a checkpoint of the completed steps. A second Ctrl-C interrupts at once.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.loop import RunResult
+from bigslide.engine.metric_words import why_missing
 
 LOG_EVERY_S = 30.0
 """Seconds between progress lines in a log (output that is not a terminal)."""
@@ -90,8 +92,11 @@ def progress_bar(total: int, unit: str, *, disable: bool = False) -> tqdm | LogL
     return LogLines(total, unit, disable=disable)
 
 
-def _fmt(values: dict[str, float]) -> str:
-    return "  ".join(f"{k}={v:.3f}" for k, v in values.items())
+def _fmt(values: dict[str, float], split: str) -> str:
+    """`key=value` for each figure; one that cannot be computed on `split` is named with the reason."""
+    line = "  ".join(f"{k}={v:.3f}" for k, v in values.items() if math.isfinite(v))
+    missing = [f"{k} left out: {why_missing(k, split)}" for k, v in values.items() if not math.isfinite(v)]
+    return line + (f"  ({'; '.join(missing)})" if missing else "")
 
 
 @contextmanager
@@ -143,7 +148,7 @@ def _drive(gen: Generator[Event, None, RunResult], stop: threading.Event, *, qui
                 # epochs counted from 1, as the decision line and napari count them; the test split is
                 # scored once, after the last
                 when = "test" if event.split == "test" else f"epoch {event.epoch + 1} {event.split:5s}"
-                tqdm.write(f"{when} {_fmt(event.values)}")
+                tqdm.write(f"{when} {_fmt(event.values, event.split)}")
             elif isinstance(event, CheckpointSaved):
                 tqdm.write(f"checkpoint saved: {event.path} (step {event.step})")
             elif isinstance(event, Message):
