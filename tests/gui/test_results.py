@@ -271,3 +271,30 @@ def test_a_runs_folder_typed_as_the_checkpoint_runs_its_latest_checkpoint(
     panel.checkpoint.clear()
     qtbot.keyClicks(panel.checkpoint, str(tmp_path))  # a folder of runs: itself, refused when run
     assert panel.chosen_checkpoint() == tmp_path
+
+
+def test_a_prediction_is_set_beside_the_label_the_slides_table_gives(
+    viewer: Any, dock: Any, tmp_path: Path
+) -> None:
+    from bigslide.engine.slide_prediction import SlidePrediction
+    from bigslide.napari._session import session_for
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.synthetic.slides import synthesize_slide
+
+    panel = dock("Results")
+    path = tmp_path / "labelled.svs"
+    write_pyramid(path, downsample_pyramid(synthesize_slide((256, 256), lesions=0, seed=2).rgb, 2), mpp=0.5)
+    [slide] = viewer.open(path, plugin="bigslide")
+    prediction = SlidePrediction(path, np.array([0.3, 0.7]), ["normal", "tumor"], {})
+    session = session_for(viewer)
+    for label, said in (
+        ("normal", "Labelled <b>normal</b> in the Slides table: called tumor instead."),
+        ("tumor", "Labelled <b>tumor</b> in the Slides table: called right."),
+        ("", None),  # no label: nothing to set it against
+    ):
+        session.add(path)
+        session.update(path, label=label)
+        panel.show_prediction(prediction, slide)
+        text = panel.result.text()
+        assert "<b>tumor</b> (normal 0.30, tumor 0.70)" in text
+        assert (said in text) if said else ("Slides table" not in text)

@@ -39,7 +39,7 @@ from bigslide.napari._toasts import show_error
 from bigslide.wsi.resolution import coarser_scan
 
 if TYPE_CHECKING:
-    from bigslide.napari._session import Session
+    from bigslide.napari._session import Session, SlideRow
 
 NORMALISATIONS = ("rank", "percentile", "minmax", "raw")
 PREVIEW_TILES = 1500
@@ -284,6 +284,7 @@ class ResultsWidget(HeatmapExports, Panel):
             else ""
         )
         decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
+        decision += _against_table(prediction, self.session.row(slide.metadata["path"]))
         mpp = slide.metadata.get("mpp")
         scan = coarser_scan(mpp[0] if mpp else None, prediction.read_mpp)
         scan = f"<br><i>This slide was {scan}.</i>" if scan else ""
@@ -360,6 +361,19 @@ class ResultsWidget(HeatmapExports, Panel):
             renormalise(layer, self._normalisation())
             show_legend(self.viewer, layer)
         self.colour_bar.show_layer(layer)
+
+
+def _against_table(prediction: Any, row: SlideRow | None) -> str:
+    """A line setting the prediction beside what the Slides table says of the slide ('' when it says
+    nothing the prediction can be set against)."""
+    if row is None:
+        return ""
+    if prediction.task == "classification" and row.label in prediction.classes:
+        called = "called right" if row.label == prediction.label else f"called {prediction.label} instead"
+        return f"<br>Labelled <b>{row.label}</b> in the Slides table: {called}."
+    if prediction.task == "regression" and row.target is not None:
+        return f"<br>The Slides table gives {row.target:g}."
+    return ""
 
 
 def _predict(checkpoint: Path, slide: str, *, session: Session, **kwargs: Any) -> Any:
