@@ -151,3 +151,19 @@ def test_predict_scores_a_labelled_table_and_forgets_the_score_when_labels_go(
     assert "scored against" not in stdout
     assert not (out / FILE_NAME).exists()
     assert "label" not in read_csv(out / "predictions.csv")[0]
+
+
+def test_predictions_from_python_are_scored_with_the_checkpoints_own_decision(tmp_path: Path) -> None:
+    from bigslide.engine import predict_slides, score_cohort
+
+    table_csv = make_slide_set(tmp_path / "set", n_slides=4, size=(384, 384), seed=5)
+    ckpt = make_checkpoint(tmp_path, "abmil_acc")
+    table = SlideTable.from_csv(table_csv)
+    predictions, _ = predict_slides(ckpt, table, device="cpu")
+    score = score_cohort(table, predictions)  # the endpoint and decision the predictions carry
+    assert score is not None
+    truth = np.array([CLASSES.index(e.label) for e in table.entries])
+    p_tumor = np.array([p.probs[1] for p in predictions])
+    assert score.metrics["auc"] == pytest.approx(roc_auc_score(truth, p_tumor))
+    called = np.array([CLASSES.index(p.label) for p in predictions])
+    assert score.confusion == [[int(((truth == t) & (called == c)).sum()) for c in (0, 1)] for t in (0, 1)]

@@ -222,7 +222,8 @@ def _cohort(args: argparse.Namespace, cache: Path, count: int) -> tuple[list[Pat
     from bigslide.data.table import SlideEntry, SlideTable
 
     paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(count)]
-    table = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    # no labels: a new cohort is what prediction is for (a labelled one is also scored, once, at the end)
+    table = SlideTable([SlideEntry(p, "") for p in paths], ["a", "b"])
     return paths, table, BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
 
 

@@ -8,6 +8,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bigslide.engine.cohort_score import CohortScore, score_cohort
     from bigslide.engine.config import (
         DataConfig,
         MethodConfig,
@@ -33,10 +34,12 @@ _LAZY = {
         ("SlidePrediction", "load_trained", "predict_slide", "predict_slides"), "bigslide.engine.inference"
     ),
     **dict.fromkeys(("RunResult", "run_to_end", "train"), "bigslide.engine.loop"),
+    **dict.fromkeys(("CohortScore", "score_cohort"), "bigslide.engine.cohort_score"),
 }
 
 __all__ = [
     "CheckpointSaved",
+    "CohortScore",
     "DataConfig",
     "Event",
     "Loss",
@@ -54,6 +57,7 @@ __all__ = [
     "predict_slide",
     "predict_slides",
     "run_to_end",
+    "score_cohort",
     "train",
 ]
 

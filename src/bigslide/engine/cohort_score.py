@@ -102,11 +102,18 @@ def labelled(entry: SlideEntry, task: str) -> bool:
 def score_cohort(
     table: SlideTable,
     results: Sequence[SlidePrediction | SlideFailure],
-    endpoint: Endpoint,
+    endpoint: Endpoint | None = None,
     decision: Decision | None = None,
 ) -> CohortScore | None:
-    """The score of `results` (one per slide predicted) against `table`'s labels, per case; None when the
-    table labels none of the predicted cases."""
+    """The score of `results` (one per slide predicted, e.g. `predict_slides`') against `table`'s labels,
+    per case; None when the table labels none of the predicted cases. `endpoint` and `decision` default to
+    the predictions' own (the checkpoint's)."""
+    made = [r for r in results if isinstance(r, SlidePrediction)]
+    if endpoint is None:
+        endpoint = next((p.endpoint for p in made if p.endpoint is not None), None)
+        endpoint = endpoint or Endpoint(classes=made[0].classes if made else [])
+    if decision is None:
+        decision = next((p.decision for p in made if p.decision is not None), None)
     by_slide = {Path(r.slide): r for r in results}
     targets, outputs = [], []
     unlabelled = failed = 0
