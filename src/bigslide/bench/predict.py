@@ -222,9 +222,11 @@ def _cohort(args: argparse.Namespace, cache: Path, count: int) -> tuple[list[Pat
     from bigslide.data.table import SlideEntry, SlideTable
 
     paths = [ensure_slide(cache, args.width, args.height, seed=1000 + i) for i in range(count)]
-    # no labels: a new cohort is what prediction is for (a labelled one is also scored, once, at the end)
+    # predicted without labels, as a new cohort is (a labelled one is also scored, once, at the end); the
+    # grids' dataset, which the model-alone timing reads samples from, needs a label to hand them out
     table = SlideTable([SlideEntry(p, "") for p in paths], ["a", "b"])
-    return paths, table, BagDataset(table, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
+    labelled = SlideTable([SlideEntry(p, "a") for p in paths], ["a", "b"])
+    return paths, table, BagDataset(labelled, tile_size=args.tile_size, target_mpp=MPP, bag_size=0)
 
 
 def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targets) -> None:
