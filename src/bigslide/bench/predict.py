@@ -18,8 +18,9 @@ with no model ("reading" rows), and the model step alone is timed on tiles in me
 
 Targets (exit status 1 when one is missed; `--no-targets` only reports): reading at w workers >= 0.8 x w
 x the 1-process decode floor, as the median over repeats of each timing against the floor timed around
-it; predict at w workers >= 0.8 x the slower of reading at w workers (same repeat) and the model alone:
-prediction can go no faster than either, and on a CPU the model is the slower.
+it; predict at w workers >= 0.8 x the slower of reading at w workers (same repeat) and the model alone
+on the torch threads predict gives it beside w workers (`engine.cpu_threads`: on a CPU, the cores the
+workers leave): prediction can go no faster than either, and on a CPU the model is the slower.
 
 `--ranks 1,2` times the whole `bigslide predict` command (a process of its own, its start included, the
 tile cache cold) with one process, then under `torchrun --nproc_per_node r`, each rank with one decode
@@ -97,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
     paths, table, grids = _cohort(args, cache, args.slides)
     ckpt = _checkpoint(cache, args)
     trained = load_trained(ckpt, device=args.device)
-    counts = [int(w) for w in args.workers.split(",")]
     n_tiles = sum(len(g) for g in grids.grids)
     file_tiles = [touched_file_tiles(g.coords, g.plan.read_size, TILE) for g in grids.grids]
     n_file_tiles = sum(len(f) for f in file_tiles)
-    model_alone = _model_step(trained, grids)
+    counts = [int(w) for w in args.workers.split(",")]
+    # at the torch threads predict gives the model beside each number of workers
+    model_alone = {w: _model_step(trained, grids, w) for w in counts}
     grids.slides.close()
     print(
         f"cohort: {args.slides} slides of {args.width} x {args.height} px (JPEG Q{QUALITY}, {TILE} px file "
@@ -179,11 +181,14 @@ def run(args: argparse.Namespace) -> int:
         f"{n_file_tiles / statistics.median(timings[FLOOR_ROW]):.0f} file tiles/s; reading = the slides "
         "through predict's loader, no model)"
     )
-    one = statistics.median(timings[predict_row(counts[0])])
-    print(
-        f"model step alone (tiles in memory, this process): {model_alone:.2f} s for the cohort, "
-        f"{model_alone / one:.0%} of predict at {counts[0]} worker{'s' if counts[0] > 1 else ''}"
-    )
+    for w in counts:
+        plural = "s" if w > 1 else ""
+        share = model_alone[w] / statistics.median(timings[predict_row(w)])
+        print(
+            f"model step alone (tiles in memory, this process, the torch threads predict gives it beside "
+            f"{w} worker{plural}): {model_alone[w]:.2f} s for the cohort, {share:.0%} of predict at {w} "
+            f"worker{plural}"
+        )
     targets = Targets.from_args(args)
     if args.ranks:
         _time_ranks(args, cache, ckpt, targets)
@@ -195,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         targets.check(what, statistics.median(paired[name]), 0.8, at_most=False)
     for w in counts:
         # throughputs as times of the cohort: predict against the slower of its reading and the model
-        bound = [max(t, model_alone) / p for t, p in zip(timings[read_row(w)], timings[predict_row(w)])]
+        bound = [max(t, model_alone[w]) / p for t, p in zip(timings[read_row(w)], timings[predict_row(w)])]
         what = (
             f"{predict_row(w)} >= 0.8 x min(reading, {w} worker{'s' if w > 1 else ''}; model alone) "
             f"(median; min {min(bound):.2f})"
@@ -337,16 +342,19 @@ def _checkpoint(cache: Path, args: argparse.Namespace) -> Path:
     return save_checkpoint(state, cache / f"predict-{args.method}-{args.backbone}-{args.tile_size}.pt")
 
 
-def _model_step(trained: Any, grids: Any) -> float:
-    """Seconds the model takes on every slide's tiles already in memory (slide after slide)."""
+def _model_step(trained: Any, grids: Any, workers: int) -> float:
+    """Seconds the model takes on every slide's tiles already in memory (slide after slide), on the torch
+    threads predict leaves it beside `workers` decode workers (`threads_beside_workers`)."""
+    from bigslide.engine.cpu_threads import threads_beside_workers
     from bigslide.engine.inference import predict_samples, read_samples
 
     total = 0.0
-    for i in range(len(grids)):
-        samples = read_samples(grids, i, 0, None)
-        start = time.perf_counter()
-        predict_samples(trained.method, grids, samples, with_grids=True)
-        total += time.perf_counter() - start
+    with threads_beside_workers(trained.method.device, workers):
+        for i in range(len(grids)):
+            samples = read_samples(grids, i, 0, None)
+            start = time.perf_counter()
+            predict_samples(trained.method, grids, samples, with_grids=True)
+            total += time.perf_counter() - start
     return total
 
 
