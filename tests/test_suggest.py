@@ -19,6 +19,7 @@ from bigslide.explain.suggest import (
     REVIEW_CLASS,
     SlideScores,
     Suggestion,
+    flat_attention,
     normal_class,
     read_suggestions,
     save_answer,
@@ -100,6 +101,18 @@ def test_attention_near_its_slides_mean_is_not_called_high() -> None:
     slide = SlideScores(Path("n.svs"), grid(flat(hot={(1, 1): 1.5 / 64})), "normal")  # 1.49x the mean
     (place,) = suggest([slide], 1, normal="normal", area_tiles=1)
     assert place.reason.startswith("attention (1.49x the slide's mean) on a slide labelled normal")
+
+
+def test_a_model_that_attends_evenly_is_said_to_suggest_near_random_places() -> None:
+    even = SlideScores(Path("n.svs"), grid(flat(hot={(1, 1): 1.5 / 64})), "normal")  # 1.49x the mean
+    places = suggest([even], 1, normal="normal", area_tiles=1)
+    note = flat_attention(places)
+    assert note is not None
+    assert "strongest place 1.49x its slide's mean, below 2x" in note
+    assert "near random" in note
+    peaked = SlideScores(Path("p.svs"), grid(flat(hot={(1, 1): 3.0 / 64})), "normal")
+    assert flat_attention(suggest([peaked], 1, normal="normal", area_tiles=1)) is None
+    assert flat_attention([]) is None
 
 
 def test_without_a_normal_class_no_false_alarm_is_claimed_and_bad_counts_are_refused() -> None:

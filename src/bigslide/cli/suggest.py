@@ -10,7 +10,7 @@ from bigslide.data.table import SlideTable
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.suggest import suggest_from_checkpoint
 from bigslide.errors import DataError
-from bigslide.explain.suggest import write_suggestions
+from bigslide.explain.suggest import flat_attention, write_suggestions
 from bigslide.words import counted
 
 
@@ -47,4 +47,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     slides = len({s.slide for s in suggestions})
     print(f"{counted(len(suggestions), 'suggestion')} on {counted(slides, 'slide')}: {written[0]}")
     print(f"for QuPath, one file per slide in {written[0].with_suffix('')}/")
+    note = flat_attention(suggestions)
+    if note is not None:
+        print(f"note: {note}")
     return 0

@@ -198,6 +198,20 @@ def _reason(kind: str, score: float, label: str | None) -> str:
     return f"{high} ({score:.2f}x the slide's mean) on {labelled}{question}"
 
 
+def flat_attention(suggestions: Sequence[Suggestion]) -> str | None:
+    """Words for a model whose strongest places chosen for their attention are all below HIGH times their
+    slide's mean (None when one reaches it, or none was chosen for its attention): such a model has not
+    learnt where to look, and the places it asks about are near random."""
+    looked = [s.score for s in suggestions if s.kind != "uncertain"]
+    if not looked or max(looked) >= HIGH:
+        return None
+    return (
+        f"the model attends nearly evenly on these slides (its strongest place {max(looked):.2f}x its "
+        f"slide's mean, below {HIGH:g}x): it has not learnt where to look yet, so these places are near "
+        "random; train it further before asking"
+    )
+
+
 def _on_grid(values: ScoreGrid, like: ScoreGrid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """`values` at the cells (rows, cols) of `like` (two maps of one prediction share a grid)."""
     x = like.origin[0] + (cols + 0.5) * like.cell_size_level0
