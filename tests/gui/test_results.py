@@ -293,8 +293,13 @@ def test_a_prediction_is_set_beside_the_label_the_slides_table_gives(
         ("", None),  # no label: nothing to set it against
     ):
         session.add(path)
-        session.update(path, label=label)
+        session.update(path, label=label, split="")
         panel.show_prediction(prediction, slide)
         text = panel.result.text()
         assert "<b>tumor</b> (normal 0.30, tumor 0.70)" in text
         assert (said in text) if said else ("Slides table" not in text)
+    # where the slide sat in training is said: a slide the model learnt from proves little
+    for split, note in (("train", "a training slide"), ("test", "a test slide, held out")):
+        session.update(path, label="tumor", split=split)
+        panel.show_prediction(prediction, slide)
+        assert f"Labelled <b>tumor</b> in the Slides table ({note}" in panel.result.text()

@@ -363,6 +363,13 @@ class ResultsWidget(HeatmapExports, Panel):
         self.colour_bar.show_layer(layer)
 
 
+SPLIT_NOTES = {
+    "train": " (a training slide: the model learnt from it)",
+    "val": " (a validation slide: it chose the threshold)",
+    "test": " (a test slide, held out)",
+}
+
+
 def _against_table(prediction: Any, row: SlideRow | None) -> str:
     """A line setting the prediction beside what the Slides table says of the slide ('' when it says
     nothing the prediction can be set against)."""
@@ -370,7 +377,9 @@ def _against_table(prediction: Any, row: SlideRow | None) -> str:
         return ""
     if prediction.task == "classification" and row.label in prediction.classes:
         called = "called right" if row.label == prediction.label else f"called {prediction.label} instead"
-        return f"<br>Labelled <b>{row.label}</b> in the Slides table: {called}."
+        # a slide the model learnt from proves little by being called right
+        split = SPLIT_NOTES.get(row.split, "")
+        return f"<br>Labelled <b>{row.label}</b> in the Slides table{split}: {called}."
     if prediction.task == "regression" and row.target is not None:
         return f"<br>The Slides table gives {row.target:g}."
     return ""
