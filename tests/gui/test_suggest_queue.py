@@ -12,7 +12,7 @@ import numpy as np
 import shapely
 from qtpy.QtCore import Qt
 
-from bigslide.explain.suggest import HIGH, REVIEW_COLOUR
+from bigslide.explain.suggest import HIGH, REVIEW_COLOUR, flat_attention
 from bigslide.napari._suggest_queue import ROLE, answer_keys
 from bigslide.tiling.annotations import NOT_LESION, annotated_count, annotations_path, read_annotations
 from bigslide.tiling.grid import TileGrid
@@ -69,6 +69,8 @@ def test_answers_given_with_one_key_are_saved_where_the_model_asked_and_counted(
     assert box.worker is not None, box.status.text()
     qtbot.waitUntil(lambda: box.worker is None, timeout=120_000)
     assert box.status.text().startswith(f"{PLACES} places suggested on "), box.status.text()
+    # a model that attends nearly evenly (this untrained one may) is said to ask about near-random places
+    assert ("near random" in box.status.text()) == (flat_attention(box.queue) is not None)
     assert [b.text() for b in box.buttons.values()] == ["tumor (L)", f"{NOT_LESION} (N)", "Skip (S)"]
     canvas = viewer.window._qt_viewer.canvas.native
     rows = {r.path: index for index, r in enumerate(panel.session.rows)}

@@ -19,7 +19,14 @@ from qtpy.QtCore import QEvent, QObject, Qt
 from qtpy.QtGui import QKeyEvent
 from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from bigslide.explain.suggest import HIGH, REVIEW_COLOUR, Suggestion, normal_class, save_answer
+from bigslide.explain.suggest import (
+    HIGH,
+    REVIEW_COLOUR,
+    Suggestion,
+    flat_attention,
+    normal_class,
+    save_answer,
+)
 from bigslide.napari._annotate import CLASS, annotation_layer, count_worker, hex_colour, task_classes
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
@@ -198,7 +205,11 @@ class SuggestBox(QGroupBox):
             on_key = lambda _viewer, a=answer: self.answer(a)  # noqa: E731 - napari binds the viewer to it
             self.unbound[key] = self.viewer.bind_key(key, on_key, overwrite=True)
         slides = len({s.slide for s in suggestions})
-        self.status.setText(f"{counted(len(suggestions), 'place')} suggested on {counted(slides, 'slide')}.")
+        note = flat_attention(suggestions)
+        self.status.setText(
+            f"{counted(len(suggestions), 'place')} suggested on {counted(slides, 'slide')}."
+            + (f" Note: {note[0].upper()}{note[1:]}." if note else "")
+        )
         self._show_queue(True)
         self.show_place()
 
