@@ -142,6 +142,7 @@ def test_regression_from_the_cli_predicts_numbers_in_the_tables_units(
     assert list(rows[0]) == ["slide", "target", "predicted", "error"]
     assert not any(r["error"] for r in rows)
     targets = [float(r["target"]) for r in csv.DictReader(regression_csv.open())]
+    assert [float(r["target"]) for r in rows] == targets  # the table's own values, beside the estimates
     predicted = [float(r["predicted"]) for r in rows]
     # standardised in training, given back in the table's units: within the targets' range, not near 0 +- 1
     assert min(targets) - np.ptp(targets) < np.mean(predicted) < max(targets) + np.ptp(targets)

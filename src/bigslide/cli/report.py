@@ -131,7 +131,7 @@ def write_predictions(
 def _truth(entry: SlideEntry | None, columns: Sequence[str]) -> list[str]:
     """The table's values of `columns` on `entry`'s row ('' where it gives none)."""
     values = [getattr(entry, c, None) if entry is not None else None for c in columns]
-    return ["" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in values]
+    return ["" if v is None else f"{v:.10g}" if isinstance(v, float) else str(v) for v in values]
 
 
 def _columns(task: str) -> list[str]:
