@@ -13,7 +13,6 @@ import numpy as np
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import TASK_COLUMNS, SlideEntry, SlideTable
-from bigslide.engine.cohort_score import labelled
 from bigslide.engine.slide_prediction import SlideFailure, SlidePrediction
 from bigslide.explain.export import grid_geojson, overlay_png
 from bigslide.explain.survival import km_plot, risk_groups
@@ -86,14 +85,14 @@ def write_predictions(
     names = ["case", "slides"] if by_case else ["slide"]
     entries = {e.path: e for e in table.entries} if table is not None else {}
     # the table's own values beside the prediction, when it gives them: a labelled cohort reads as scored
-    truth = TASK_COLUMNS[endpoint.task] if any(labelled(e, endpoint.task) for e in entries.values()) else ()
+    truth = endpoint.task if any(e.labelled(endpoint.task) for e in entries.values()) else None  # its task
     decision = next((p.decision for p in preds if p.decision is not None), None)
     # two classes: the threshold the class was called with, on every row
     called = decision is not None and decision.source != "argmax" and len(endpoint.classes) == 2
     lines = [
         [
             *names,
-            *truth,
+            *(TASK_COLUMNS[truth] if truth else ()),
             *_columns(endpoint.task),
             *(["threshold"] if called else []),
             *endpoint.output_names,
@@ -119,7 +118,7 @@ def write_predictions(
     csv.writer(text, lineterminator="\n").writerows(lines)
     path = atomic_write_text(out / "predictions.csv", text.getvalue())
     if endpoint.task == "survival" and table is not None:
-        known = {e.path: e for e in table.entries if e.time is not None and e.event is not None}
+        known = {e.path: e for e in table.entries if e.labelled("survival")}
         scored = [(known[p.slide], p.risk) for p in firsts if p.slide in known]
         if len(scored) >= 2:
             time = np.array([e.time for e, _ in scored], dtype=float)
@@ -128,9 +127,12 @@ def write_predictions(
     return path
 
 
-def _truth(entry: SlideEntry | None, columns: Sequence[str]) -> list[str]:
-    """The table's values of `columns` on `entry`'s row ('' where it gives none)."""
-    values = [getattr(entry, c, None) if entry is not None else None for c in columns]
+def _truth(entry: SlideEntry | None, task: str | None) -> list[str]:
+    """The table's values of `task` (its TASK_COLUMNS) on `entry`'s row ('' where it gives none); none
+    without a task."""
+    if task is None:
+        return []
+    values = entry.outcome(task) if entry is not None else (None,) * len(TASK_COLUMNS[task])
     return ["" if v is None else f"{v:.10g}" if isinstance(v, float) else str(v) for v in values]
 
 

@@ -47,6 +47,10 @@ class SlideEntry:
             task, (self.target,)
         )
 
+    def labelled(self, task: str) -> bool:
+        """Whether the row gives the task's values (a slide to predict may give none)."""
+        return all(v is not None and v != "" for v in self.outcome(task))
+
 
 SEPARATORS = {",": "commas", ";": "semicolons", "\t": "tabs"}
 NUMBER_COLUMNS = ("time", "event", "target")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bigslide.data.endpoint import Endpoint
-from bigslide.data.table import SlideEntry, SlideTable
+from bigslide.data.table import SlideTable
 from bigslide.engine.decision import Decision
 from bigslide.engine.metric_words import in_words
 from bigslide.engine.metrics import endpoint_metrics
@@ -90,15 +90,6 @@ def _calling(decision: Decision | None, classes: list[str]) -> str:
     return f"P({classes[1]}) >= {decision.threshold:.4g}"
 
 
-def labelled(entry: SlideEntry, task: str) -> bool:
-    """Whether the table gives the task's values on this row."""
-    if task == "classification":
-        return bool(entry.label)
-    if task == "survival":
-        return entry.time is not None and entry.event is not None
-    return entry.target is not None
-
-
 def score_cohort(
     table: SlideTable,
     results: Sequence[SlidePrediction | SlideFailure],
@@ -124,7 +115,7 @@ def score_cohort(
             continue  # not reached (a run stopped, or another rank's)
         if any(isinstance(g, SlideFailure) for g in got):
             failed += 1
-        elif not labelled(entries[0], endpoint.task):
+        elif not entries[0].labelled(endpoint.task):
             unlabelled += 1
         else:
             first = got[0]
