@@ -69,7 +69,9 @@ class CohortScore:
         for i, name in enumerate(self.classes):
             total = sum(self.confusion[i])
             if total:
-                parts.append(f"{self.confusion[i][i]} of {total} {name} {self.unit}s called {name}")
+                parts.append(
+                    f"{self.confusion[i][i]} of {counted(total, f'{name} {self.unit}')} called {name}"
+                )
         return f"called by {self.decision}: " + ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
