@@ -3,9 +3,10 @@
 The slide (20,480 x 16,384 px at 0.5 µm/px by default, Aperio layout with levels 1, 4 and 16, JPEG Q80 in
 256 px file tiles, like `bench io`'s) is H&E-like tissue of `bigslide.synthetic.slides` in blocks of
 4096 px, each its own seed, over about two fifths of the slide; it is written once and cached.
-`TileGrid.from_slide` (tissue, ink and focus measured), its focus pass alone, and decoding every level-0
-file tile once (`DecodeFloor`: the least work any reader of level 0 does) are timed in turn, repeat by
-repeat, each on the file opened afresh (nothing decoded is kept between them), on one core.
+`TileGrid.from_slide` (tissue, ink and focus measured), its tissue-and-ink pass and its focus pass alone,
+and decoding every level-0 file tile once (`DecodeFloor`: the least work any reader of level 0 does) are
+timed in turn, repeat by repeat, each on the file opened afresh (nothing decoded is kept between them), on
+one core.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bigslide.bench.targets import Targets, min_median
 from bigslide.synthetic.pyramid import downsample_pyramid
 from bigslide.tiling.blur import sharpness_level, tile_sharpness
 from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.tissue_measure import measure_tiles
 from bigslide.wsi.slide import Slide, open_slide
 
 TILE = 256
@@ -124,9 +126,10 @@ def compare(path: Path, tile_size: int, repeats: int, targets: Targets) -> None:
         f"({len(file_tiles)} file tiles), on one core"
     )
     grid_row = f"TileGrid.from_slide({tile_size}, target_mpp={MPP})"
+    tissue_row = "  of which tissue and ink (measure_tiles, apart)"
     focus_row = "  of which focus (tile_sharpness, timed apart)"
     decode_row = "decode level 0 once (every file tile)"
-    times: dict[str, list[float]] = {grid_row: [], focus_row: [], decode_row: []}
+    times: dict[str, list[float]] = {grid_row: [], tissue_row: [], focus_row: [], decode_row: []}
     read: dict[str, str] = {decode_row: "0"}
     grid: TileGrid | None = None
     with _one_core():
@@ -137,6 +140,13 @@ def compare(path: Path, tile_size: int, repeats: int, targets: Targets) -> None:
                 times[grid_row].append(time.perf_counter() - start)
                 read[grid_row] = _levels_read(slide)
                 focus_level = sharpness_level(slide, grid.tile_size_level0, grid.level)
+            with open_slide(path) as slide:
+                start = time.perf_counter()
+                measure_tiles(
+                    slide, _tiled(slide, grid.tile_size_level0), grid.tile_size_level0, grid.tissue_settings
+                )
+                times[tissue_row].append(time.perf_counter() - start)
+                read[tissue_row] = _levels_read(slide)
             with open_slide(path) as slide:
                 start = time.perf_counter()
                 tile_sharpness(slide, grid.coords, grid.tile_size_level0, grid.level)
@@ -161,6 +171,15 @@ def compare(path: Path, tile_size: int, repeats: int, targets: Targets) -> None:
         print(f"{name:<48} {low:>9.3f} {mid:>9.3f} {mid / decode:>9.3f}  {read[name]}")
     ratio = statistics.median(g / d for g, d in zip(times[grid_row], times[decode_row], strict=True))
     targets.check("H&E SVS grid / level-0 decode (median over repeats)", ratio, TARGET_RATIO)
+
+
+def _tiled(slide: Slide, size0: int) -> np.ndarray:
+    """Every tile of `size0` level-0 pixels wholly inside the slide: what the grid measures."""
+    w0, h0 = slide.dimensions
+    yy, xx = np.meshgrid(
+        np.arange(0, h0 - size0 + 1, size0), np.arange(0, w0 - size0 + 1, size0), indexing="ij"
+    )
+    return np.stack([xx.ravel(), yy.ravel()], axis=1).astype(np.int64)
 
 
 def _levels_read(slide: Slide) -> str:
