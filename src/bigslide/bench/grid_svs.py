@@ -25,7 +25,7 @@ from bigslide.bench.io_slide import DecodeFloor
 from bigslide.bench.targets import Targets, min_median
 from bigslide.synthetic.pyramid import downsample_pyramid
 from bigslide.tiling.blur import sharpness_level, tile_sharpness
-from bigslide.tiling.grid import TileGrid
+from bigslide.tiling.grid import TileGrid, full_grid
 from bigslide.tiling.tissue_measure import measure_tiles
 from bigslide.wsi.slide import Slide, open_slide
 
@@ -142,9 +142,8 @@ def compare(path: Path, tile_size: int, repeats: int, targets: Targets) -> None:
                 focus_level = sharpness_level(slide, grid.tile_size_level0, grid.level)
             with open_slide(path) as slide:
                 start = time.perf_counter()
-                measure_tiles(
-                    slide, _tiled(slide, grid.tile_size_level0), grid.tile_size_level0, grid.tissue_settings
-                )
+                tiled = full_grid(slide, grid.level, grid.read_size, grid.tile_size_level0)
+                measure_tiles(slide, tiled, grid.tile_size_level0, grid.tissue_settings)
                 times[tissue_row].append(time.perf_counter() - start)
                 read[tissue_row] = _levels_read(slide)
             with open_slide(path) as slide:
@@ -171,15 +170,6 @@ def compare(path: Path, tile_size: int, repeats: int, targets: Targets) -> None:
         print(f"{name:<48} {low:>9.3f} {mid:>9.3f} {mid / decode:>9.3f}  {read[name]}")
     ratio = statistics.median(g / d for g, d in zip(times[grid_row], times[decode_row], strict=True))
     targets.check("H&E SVS grid / level-0 decode (median over repeats)", ratio, TARGET_RATIO)
-
-
-def _tiled(slide: Slide, size0: int) -> np.ndarray:
-    """Every tile of `size0` level-0 pixels wholly inside the slide: what the grid measures."""
-    w0, h0 = slide.dimensions
-    yy, xx = np.meshgrid(
-        np.arange(0, h0 - size0 + 1, size0), np.arange(0, w0 - size0 + 1, size0), indexing="ij"
-    )
-    return np.stack([xx.ravel(), yy.ravel()], axis=1).astype(np.int64)
 
 
 def _levels_read(slide: Slide) -> str:

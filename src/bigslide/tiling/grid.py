@@ -170,7 +170,7 @@ class TileGrid:
                 f"{slide.path}: a tile of {tile_size} px does not fit the slide ({level_w} x {level_h} px "
                 f"at level {level}){at}; choose a smaller tile size or a finer resolution"
             )
-        coords = _full_grid(slide, level, plan.read_size, size0)
+        coords = full_grid(slide, level, plan.read_size, size0)
         if regions is not None:
             check_inside(regions, slide.dimensions, slide.path)
             coords = coords[centres_sampled(coords, size0, regions, tissue.exclude_classes)]
@@ -273,7 +273,7 @@ class TileGrid:
             raise SlideError(f"{path}: not a tile grid file ({exc})") from exc
 
 
-def _full_grid(slide: Slide, level: int, tile_size: int, size0: int) -> np.ndarray:
+def full_grid(slide: Slide, level: int, tile_size: int, size0: int) -> np.ndarray:
     """Every tile fully inside the slide, both at level 0 and at the read level, row-major."""
     w0, h0 = slide.dimensions
     lw, lh = slide.level_dimensions[level]
