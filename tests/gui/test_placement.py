@@ -216,3 +216,71 @@ def test_slides_open_side_by_side_in_either_order_and_move_when_a_pixel_size_is_
     assert slides_panel.table.item(row, slides_panel.column("µm/px")).text() == "0.5 (typed)"
     qtbot.wait(50)
     assert not any("nconsistent units" in str(n.message) for n in notifications)
+
+
+def test_a_comparison_stands_just_left_of_its_slide_and_fills_the_canvas_however_many_slides_are_open(
+    viewer: Any, dock: Any, qtbot: Any, three_slides: dict[str, Any]
+) -> None:
+    """The retrained slide is the rightmost of two: its "before" copy goes just left of it, the slide on
+    its left (and its map) makes room, and the pair is what the canvas shows; closing the comparison puts
+    the slide on the left back."""
+    from bigslide.napari._compare import (
+        COMPARISON,
+        beside_steps,
+        caption,
+        frame,
+        give_back_room_steps,
+        removal_steps,
+    )
+    from bigslide.napari._placement import SLIDE_GAP
+    from bigslide.napari._roles import layers_with_role
+
+    results = dock("Results")
+    for key in ("stated 0.5", "stated 0.25"):
+        viewer.open(three_slides[key].path, plugin="bigslide")
+    [first, slide] = slide_layers(viewer)
+    heat = results.add_grid(distinct_grid((8, 8), (0.0, 0.0), seed=4), first, f"{first.name} scores")
+    qtbot.wait(50)
+    first_box, heat_box = world_boxes(viewer)[first.name], np.array(heat.extent.world)
+    assert first_box[1] < float(slide.extent.world[0][-1])  # side by side, the retrained one on the right
+
+    for _ in beside_steps(viewer, slide, distinct_grid((8, 8), (0.0, 0.0), seed=5), "before retraining"):
+        pass
+    path = slide.metadata["path"]
+    caption(viewer, slide, "after retraining", path)
+    copy = viewer.layers[f"{slide.name} — before retraining"]
+    width = float(np.ptp(slide.extent.world[:, -1]))
+    copy_left, copy_right = (float(v) for v in copy.extent.world[:, -1])
+    slide_left, slide_right = (float(v) for v in slide.extent.world[:, -1])
+    assert copy_right + SLIDE_GAP * width == pytest.approx(slide_left, rel=1e-9)  # just left of it
+    np.testing.assert_allclose(copy.extent.world[:, -2], slide.extent.world[:, -2])  # in its row
+    moved = world_boxes(viewer)[first.name]
+    assert moved[1] + SLIDE_GAP * width <= copy_left + 1e-6  # the slide on the left made room
+    shift = moved[0] - first_box[0]
+    assert shift < 0
+    assert moved[1] - moved[0] == pytest.approx(first_box[1] - first_box[0])  # moved, not resized
+    # its map moved with it
+    np.testing.assert_allclose(heat.extent.world, heat_box + np.array([[0, shift], [0, shift]]))
+
+    frame(viewer, [slide, *layers_with_role(viewer, COMPARISON, path)])
+    qtbot.wait(50)
+    height, canvas_width = viewer.canvas.size
+    camera = viewer.scene.camera
+    shown_x = canvas_width / camera.zoom  # world µm across the canvas
+    centre_x = float(camera.center[-1])
+    assert centre_x - shown_x / 2 <= copy_left
+    assert slide_right <= centre_x + shown_x / 2
+    pair_height = 1.25 * float(np.ptp(slide.extent.world[:, -2]))  # with the captions above
+    assert min(shown_x / (slide_right - copy_left), height / camera.zoom / pair_height) < 1.1  # filled
+
+    # retrained again: the new copy takes the same room, and nothing moves further
+    for _ in beside_steps(viewer, slide, distinct_grid((8, 8), (0.0, 0.0), seed=6), "before retraining"):
+        pass
+    assert world_boxes(viewer)[first.name] == pytest.approx(moved)
+    assert viewer.layers[f"{slide.name} — before retraining"].extent.world[0][-1] == pytest.approx(copy_left)
+
+    for _ in itertools.chain(give_back_room_steps(viewer), removal_steps(viewer, COMPARISON)):
+        pass
+    assert not layers_with_role(viewer, COMPARISON)
+    assert world_boxes(viewer)[first.name] == pytest.approx(first_box)
+    np.testing.assert_allclose(heat.extent.world, heat_box)

@@ -1,16 +1,16 @@
-"""A slide shown a second time, to the right (or left) of every slide, with another map over it: before and
-after maps side by side at the same physical scale. The copy and its layers have the role "comparison", so the
-panels do not list it as a slide to train on and its map is not the one the Results panel redraws."""
+"""A slide shown a second time, just left of itself, with another map over it: before and after maps side
+by side at the same physical scale. The copy and its layers have the role "comparison", so the panels do
+not list it as a slide to train on and its map is not the one the Results panel redraws."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bigslide.napari._layers import heatmap_display, heatmap_layer_kwargs
-from bigslide.napari._placement import SLIDE_GAP, WORLD_UNITS
+from bigslide.napari._placement import SLIDE_GAP, WORLD_UNITS, show_area, slide_of
 from bigslide.napari._roles import ROLE, layers_with_role, slide_layers
 
 if TYPE_CHECKING:
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from bigslide.explain.heatmap import Normalisation, ScoreGrid
 
 COMPARISON = "comparison"
+ROOM = "room"
+"""A comparison copy's metadata: how far the slides on its left were moved to make room for it."""
 STEP_PAUSE_MS = 30
 CAPTION_PX = 40
 """Height of a caption's letters as drawn into its picture."""
@@ -37,20 +39,21 @@ def beside_steps(
     *,
     normalisation: Normalisation = "rank",
     colormap: str = "inferno",
-    left: bool = False,
 ) -> Iterator[None]:
-    """The slide again, right of every slide (`left`: left of every slide), with `grid` over it and `title`
-    above it (replacing an earlier comparison of that slide): one layer per step (`in_turns`), as making
-    a napari layer costs a tenth of a second or more."""
+    """The slide again, just left of it (`make_room_left_of` moves the slides on its left), with `grid`
+    over it and `title` above it (replacing an earlier comparison of that slide): one layer per step
+    (`in_turns`), as making a napari layer costs a tenth of a second or more."""
     path = slide_layer.metadata.get("path")
+    room = sum(float(layer.metadata.get(ROOM, 0.0)) for layer in layers_with_role(viewer, COMPARISON, path))
     yield from removal_steps(viewer, COMPARISON, path)
     width = float(np.ptp(slide_layer.extent.world[:, -1]))
-    sx = float(slide_layer.scale[-1])
-    if left:  # its right edge a gap left of the leftmost slide's left edge
-        start = min(float(s.extent.world[0][-1]) for s in slide_layers(viewer)) - (1 + SLIDE_GAP) * width
-    else:
-        start = max(float(s.extent.world[1][-1]) for s in slide_layers(viewer)) + SLIDE_GAP * width
-    offset = (float(slide_layer.translate[-2]), start + sx / 2)
+    gap = SLIDE_GAP * width
+    made = make_room_left_of(viewer, slide_layer, width + gap, gap)
+    if made:
+        yield  # the slides moved (and their overlays with them): a step of its own
+    if slide_layer not in viewer.layers:
+        return  # the slide was closed meanwhile
+    offset = (float(slide_layer.translate[-2]), float(slide_layer.translate[-1]) - width - gap)
     copy = viewer.add_image(
         slide_layer.data,
         name=f"{slide_layer.name} — {title}",
@@ -60,7 +63,7 @@ def beside_steps(
         translate=offset,
         units=WORLD_UNITS,
         contrast_limits=(0, 255),
-        metadata={ROLE: COMPARISON, "slide": path, "mpp": slide_layer.metadata.get("mpp")},
+        metadata={ROLE: COMPARISON, "slide": path, "mpp": slide_layer.metadata.get("mpp"), ROOM: room + made},
     )
     yield
     if copy not in viewer.layers:
@@ -76,6 +79,62 @@ def beside_steps(
     yield
     if copy in viewer.layers:
         caption(viewer, copy, title, path)
+
+
+def make_room_left_of(viewer: napari.Viewer, slide_layer: Any, room: float, gap: float) -> float:
+    """Clear `room` (world units) just left of `slide_layer`: the slides left of it in its rows are moved
+    left by as much as they reach into it, keeping `gap` (their overlays follow them, and their comparison
+    layers are moved with them), so a before/after pair stands side by side however many slides are open.
+    How far they moved (0: nothing did)."""
+    start = float(slide_layer.extent.world[0][-1]) - room
+    moved = _left_of(viewer, slide_layer)
+    reach = max((float(layer.extent.world[1][-1]) + gap - start for layer in moved), default=0.0)
+    if reach <= 0:
+        return 0.0
+    _move(moved, -reach)
+    return reach
+
+
+def give_back_room_steps(viewer: napari.Viewer) -> Iterator[None]:
+    """The slides moved left to make room for comparisons moved back (`make_room_left_of`), one
+    comparison per step, before the comparisons are removed."""
+    for copy in [layer for layer in layers_with_role(viewer, COMPARISON) if layer.metadata.get(ROOM)]:
+        slide = slide_of(viewer, copy)
+        if slide is not None:
+            _move(_left_of(viewer, slide), float(copy.metadata[ROOM]))
+            copy.metadata[ROOM] = 0.0
+            yield
+
+
+def _left_of(viewer: napari.Viewer, slide_layer: Any) -> list[Any]:
+    """The slides left of `slide_layer` in its rows, and their comparison layers."""
+    extent = slide_layer.extent.world
+    top, bottom, left = float(extent[0][-2]), float(extent[1][-2]), float(extent[0][-1])
+    slides = [
+        s
+        for s in slide_layers(viewer)
+        if s is not slide_layer
+        and float(s.extent.world[0][-1]) < left
+        and float(s.extent.world[0][-2]) < bottom
+        and float(s.extent.world[1][-2]) > top
+    ]
+    paths = {s.metadata.get("path") for s in slides}
+    return slides + [
+        layer
+        for layer in viewer.layers
+        if layer.metadata.get(ROLE) == COMPARISON and layer.metadata.get("slide") in paths
+    ]
+
+
+def _move(layers: list[Any], dx: float) -> None:
+    for layer in layers:
+        layer.translate = (*layer.translate[:-1], float(layer.translate[-1]) + dx)
+
+
+def frame(viewer: napari.Viewer, layers: Sequence[Any]) -> None:
+    """Centre the canvas on `layers` and zoom until together they fill it."""
+    extents = np.array([layer.extent.world[:, -2:] for layer in layers], dtype=np.float64)
+    show_area(viewer, extents[:, 0].min(axis=0), extents[:, 1].max(axis=0))
 
 
 def removal_steps(viewer: napari.Viewer, role: str, slide: str | None = None) -> Iterator[None]:

@@ -26,6 +26,8 @@ PROVISIONAL_MPP = 1.0
 provisional size: scanners give 0.1-1 µm/px)."""
 SLIDE_GAP = 0.05
 """Gap between slides opened side by side, a fraction of the wider one's width."""
+SHOWN_FILL = 0.95
+"""Share of the canvas an area shown (`show_area`) fills along its tighter side."""
 Span = tuple[float, float, float, float]  # (top, bottom, left, right) in the world
 
 
@@ -131,6 +133,16 @@ def beside_slides(viewer: napari.Viewer, slide_layer: napari.layers.Image) -> tu
     width = max(float(np.ptp(s.extent.world[:, -1])) for s in [*others, slide_layer])
     sy, sx = placement_of(slide_layer).pixel_scale
     return (top + sy / 2, right + SLIDE_GAP * width + sx / 2)
+
+
+def show_area(viewer: napari.Viewer, low: Any, high: Any, fill: float = SHOWN_FILL) -> None:
+    """Centre the canvas on the world rectangle from `low` to `high` ((y, x) corners) and zoom until it
+    fills `fill` of the canvas along its tighter side."""
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    height, width = viewer.canvas.size
+    camera = viewer.scene.camera
+    camera.center = tuple((low + high) / 2)
+    camera.zoom = fill * min(height / max(high[0] - low[0], 1e-9), width / max(high[1] - low[1], 1e-9))
 
 
 def _span(layer: Any) -> Span:

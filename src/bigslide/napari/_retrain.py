@@ -12,6 +12,7 @@ the same validation slides. "Close the comparison" removes the copy and its capt
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterator
@@ -30,7 +31,15 @@ from qtpy.QtWidgets import (
     QVBoxLayout,
 )
 
-from bigslide.napari._compare import COMPARISON, beside_steps, caption, in_turns, removal_steps
+from bigslide.napari._compare import (
+    COMPARISON,
+    beside_steps,
+    caption,
+    frame,
+    give_back_room_steps,
+    in_turns,
+    removal_steps,
+)
 from bigslide.napari._layers import is_empty_heatmap
 from bigslide.napari._number import NumberField
 from bigslide.napari._retrain_run import BEFORE, Retrained, retrain_run
@@ -278,7 +287,6 @@ class RetrainBox(QGroupBox):
             BEFORE,
             normalisation=self.panel.normalisation.currentText(),  # type: ignore[arg-type]
             colormap=self.panel.colormap.currentText(),
-            left=True,
         )
 
         def steps() -> Iterator[None]:
@@ -288,9 +296,10 @@ class RetrainBox(QGroupBox):
                 if not layers_with_role(viewer, COMPARISON):
                     return  # the comparison was closed (or never made) meanwhile
                 if slide in viewer.layers:
-                    caption(viewer, slide, "after retraining", slide.metadata.get("path"))
+                    path = slide.metadata.get("path")
+                    caption(viewer, slide, "after retraining", path)
+                    frame(viewer, [slide, *layers_with_role(viewer, COMPARISON, path)])
                 self.close_comparison.setVisible(True)
-                viewer.reset_view()
                 yield
                 if slide in viewer.layers:  # the retrained maps are drawn into it: no layer made at the end
                     self.panel.map_ahead(slide, prediction, "attention")
@@ -301,7 +310,8 @@ class RetrainBox(QGroupBox):
 
     def remove_comparison(self) -> None:
         self.close_comparison.setVisible(False)
-        in_turns(removal_steps(self.panel.viewer, COMPARISON))
+        viewer = self.panel.viewer
+        in_turns(itertools.chain(give_back_room_steps(viewer), removal_steps(viewer, COMPARISON)))
 
     def _on_returned(self, retrained: Retrained) -> None:
         checkpoint = retrained.result.checkpoint or self.last_checkpoint

@@ -30,7 +30,7 @@ from bigslide.explain.suggest import (
 from bigslide.napari._annotate import CLASS, annotation_layer, count_worker, hex_colour, task_classes
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
-from bigslide.napari._placement import placement_of
+from bigslide.napari._placement import placement_of, show_area
 from bigslide.napari._roles import remove_layers, slide_layers
 from bigslide.napari._toasts import show_error
 from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colour
@@ -270,12 +270,9 @@ class SuggestBox(QGroupBox):
         x, y = s.centre
         x0, y0, x1, y1 = s.box
         # level-0 position (x, y) is world offset + (position - 1/2) * µm/px (pixel k spans [k, k + 1))
-        centre = (placement.offset[0] + (y - 0.5) * sy, placement.offset[1] + (x - 0.5) * sx)
-        height, width = self.viewer.canvas.size
-        span = (CONTEXT * (y1 - y0) * sy, CONTEXT * (x1 - x0) * sx)
-        camera = self.viewer.scene.camera
-        camera.center = centre
-        camera.zoom = 0.95 * min(height / span[0], width / span[1])
+        cy, cx = placement.offset[0] + (y - 0.5) * sy, placement.offset[1] + (x - 0.5) * sx
+        hy, hx = CONTEXT * (y1 - y0) * sy / 2, CONTEXT * (x1 - x0) * sx / 2
+        show_area(self.viewer, (cy - hy, cx - hx), (cy + hy, cx + hx))
 
     def _slide_layer(self, path: Path) -> Any:
         key = Path(path).resolve()
