@@ -2,9 +2,10 @@
 checkpoint on the training set with its saved annotations, in a new run folder the CLI can replay
 (`bigslide train <folder>/config.yaml`), while the Results panel follows the chosen slide's map.
 
-The chosen checkpoint's map of the slide is drawn first on a copy of the slide to the left of every slide
-("before retraining"); the slide itself then shows the map of each new checkpoint as the run saves it, and
-the full map once the run ends: before and after, side by side. When the run ends, the panel says what it
+The chosen checkpoint's map of the slide is drawn first on a copy of the slide just left of it ("before
+retraining", the slides on its left making room), the pair filling the canvas; the slide itself then shows
+the map of each new checkpoint as the run saves it, and the full map once the run ends: before and after,
+side by side. When the run ends, the panel says what it
 changed (`bigslide.engine.retrain_report`): on every annotated slide the share of the attention inside the
 lesion and the Not-lesion outlines, and the validation figures of the starting and the retrained weights on
 the same validation slides. "Close the comparison" removes the copy and its captions in one click.
@@ -274,7 +275,7 @@ class RetrainBox(QGroupBox):
             self.status.setText(event.text)
 
     def show_before(self, prediction: Any, slide: Any) -> None:
-        """The chosen checkpoint's map on a copy of the slide, right of every slide; the slide's own map
+        """The chosen checkpoint's map on a copy of the slide, just left of it; the slide's own map
         is the run's from now on."""
         viewer = self.panel.viewer
         if slide not in viewer.layers or "attention" not in prediction.grids:
