@@ -10,8 +10,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bigslide.napari._layers import heatmap_display, heatmap_layer_kwargs
-from bigslide.napari._placement import SLIDE_GAP, WORLD_UNITS, show_area, slide_of
-from bigslide.napari._roles import ROLE, layers_with_role, slide_layers
+from bigslide.napari._placement import (
+    SLIDE_GAP,
+    WORLD_UNITS,
+    move_x,
+    show_area,
+    slide_of,
+    slides_in_rows,
+    span,
+)
+from bigslide.napari._roles import ROLE, layers_with_role
 
 if TYPE_CHECKING:
     import napari
@@ -91,7 +99,7 @@ def make_room_left_of(viewer: napari.Viewer, slide_layer: Any, room: float, gap:
     reach = max((float(layer.extent.world[1][-1]) + gap - start for layer in moved), default=0.0)
     if reach <= 0:
         return 0.0
-    _move(moved, -reach)
+    move_x(moved, -reach)
     return reach
 
 
@@ -101,34 +109,21 @@ def give_back_room_steps(viewer: napari.Viewer) -> Iterator[None]:
     for copy in [layer for layer in layers_with_role(viewer, COMPARISON) if layer.metadata.get(ROOM)]:
         slide = slide_of(viewer, copy)
         if slide is not None:
-            _move(_left_of(viewer, slide), float(copy.metadata[ROOM]))
+            move_x(_left_of(viewer, slide), float(copy.metadata[ROOM]))
             copy.metadata[ROOM] = 0.0
             yield
 
 
 def _left_of(viewer: napari.Viewer, slide_layer: Any) -> list[Any]:
     """The slides left of `slide_layer` in its rows, and their comparison layers."""
-    extent = slide_layer.extent.world
-    top, bottom, left = float(extent[0][-2]), float(extent[1][-2]), float(extent[0][-1])
-    slides = [
-        s
-        for s in slide_layers(viewer)
-        if s is not slide_layer
-        and float(s.extent.world[0][-1]) < left
-        and float(s.extent.world[0][-2]) < bottom
-        and float(s.extent.world[1][-2]) > top
-    ]
+    rows = span(slide_layer)
+    slides = [s for s in slides_in_rows(viewer, rows, slide_layer) if span(s)[2] < rows[2]]
     paths = {s.metadata.get("path") for s in slides}
     return slides + [
         layer
         for layer in viewer.layers
         if layer.metadata.get(ROLE) == COMPARISON and layer.metadata.get("slide") in paths
     ]
-
-
-def _move(layers: list[Any], dx: float) -> None:
-    for layer in layers:
-        layer.translate = (*layer.translate[:-1], float(layer.translate[-1]) + dx)
 
 
 def frame(viewer: napari.Viewer, layers: Sequence[Any]) -> None:

@@ -56,7 +56,7 @@ def set_slide_mpp(viewer: napari.Viewer, slide_layer: napari.layers.Image, fallb
     old = meta.get("mpp")
     if (tuple(old) if old else None) == mpp:
         return False
-    before = _span(slide_layer)
+    before = span(slide_layer)
     _apply_mpp(viewer, slide_layer, mpp)
     _shift_right_of(viewer, slide_layer, before)
     if mpp is not None:
@@ -145,23 +145,32 @@ def show_area(viewer: napari.Viewer, low: Any, high: Any, fill: float = SHOWN_FI
     camera.zoom = fill * min(height / max(high[0] - low[0], 1e-9), width / max(high[1] - low[1], 1e-9))
 
 
-def _span(layer: Any) -> Span:
+def span(layer: Any) -> Span:
     """(top, bottom, left, right) of a layer in the world."""
     extent = layer.extent.world
     return float(extent[0][-2]), float(extent[1][-2]), float(extent[0][-1]), float(extent[1][-1])
 
 
+def slides_in_rows(viewer: napari.Viewer, rows: Span, but: Any) -> list[Any]:
+    """The slides other than `but` that share rows with the world span `rows`."""
+    top, bottom = rows[0], rows[1]
+    return [s for s in slide_layers(viewer) if s is not but and span(s)[0] < bottom and span(s)[1] > top]
+
+
+def move_x(layers: list[Any], dx: float) -> None:
+    """Move `layers` by `dx` world units along x."""
+    for layer in layers:
+        layer.translate = (*layer.translate[:-1], float(layer.translate[-1]) + dx)
+
+
 def _shift_right_of(viewer: napari.Viewer, slide_layer: Any, before: Span) -> None:
     """After a slide's size changed, move the slides that stood to its right (beside it) by the change of
     its right edge, so they keep their gap: neither overlapping it nor left far away."""
-    top, bottom, _left, right = before
-    delta = _span(slide_layer)[3] - right
+    right = before[3]
+    delta = span(slide_layer)[3] - right
     if abs(delta) < 1e-9:
         return
-    for other in slide_layers(viewer):
-        o_top, o_bottom, o_left, _o_right = _span(other)
-        if other is not slide_layer and o_left >= right - 1e-6 and o_top < bottom and o_bottom > top:
-            other.translate = (*other.translate[:-1], float(other.translate[-1]) + delta)
+    move_x([s for s in slides_in_rows(viewer, before, slide_layer) if span(s)[2] >= right - 1e-6], delta)
 
 
 _FOLLOWED: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -5,10 +5,10 @@ checkpoint on the training set with its saved annotations, in a new run folder t
 The chosen checkpoint's map of the slide is drawn first on a copy of the slide just left of it ("before
 retraining", the slides on its left making room), the pair filling the canvas; the slide itself then shows
 the map of each new checkpoint as the run saves it, and the full map once the run ends: before and after,
-side by side. When the run ends, the panel says what it
-changed (`bigslide.engine.retrain_report`): on every annotated slide the share of the attention inside the
-lesion and the Not-lesion outlines, and the validation figures of the starting and the retrained weights on
-the same validation slides. "Close the comparison" removes the copy and its captions in one click.
+side by side. When the run ends, the panel says what it changed (`bigslide.engine.retrain_report`): on
+every annotated slide the share of the attention inside the lesion and the Not-lesion outlines, and the
+validation figures of the starting and the retrained weights on the same validation slides. "Close the
+comparison" removes the copy and its captions in one click.
 """
 
 from __future__ import annotations
