@@ -7,12 +7,12 @@ on the training slides, in its own order, and an oracle answers them from the le
 pathologist would at a glance: the positive class when at least half the area's tiles lie in a lesion,
 "Not lesion" when none does, and skip otherwise. Each arm takes answers until it has k; the answers are
 the training slides' annotations of a retrain (data.instance_weight 1, as *Retrain with annotations*):
-with `--suggest-retrain anew` (the default, as its "train anew") from the start's initial weights for
-`--suggest-start-epochs` + `--suggest-epochs`, with `continue` from the checkpoint for
-`--suggest-epochs`. Arms: *suggested* (`bigslide.explain.suggest`), *random* (random tissue areas),
-*top_attention* (the highest attention of any training slide, relative to its slide's mean). Controls
-retrained the same way: *none* (no annotations) and *outlines* (the annotations part's outlines of a
-quarter of the training lesions and normal squares).
+with `--suggest-retrain continue` (the default, as that button) from the checkpoint for
+`--suggest-epochs`, with `anew` (as its "train anew") from the start's initial weights for
+`--suggest-start-epochs` + `--suggest-epochs`. Arms: *suggested* (`bigslide.explain.suggest`), *random*
+(random tissue areas), *top_attention* (the highest attention of any training slide, relative to its
+slide's mean). Controls retrained the same way: *none* (no annotations) and *outlines* (the annotations
+part's outlines of a quarter of the training lesions and normal squares).
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ def retrain(
 
 def arm_places(
     checkpoint: Path, train: SlideTable, arm: str, seed: int, wanted: int
-) -> tuple[list[Place], dict[Path, np.ndarray]]:
+) -> tuple[list[Place], dict[Path, np.ndarray], float]:
     """The areas the arm asks about on the training slides, in its order (the suggested arm: `wanted` of
-    them, as `bigslide suggest --count`), and each training slide's tile centres (level 0)."""
+    them, as `bigslide suggest --count`), each training slide's tile centres (level 0), and the highest
+    attention relative to its slide's mean among the places chosen for their attention (the suggested
+    arm; NaN for the others): below `HIGH`, `bigslide suggest` warns that the model has not learnt where
+    to look."""
     preds, _ = predict_slides(
         checkpoint, train, attention_samples=DROPOUT_SAMPLES if arm == "suggested" else 0
     )
@@ -95,7 +98,8 @@ def arm_places(
         ]
         normal = normal_class(train.classes)
         chosen = suggest(slides, wanted, normal=normal, area_tiles=AREA)
-        return [(s.slide, s.polygon) for s in chosen], tiles
+        peak = max((s.score for s in chosen if s.kind != "uncertain"), default=float("nan"))
+        return [(s.slide, s.polygon) for s in chosen], tiles, peak
     candidates = []  # (order key, slide index, row, col)
     rng = np.random.default_rng(seed)
     for index, g in enumerate(grids):
@@ -111,7 +115,7 @@ def arm_places(
             continue
         taken.setdefault(index, []).append((int(r), int(c)))
         places.append((train.entries[index].path, area_box(grids[index], int(r), int(c), AREA)))
-    return places, tiles
+    return places, tiles, float("nan")
 
 
 def oracle(area: shapely.Polygon, lesions: list[shapely.Polygon], tiles: np.ndarray) -> str | None:
@@ -185,10 +189,11 @@ def arm_run(args: argparse.Namespace, csv_path: Path, arm: str, k: int, seed: in
     assert start.checkpoint is not None
     table = SlideTable.from_csv(csv_path)
     train = table.like([e for e in table.entries if e.split == "train"])
-    places, tiles = arm_places(start.checkpoint, train, arm, seed, 4 * k)
+    places, tiles, peak = arm_places(start.checkpoint, train, arm, seed, 4 * k)
     out = Path(args.out) / f"suggest-answers-seed{seed}" / f"{arm}-k{k}"
     answered, counts = answered_table(csv_path, out, places, k, tiles)
-    return {**retrain(args, csv_path, answered, start, f"{arm}-k{k}", seed, 1.0), **counts}
+    scores = retrain(args, csv_path, answered, start, f"{arm}-k{k}", seed, 1.0)
+    return {**scores, **counts, **({} if np.isnan(peak) else {"peak_attention": peak})}
 
 
 def _centres(g: ScoreGrid) -> np.ndarray:

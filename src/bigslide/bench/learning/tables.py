@@ -11,6 +11,7 @@ import numpy as np
 from bigslide.bench.learning.annotations import AUC_GOAL, LESION_SHARE, NORMAL_SIDE
 from bigslide.bench.learning.runs import BEGIN, END, SUBTLE_LR, ULTRAMNIST_DIGITS, ULTRAMNIST_PATCH
 from bigslide.bench.learning.stain import HELD_OUT_RUNS
+from bigslide.explain.suggest import HIGH
 
 
 def mean_sd(values: list[float]) -> str:
@@ -75,6 +76,7 @@ def _suggest_table(runs: dict[str, dict[str, float]]) -> list[str]:
         "answered_lesion": "lesion answers",
         "answered_not_lesion": "Not-lesion answers",
         "skipped": "skipped (mixed)",
+        "peak_attention": "strongest place asked (x its slide's mean)",
     }
     lines = _table(runs, "suggest", columns)
     if len(lines) < 3:
@@ -250,7 +252,9 @@ def render_tables(state: dict[str, Any]) -> str:
         "*top_attention*: the highest attention relative to its slide's mean. Controls retrained the same "
         "way: *none*, no annotations; *outlines*, the annotations part's outlines of a "
         "quarter of the training lesions and normal squares. Attention cell AUC on the test slides, which "
-        "carry no annotations)",
+        "carry no annotations. The strongest place asked: of the places `bigslide suggest` chose for "
+        f"their attention, the highest relative to its slide's mean; below {HIGH:g}, it warns that the model "
+        "has not learnt where to look)",
         "",
         *_suggest_table(runs),
         *_stain_tables(runs, state.get("stain_labs", {}), meta),
