@@ -1,8 +1,9 @@
 """A screenshot of the "Where to look next" queue (run under `xvfb-run -a -s "-screen 0 1600x1000x24"`):
 
-- `suggest_queue.png`: the napari window, 1600 x 1000, zoomed onto the first place a briefly trained
-  ABMIL-ACC checkpoint asks about, outlined on its slide, with the place's number, slide and reason and
-  the answer buttons in the Results panel.
+- `suggest_queue.png`: the napari window, 1600 x 1000, zoomed onto the first place the `bigslide demo`
+  model (ABMIL-ACC, the demo's settings and slides) asks about, outlined on its slide, with the place's
+  number, slide and reason and the answer buttons in the Results panel. A model that has learnt where to
+  look: one trained a few steps attends nearly evenly, and its places are near random.
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python docs/make_suggest_screenshot.py
 """
@@ -15,8 +16,9 @@ from pathlib import Path
 from make_screenshots import IMAGES, dismiss_toasts, process, wait_until
 from PIL import Image
 
+from bigslide.cli.demo import demo_config
+from bigslide.data.sources import demo_dir
 from bigslide.engine import run_to_end, train
-from bigslide.engine.config import DataConfig, MethodConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from bigslide.synthetic.slide_set import make_slide_set
 
 MAX_BYTES = 900_000
@@ -33,16 +35,9 @@ def save(picture: Image.Image, name: str) -> Path:
     return path
 
 
-def checkpoint(table: Path, out: Path) -> Path:
-    """A few steps of ABMIL-ACC on the set: enough for an attention map to ask about."""
-    config = TrainConfig(
-        data=DataConfig(csv=str(table), tile_size=64, bag_size=32, image_size=64, augment=False),
-        model=ModelConfig(backbone="resnet18"),
-        method=MethodConfig("abmil_acc", {"hidden": 32, "attention_dim": 16}),
-        optim=OptimConfig(epochs=1, max_steps=4),
-        run=RunConfig(out_dir=str(out), device="cpu"),
-    )
-    result = run_to_end(train(config))
+def checkpoint(out: Path) -> Path:
+    """`bigslide demo`'s model: ABMIL-ACC trained on the demo slides with the demo's settings."""
+    result = run_to_end(train(demo_config(out, "abmil_acc", epochs=4)))
     assert result.checkpoint is not None
     return result.checkpoint
 
@@ -52,8 +47,8 @@ def main() -> None:
     from qtpy.QtWidgets import QScrollArea
 
     work = Path(tempfile.mkdtemp(prefix="bigslide-suggest-shot-"))
-    table = make_slide_set(work / "set", n_slides=4, size=(1536, 1536), seed=2)
-    trained = checkpoint(table, work / "run")
+    table = make_slide_set(demo_dir())
+    trained = checkpoint(work / "run")
     viewer = napari.Viewer(show=True)
     viewer.window._qt_window.resize(1600, 1000)
     _dock, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")

@@ -89,6 +89,22 @@ def test_kinds_are_mixed_no_slide_takes_every_place_and_areas_do_not_overlap() -
     assert all("dropout samples" in p.reason for p in uncertain)
 
 
+def test_a_normal_slide_attended_evenly_is_asked_about_only_when_nothing_else_is_left() -> None:
+    # the normal slide's strongest tile is 1.49x its mean: no false alarm; the tumour slide's is 2.2x
+    even = SlideScores(Path("n.svs"), grid(flat(hot={(3, 3): 1.5 / 64})), "normal")
+    peaked = SlideScores(Path("t.svs"), grid(flat(rows=2, cols=2, hot={(0, 0): 0.9})), "tumor")
+    first, second = suggest([even, peaked], 2, normal="normal", area_tiles=1)
+    assert (first.slide, first.kind) == (Path("t.svs"), "looked_at")
+    # the tumour slide has one place above its mean: then the normal slide's turn comes, worded as weak
+    assert (second.slide, second.kind) == (Path("n.svs"), "false_alarm")
+    assert second.box == (3 * CELL, 3 * CELL, 4 * CELL, 4 * CELL)
+    assert second.reason.startswith("attention (1.49x")
+    # a normal slide that does attend strongly somewhere keeps its two turns in four
+    alarmed = SlideScores(Path("a.svs"), grid(flat(hot={(5, 5): 0.4})), "normal")
+    kinds = [p.kind for p in suggest([alarmed, peaked], 2, normal="normal", area_tiles=1)]
+    assert kinds == ["false_alarm", "looked_at"]
+
+
 def test_areas_already_annotated_are_skipped() -> None:
     scores = flat(hot={(2, 2): 0.5, (6, 6): 0.3})
     drawn = [Annotation(shapely.box(1 * CELL, 1 * CELL, 4 * CELL, 4 * CELL), "Not lesion")]

@@ -2,9 +2,10 @@
 teach an attention-MIL model most, each with the reason it was chosen.
 
 Three kinds of place, mixed so that no one kind or slide takes every place:
-- *false alarm*: high attention on a slide labelled with the class whose slides hold no lesion (the
-  normal class). Such a slide has nothing to find, so every tile it attends to strongly is a mistake the
-  answer corrects.
+- *false alarm*: high attention (at least `HIGH` times its slide's mean) on a slide labelled with the
+  class whose slides hold no lesion (the normal class). Such a slide has nothing to find, so every tile
+  it attends to strongly is a mistake the answer corrects. A normal slide the model attends to evenly has
+  no false alarm: its strongest places are asked about only when no other kind has a place left.
 - *uncertain*: on the other slides, tiles whose attention rank moves most when dropout is drawn on the
   tile features (`MILMethod.attention_spread`): where the model is guessing.
 - *looked at*: the strongest attention on the other slides: is it really the lesion?
@@ -22,7 +23,7 @@ import json
 import math
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,13 +49,14 @@ REVIEW_CLASS = "Suggestion*"
 REVIEW_COLOUR = (255, 0, 255)
 KINDS = ("false_alarm", "uncertain", "looked_at")
 # Of every four places: two false alarms (an answer known to correct the model), one uncertain, one
-# looked at; a kind with nothing left gives its turn to the next.
+# looked at; a kind with nothing left gives its turn to the next, and so do false alarms below HIGH.
 TURNS = ("false_alarm", "uncertain", "false_alarm", "looked_at")
 NORMAL_NAMES = ("normal", "negative", "benign", "healthy", "no", "0", "none", "absent", "no lesion")
 DROPOUT_SAMPLES = 16
 HIGH = 2.0
-"""Attention this many times its slide's mean is called high in a reason; a model that attends nearly
-evenly (a weak or an early one) still gets its strongest places asked about, without the word."""
+"""Attention this many times its slide's mean is called high in a reason, and makes a false alarm on a
+normal slide; a model that attends nearly evenly (a weak or an early one) still gets its strongest places
+asked about, without the word."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ def suggest(
         if len(chosen) >= count or all(cursor[k] >= len(pools[k][0]) for k in KINDS):
             break
         scores, indices, rows, cols = pools[kind]
+        if kind == "false_alarm" and _no_alarm_left(pools, cursor):
+            continue
         while cursor[kind] < len(scores):
             at = cursor[kind]
             cursor[kind] += 1
@@ -145,6 +149,14 @@ def suggest(
             chosen.append(Suggestion(s.slide, area.bounds, kind, reason, score, len(chosen) + 1))
             break
     return chosen
+
+
+def _no_alarm_left(pools: Mapping[str, tuple[np.ndarray, ...]], cursor: dict[str, int]) -> bool:
+    """Whether a false alarm's turn passes: the strongest normal-slide place left is below `HIGH` times
+    its slide's mean (nothing to correct there) while another kind still has places to ask about."""
+    scores = pools["false_alarm"][0]
+    weak = cursor["false_alarm"] < len(scores) and scores[cursor["false_alarm"]] < HIGH
+    return bool(weak) and any(cursor[k] < len(pools[k][0]) for k in KINDS if k != "false_alarm")
 
 
 Candidates = tuple[np.ndarray, np.ndarray, np.ndarray]
