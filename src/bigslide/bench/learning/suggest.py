@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -192,7 +193,10 @@ def arm_run(args: argparse.Namespace, csv_path: Path, arm: str, k: int, seed: in
     places, tiles, peak = arm_places(start.checkpoint, train, arm, seed, 4 * k)
     out = Path(args.out) / f"suggest-answers-seed{seed}" / f"{arm}-k{k}"
     answered, counts = answered_table(csv_path, out, places, k, tiles)
-    scores = retrain(args, csv_path, answered, start, f"{arm}-k{k}", seed, 1.0)
+    # the table's path is the same whatever its answers: the run is named by its places too, so that a
+    # rerun with other places trains afresh instead of taking the earlier run's checkpoint as its own
+    asked = hashlib.sha256(repr([(str(p), a.bounds) for p, a in places]).encode()).hexdigest()[:8]
+    scores = retrain(args, csv_path, answered, start, f"{arm}-k{k}-{asked}", seed, 1.0)
     return {**scores, **counts, **({} if np.isnan(peak) else {"peak_attention": peak})}
 
 
