@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=100,
         help="suggest part: epochs of the checkpoint the places are picked from (the subtle part's: a model "
-        "that has learnt where to look; at 30 its test AUC was 0.42-0.61, and its places near random)",
+        "that has learnt where to look; a start at chance has no mistakes to point at)",
     )
     parser.add_argument(
         "--suggest-epochs", type=int, default=20, help="suggest part: epochs of each retrain on the answers"
