@@ -210,15 +210,21 @@ def _reason(kind: str, score: float, label: str | None) -> str:
     return f"{high} ({score:.2f}x the slide's mean) on {labelled}{question}"
 
 
+def strongest_attention(suggestions: Sequence[Suggestion]) -> float | None:
+    """The highest attention, relative to its slide's mean, of the places chosen for their attention
+    (None: none was)."""
+    return max((s.score for s in suggestions if s.kind != "uncertain"), default=None)
+
+
 def flat_attention(suggestions: Sequence[Suggestion]) -> str | None:
     """Words for a model whose strongest places chosen for their attention are all below HIGH times their
     slide's mean (None when one reaches it, or none was chosen for its attention): such a model has not
     learnt where to look, and the places it asks about are near random."""
-    looked = [s.score for s in suggestions if s.kind != "uncertain"]
-    if not looked or max(looked) >= HIGH:
+    strongest = strongest_attention(suggestions)
+    if strongest is None or strongest >= HIGH:
         return None
     return (
-        f"the model attends nearly evenly on these slides (its strongest place {max(looked):.2f}x its "
+        f"the model attends nearly evenly on these slides (its strongest place {strongest:.2f}x its "
         f"slide's mean, below {HIGH:g}x): it has not learnt where to look yet, so these places are near "
         "random; train it further before asking"
     )

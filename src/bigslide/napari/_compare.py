@@ -119,11 +119,7 @@ def _left_of(viewer: napari.Viewer, slide_layer: Any) -> list[Any]:
     rows = span(slide_layer)
     slides = [s for s in slides_in_rows(viewer, rows, slide_layer) if span(s)[2] < rows[2]]
     paths = {s.metadata.get("path") for s in slides}
-    return slides + [
-        layer
-        for layer in viewer.layers
-        if layer.metadata.get(ROLE) == COMPARISON and layer.metadata.get("slide") in paths
-    ]
+    return slides + [c for c in layers_with_role(viewer, COMPARISON) if c.metadata.get("slide") in paths]
 
 
 def frame(viewer: napari.Viewer, layers: Sequence[Any]) -> None:

@@ -36,6 +36,7 @@ from bigslide.explain.suggest import (
     area_box,
     normal_class,
     overlaps,
+    strongest_attention,
     suggest,
 )
 from bigslide.synthetic.slide_set import load_lesions
@@ -99,8 +100,8 @@ def arm_places(
         ]
         normal = normal_class(train.classes)
         chosen = suggest(slides, wanted, normal=normal, area_tiles=AREA)
-        peak = max((s.score for s in chosen if s.kind != "uncertain"), default=float("nan"))
-        return [(s.slide, s.polygon) for s in chosen], tiles, peak
+        peak = strongest_attention(chosen)
+        return [(s.slide, s.polygon) for s in chosen], tiles, float("nan") if peak is None else peak
     candidates = []  # (order key, slide index, row, col)
     rng = np.random.default_rng(seed)
     for index, g in enumerate(grids):
