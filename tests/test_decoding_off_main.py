@@ -32,7 +32,7 @@ def decoded_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(processes_module, "_START_METHOD", "fork")
     main_process = os.getpid()
     decoded: list[str] = []
-    for name in ("read_file_tile", "_read_level"):
+    for name in ("read_file_tile", "read_file_tile_luma", "_read_level"):
         original = getattr(Slide, name)
 
         def guarded(self: Slide, *args: Any, _original: Any = original, _name: str = name) -> Any:

@@ -42,17 +42,22 @@ def _count_decodes(slide: Slide) -> tuple[Counter[tuple[int, int, int]], list[in
     """Count each file tile `slide` decodes one by one, and note the levels it reads as rectangles."""
     tiles: Counter[tuple[int, int, int]] = Counter()
     rectangles: list[int] = []
-    read_file_tile, read_level = slide.read_file_tile, slide._read_level
+    read_file_tile, read_luma, read_level = slide.read_file_tile, slide.read_file_tile_luma, slide._read_level
 
     def counted_tile(level: int, row: int, col: int) -> np.ndarray:
         tiles[(level, row, col)] += 1
         return read_file_tile(level, row, col)
+
+    def counted_luma(level: int, row: int, col: int) -> np.ndarray:
+        tiles[(level, row, col)] += 1
+        return read_luma(level, row, col)
 
     def counted_level(level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         rectangles.append(level)
         return read_level(level, y0, y1, x0, x1)
 
     slide.read_file_tile = counted_tile  # type: ignore[method-assign]
+    slide.read_file_tile_luma = counted_luma  # type: ignore[method-assign]
     slide._read_level = counted_level  # type: ignore[method-assign]
     return tiles, rectangles
 

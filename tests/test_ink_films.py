@@ -157,3 +157,20 @@ def test_a_pen_crossed_by_a_bubbles_rim_is_ink_inside_the_rim_too() -> None:
     assert inside.sum() > 1000
     classes = classify_pixels(rgb, FILMS, pixel_um=4.0)
     assert (classes[inside] == INK).mean() > 0.85
+
+
+@pytest.mark.parametrize("where", ["middle", "corner", "none", "scattered"])
+def test_thin_ink_opened_on_its_rectangle_equals_the_whole_image_opened(where: str) -> None:
+    # the film rule opens the ink (so thin rims do not wall glass in) only around it: the same pixels
+    rng = np.random.default_rng(3)
+    mask = np.zeros((90, 120), bool)
+    if where == "middle":
+        mask[30:60, 40:80] = rng.random((30, 40)) > 0.3
+    elif where == "corner":
+        mask[:12, 100:] = True
+        mask[5, 95:] = True
+    elif where == "scattered":
+        mask = rng.random(mask.shape) > 0.6
+    for iterations in (1, 2, 4):
+        expected = ndimage.binary_opening(mask, iterations=iterations)
+        np.testing.assert_array_equal(films._opened(mask, iterations), expected)

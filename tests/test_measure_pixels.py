@@ -136,11 +136,15 @@ def test_box_means_are_each_boxs_own_mean(dtype: type) -> None:
 
 @pytest.mark.parametrize("sigma", [0.7, 1.0, 2.5])
 @pytest.mark.parametrize("mode", ["nearest", "reflect"])
-def test_planes_smoothed_together_equal_each_plane_smoothed_alone(sigma: float, mode: str) -> None:
+@pytest.mark.parametrize("shape", [(4, 37, 53), (2, 250, 300), (1, 3, 6000)])
+def test_planes_smoothed_together_equal_each_plane_smoothed_alone(
+    sigma: float, mode: str, shape: tuple[int, int, int]
+) -> None:
     # the ink and film rules smooth their channels and products in one call; their thresholds were chosen
-    # on scipy's own filter, so the stack must give its values
+    # on scipy's own filter, so the stack must give its values: on small areas (two filter calls), on large
+    # ones filtered down the columns in several bands of rows, and on areas shorter than the Gaussian
     rng = np.random.default_rng(5)
-    planes = rng.random((4, 37, 53), dtype=np.float32) * 3
+    planes = rng.random(shape, dtype=np.float32) * 3
     together = gaussian_planes(planes, sigma, mode=mode)
     for plane, smoothed in zip(planes, together, strict=True):
         alone = ndimage.gaussian_filter(plane, sigma, mode=mode)

@@ -502,3 +502,52 @@ def test_an_aperio_pixel_size_with_a_decimal_comma_is_read(tmp_path: Path) -> No
     )
     with open_slide(path) as slide:
         assert slide.mpp == pytest.approx((0.25, 0.25))
+
+
+@pytest.mark.parametrize("stored", ["jpeg-ycbcr", "jpeg-rgb", "zlib"])
+def test_a_file_tile_read_as_luma_is_its_colour_read_weighted(tmp_path: Path, stored: str) -> None:
+    """The focus measure reads luma: from a JPEG tile (YCbCr as most scanners write it, RGB as Aperio does)
+    straight off the decoder, within rounding of the RGB read's luma; from other codecs, exactly it. (On
+    saturated noise the RGB read clips where Y does not: H&E-like tissue.)"""
+    from bigslide.synthetic.slides import synthesize_slide
+    from bigslide.wsi.slide import LUMA
+
+    image = synthesize_slide((600, 520), lesions=1, seed=4).rgb
+    path = tmp_path / f"{stored}.tif"
+    if stored == "zlib":
+        args: dict[str, object] = {"compression": "zlib"}
+    else:
+        space = "YCBCR" if stored == "jpeg-ycbcr" else "RGB"
+        args = {"compression": "jpeg", "compressionargs": {"level": 85, "outcolorspace": space}}
+    tifffile.imwrite(path, image, tile=(256, 256), photometric="rgb", **args)
+    with open_slide(path) as slide:
+        assert slide.tile_shape(0) == (256, 256)
+        for row, col in [(0, 0), (1, 2), (2, 2)]:  # (2, 2): the corner tile, cut by the image's edges
+            colour = slide.read_file_tile(0, row, col)
+            luma = slide.read_file_tile_luma(0, row, col)
+            assert luma.dtype == np.float32
+            assert luma.shape == colour.shape[:2]
+            expected = colour @ LUMA
+            if stored == "zlib":
+                np.testing.assert_array_equal(luma, expected)
+            else:
+                assert np.abs(luma - expected).max() <= 2.5
+                assert np.abs(luma - expected).mean() < 0.5
+                assert luma.std() > 1  # the image, not a flat decode
+
+
+def test_a_damaged_jpeg_tile_read_as_luma_names_the_file_and_tile(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.tif"
+    tifffile.imwrite(
+        path, textured_image(512, 512, seed=5), tile=(256, 256), photometric="rgb", compression="jpeg"
+    )
+    with tifffile.TiffFile(path) as tif:
+        offset = tif.pages[0].dataoffsets[3]
+    with path.open("r+b") as f:  # the last tile's scan data overwritten
+        f.seek(offset + 2)
+        f.write(b"\xff\xd9" * 64)
+    with open_slide(path) as slide:
+        assert slide.read_file_tile_luma(0, 0, 0).shape == (256, 256)
+        damaged = r"damaged\.tif: cannot decode file tile \(row 1, col 1\) of level 0"
+        with pytest.raises(SlideError, match=damaged):
+            slide.read_file_tile_luma(0, 1, 1)

@@ -29,9 +29,6 @@ import numpy as np
 from bigslide.tiling.tissue_measure import apply_in_runs, footprints, level_spanning
 from bigslide.wsi.slide import Slide
 
-LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-"""`bigslide.tiling.pixel_classes.greyscale`'s weights, as a matrix product (three times faster on
-uint8 RGB)."""
 SHARPNESS_SPAN = 32
 """Pixels a tile spans on the level its sharpness is measured on (when the pyramid has such a level), and
 the least a tile's focus is judged on."""
@@ -101,7 +98,7 @@ def tile_sharpness(slide: Slide, coords: np.ndarray, size0: int, read_level: int
     level = sharpness_level(slide, size0, read_level)
     lw, lh = slide.level_dimensions[level]
     boxes = widened(footprints(coords, size0, slide.level_downsamples[level], (lh, lw)), (lh, lw))
-    return apply_in_runs(slide, level, boxes, lambda image, local: sharpness(image @ LUMA, local), margin=1)
+    return apply_in_runs(slide, level, boxes, sharpness, margin=1, luma=True)
 
 
 def widened(boxes: np.ndarray, shape: tuple[int, int], span: int = SHARPNESS_SPAN) -> np.ndarray:

@@ -108,7 +108,7 @@ def films_on_glass(
     # glass among tissue (fat cells, lumens) is no place for a pen: only glass reaching the image's edge, or
     # wider than a lumen, is open; a thin line of ink (a bubble's rim) does not close it
     thin = math.ceil(THIN_INK_UM / pixel_um / 2)
-    walls = (classes == TISSUE) | ndimage.binary_opening(classes == INK, iterations=thin)
+    walls = (classes == TISSUE) | _opened(classes == INK, thin)
     open_glass = (classes == GLASS) & ~enclosed(~walls, math.pi * (OPEN_GLASS_UM / pixel_um / 2) ** 2)
     # a film of one hue lies within a flat area of any hue: only areas of a film's size with open glass
     # within reach can hold one, and each is judged on its own rectangle (together a few % of the image)
@@ -239,11 +239,25 @@ def _length(vectors: np.ndarray) -> np.ndarray:
 def _eosin_stained(od: np.ndarray, textured: np.ndarray) -> bool:
     """Whether the `textured` tissue is H&E-like (eosin in at least EOSIN_MIN_SHARE of it); True when
     there is too little of it to tell (an image of glass and ink)."""
-    if textured.sum() < MIN_JUDGED_PX:
+    judged = np.count_nonzero(textured)
+    if judged < MIN_JUDGED_PX:
         return True
-    red, green, blue = (od[..., c][textured] for c in range(3))
-    pink = (red < EOSIN_RED_GREEN * green) & (blue < EOSIN_BLUE_GREEN * green)
-    return bool(pink.mean() >= EOSIN_MIN_SHARE)
+    red, green, blue = od[..., 0], od[..., 1], od[..., 2]
+    pink = textured & (red < EOSIN_RED_GREEN * green) & (blue < EOSIN_BLUE_GREEN * green)
+    return bool(np.count_nonzero(pink) / judged >= EOSIN_MIN_SHARE)
+
+
+def _opened(mask: np.ndarray, iterations: int) -> np.ndarray:
+    """`ndimage.binary_opening(mask, iterations=iterations)`, worked out on the rectangle around `mask`'s
+    pixels (and `iterations` beyond): nothing outside it can be set, and most images have little ink."""
+    out = np.zeros(mask.shape, bool)
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    if len(rows) == 0:
+        return out
+    box = (slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+    part = grown_box(box, iterations, mask.shape)
+    out[part] = ndimage.binary_opening(mask[part], iterations=iterations)
+    return out
 
 
 def _od_hue(od: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -129,25 +129,58 @@ def flatness_window(pixel_um: float) -> float:
 def light_texture(total: np.ndarray, sigma: float) -> np.ndarray:
     """How much the light absorbed (summed OD) varies across a Gaussian window of `sigma` pixels, as a share
     of its mean: a film of one dye (a pen stroke) varies little; tissue, nuclei beside stroma, much."""
-    from scipy import ndimage  # here: the settings above are read by napari's panels, on its GUI thread
-
-    mean = ndimage.gaussian_filter(total, sigma, mode="nearest")
-    square = ndimage.gaussian_filter(total * total, sigma, mode="nearest")
+    mean, square = gaussian_planes(np.stack([total, total * total]), sigma)
     return np.sqrt(np.maximum(square - mean * mean, 0)) / np.maximum(mean, 1e-3)
 
 
 def gaussian_planes(planes: np.ndarray, sigma: float, mode: str = "nearest") -> np.ndarray:
     """Each (H, W) plane of a (K, H, W) stack smoothed by a Gaussian of `sigma` pixels truncated at 4 sigma,
-    as `ndimage.gaussian_filter` smooths one plane (same weights and passes), in two filter calls: on the
-    small areas the ink and film rules measure, a filter's Python wrapper cost more than its arithmetic."""
-    from scipy import ndimage
+    as `ndimage.gaussian_filter` smooths one plane (same weights and passes; `mode` "nearest" or
+    "reflect"), to float32 rounding. Down the columns, planes of DOWN_ROWS_FROM pixels or more are filtered
+    as whole shifted rows (`_down_columns`); along the rows, one `ndimage.correlate1d` call for the stack."""
+    from scipy import ndimage  # here: the settings above are read by napari's panels, on its GUI thread
 
     radius = int(4.0 * sigma + 0.5)
     x = np.arange(-radius, radius + 1)
     weights = np.exp(-0.5 / (sigma * sigma) * x**2)
     weights = weights / weights.sum()
-    across = ndimage.correlate1d(planes, weights, axis=1, mode=mode)
-    return ndimage.correlate1d(across, weights, axis=2, output=across, mode=mode)
+    planes = np.asarray(planes, np.float32)
+    if planes.shape[1] * planes.shape[2] >= DOWN_ROWS_FROM:
+        down = _down_columns(planes, weights, mode)
+    else:  # a small area: two filter calls cost less than a wrapper's many
+        down = ndimage.correlate1d(planes, weights, axis=1, mode=mode)
+    return ndimage.correlate1d(down, weights, axis=2, output=down, mode=mode)
+
+
+DOWN_ROWS_FROM = 128 * 128
+BAND_BYTES = 1 << 17
+"""`_down_columns` works in bands of rows of about this many bytes, which stay in the processor's cache
+while every shifted row is added: 2-4 times faster than `ndimage.correlate1d` down the columns, which
+copies each column out and back, on planes from about 128 x 128 pixels."""
+
+
+def _down_columns(planes: np.ndarray, weights: np.ndarray, mode: str) -> np.ndarray:
+    """A symmetric filter of odd length down each column of a (K, H, W) float32 stack, added as shifted
+    rows, band by band."""
+    radius, (count, height, width) = len(weights) // 2, planes.shape
+    pad: Literal["edge", "symmetric"] = "edge" if mode == "nearest" else "symmetric"
+    if mode not in ("nearest", "reflect"):
+        raise ValueError(f"mode must be 'nearest' or 'reflect', got {mode!r}")
+    taps = [np.float32(w) for w in weights]
+    out = np.empty_like(planes)
+    band = max(1, BAND_BYTES // (4 * width))
+    for k in range(count):
+        padded = np.pad(planes[k], ((radius, radius), (0, 0)), mode=pad)
+        for r0 in range(0, height, band):
+            n = min(band, height - r0)
+            window = padded[r0 : r0 + n + 2 * radius]  # the band's rows and `radius` more either side
+            rows, pair = out[k, r0 : r0 + n], np.empty((n, width), np.float32)
+            np.multiply(window[radius : radius + n], taps[radius], out=rows)
+            for i in range(1, radius + 1):
+                np.add(window[radius + i : radius + i + n], window[radius - i : radius - i + n], out=pair)
+                pair *= taps[radius + i]
+                rows += pair
+    return out
 
 
 def enclosed(background: np.ndarray, max_area: float) -> np.ndarray:

@@ -26,7 +26,7 @@ from bigslide.tiling.pixel_classes import (
     summed,
 )
 from bigslide.tiling.tissue import MASK_SIZE, block_mean, classify_pixels, glass_od, textured_pixels
-from bigslide.wsi.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
+from bigslide.wsi.slide import BACKGROUND, LUMA, WHOLE_READ_PIXELS, Slide
 
 TEXTURE_STEP = 4
 """Cell texture (for the tissue check's warning, a slide-wide share) is judged on every fourth pixel and
@@ -249,15 +249,16 @@ def apply_in_runs(
     boxes: np.ndarray,
     per_run: Callable[[np.ndarray, np.ndarray], np.ndarray],
     margin: int = 0,
+    luma: bool = False,
 ) -> np.ndarray:
     """`per_run(image, boxes in the image)` -> one value per tile, reading only the tiles: each run of
     neighbouring tiles in a row of tiles is one rectangle (with `margin` pixels around it where the level
-    has them). Runs go top to bottom and each file tile of `level` is decoded once (`FileTiles`). A tile
-    over a file tile that cannot be decoded gets NaN (the tile read for training names the broken file
-    tile)."""
+    has them), (h, w, 3) uint8, or (h, w) float32 luma with `luma`. Runs go top to bottom and each file
+    tile of `level` is decoded once (`FileTiles`). A tile over a file tile that cannot be decoded gets NaN
+    (the tile read for training names the broken file tile)."""
     out = np.zeros(len(boxes), np.float64)
     lw, lh = slide.level_dimensions[level]
-    tiles = FileTiles(slide, level)
+    tiles = FileTiles(slide, level, luma)
     for batch in _runs(boxes):
         y0, y1 = max(0, int(boxes[batch, 0].min()) - margin), min(lh, int(boxes[batch, 1].max()) + margin)
         x0, x1 = max(0, int(boxes[batch, 2].min()) - margin), min(lw, int(boxes[batch, 3].max()) + margin)
@@ -294,26 +295,28 @@ LARGE_FILE_TILE = 1 << 20
 
 
 class FileTiles:
-    """One level's file tiles, each decoded once, pasted into the rectangles asked for. Rectangles are
-    asked for top to bottom: `forget_above` lets go of the file tiles no later rectangle reaches."""
+    """One level's file tiles, each decoded once (as RGB, or as luma with `luma`), pasted into the
+    rectangles asked for. Rectangles are asked for top to bottom: `forget_above` lets go of the file tiles
+    no later rectangle reaches."""
 
-    def __init__(self, slide: Slide, level: int) -> None:
-        self.slide, self.level = slide, level
+    def __init__(self, slide: Slide, level: int, luma: bool = False) -> None:
+        self.slide, self.level, self.luma = slide, level, luma
         self.tile_h, self.tile_w = slide.tile_shape(level)
         self.decoded: dict[tuple[int, int], np.ndarray | None] = {}
 
     def region(
         self, y0: int, y1: int, x0: int, x1: int
     ) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
-        """Pixels [y0, y1) x [x0, x1) of the level as (h, w, 3) uint8, and the (row0, row1, col0, col1)
-        in them of file tiles that could not be decoded (drawn as glass)."""
+        """Pixels [y0, y1) x [x0, x1) of the level as (h, w, 3) uint8 (or (h, w) float32 luma), and the
+        (row0, row1, col0, col1) in them of file tiles that could not be decoded (drawn as glass)."""
         th, tw = self.tile_h, self.tile_w
         if th * tw > LARGE_FILE_TILE:  # untiled or stripped: decode the rectangle alone, not whole strips
             try:
-                return self.slide._read_level(self.level, y0, y1, x0, x1), []
+                image = self.slide._read_level(self.level, y0, y1, x0, x1)
+                return (image @ LUMA if self.luma else image), []
             except SlideError:
-                return np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8), [(0, y1 - y0, 0, x1 - x0)]
-        out = np.full((y1 - y0, x1 - x0, 3), BACKGROUND, np.uint8)
+                return self._glass(y1 - y0, x1 - x0), [(0, y1 - y0, 0, x1 - x0)]
+        out = self._glass(y1 - y0, x1 - x0)
         failed = []
         for row in range(y0 // th, -(-y1 // th)):
             for col in range(x0 // tw, -(-x1 // tw)):
@@ -327,6 +330,11 @@ class FileTiles:
                 out[ay0 - y0 : ay0 - y0 + part.shape[0], ax0 - x0 : ax0 - x0 + part.shape[1]] = part
         return out, failed
 
+    def _glass(self, h: int, w: int) -> np.ndarray:
+        if self.luma:
+            return np.full((h, w), float(BACKGROUND), np.float32)
+        return np.full((h, w, 3), BACKGROUND, np.uint8)
+
     def forget_above(self, y: int) -> None:
         """Let go of the file tiles that lie wholly above row `y` of the level."""
         for key in [k for k in self.decoded if (k[0] + 1) * self.tile_h <= y]:
@@ -336,7 +344,8 @@ class FileTiles:
         key = (row, col)
         if key not in self.decoded:
             try:
-                self.decoded[key] = self.slide.read_file_tile(self.level, row, col)
+                read = self.slide.read_file_tile_luma if self.luma else self.slide.read_file_tile
+                self.decoded[key] = read(self.level, row, col)
             except SlideError:
                 self.decoded[key] = None
         return self.decoded[key]
