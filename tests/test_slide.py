@@ -510,7 +510,7 @@ def test_a_file_tile_read_as_luma_is_its_colour_read_weighted(tmp_path: Path, st
     straight off the decoder, within rounding of the RGB read's luma; from other codecs, exactly it. (On
     saturated noise the RGB read clips where Y does not: H&E-like tissue.)"""
     from bigslide.synthetic.slides import synthesize_slide
-    from bigslide.wsi.slide import LUMA
+    from bigslide.wsi.tiff_tiles import LUMA
 
     image = synthesize_slide((600, 520), lesions=1, seed=4).rgb
     path = tmp_path / f"{stored}.tif"

@@ -26,7 +26,8 @@ from bigslide.tiling.pixel_classes import (
     summed,
 )
 from bigslide.tiling.tissue import MASK_SIZE, block_mean, classify_pixels, glass_od, textured_pixels
-from bigslide.wsi.slide import BACKGROUND, LUMA, WHOLE_READ_PIXELS, Slide
+from bigslide.wsi.slide import BACKGROUND, WHOLE_READ_PIXELS, Slide
+from bigslide.wsi.tiff_tiles import LUMA
 
 TEXTURE_STEP = 4
 """Cell texture (for the tissue check's warning, a slide-wide share) is judged on every fourth pixel and

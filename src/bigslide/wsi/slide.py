@@ -18,7 +18,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-import imagecodecs
 import numpy as np
 from PIL import Image
 
@@ -27,6 +26,7 @@ from bigslide.files import out_of_files, too_many_open_files
 from bigslide.wsi.dicom_series import is_dicom_file, opens_as_dicom, series_file
 from bigslide.wsi.slide_view import OnError, TileLevel, tile_levels
 from bigslide.wsi.tiff_levels import check_complete, check_main_image, level_arrays, parse_mpp, tiled_pages
+from bigslide.wsi.tiff_tiles import LUMA, decode, decode_luma
 
 Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
@@ -34,9 +34,6 @@ BACKGROUND = 255
 WHOLE_READ_PIXELS = 1 << 26
 """Levels above 64 Mpx (192 MB of RGB) are never read at once: thumbnails stream them in strips."""
 _STRIP_PIXELS = 1 << 22
-LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-"""ITU-R 601 luma weights (PIL's "L" mode; JPEG's Y): greyscale as a matrix product, three times faster on
-uint8 RGB than channel by channel."""
 
 
 class Slide:
@@ -171,45 +168,33 @@ class Slide:
         return int(chunks[0]), int(chunks[1])
 
     def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray:
-        """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped).
-
-        Tiled levels are decoded straight from the file (`os.pread` + tifffile's decoder), not through
-        zarr, whose single event-loop thread would serialise the loader's threads.
-        """
-        return self._rgb_tile(level, row, col)
-
-    def _rgb_tile(self, level: int, row: int, col: int) -> np.ndarray:
-        page, index, (y0, y1, x0, x1) = self._file_tile(level, row, col)
-        try:
-            if index is not None:
-                data = os.pread(self._fd, page.databytecounts[index], page.dataoffsets[index])  # type: ignore[arg-type]
-                block = page.decode(data, index, jpegtables=page.jpegtables)[0][0][: y1 - y0, : x1 - x0]
-            else:
-                block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
-        except Exception as exc:  # decoder errors come from several libraries
-            raise self._undecodable(level, row, col, exc) from exc
-        self.pixels_read[level] += block.shape[0] * block.shape[1]
-        return _to_rgb(block)
+        """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped), straight from
+        the file where the level is tiled (`tiff_tiles`)."""
+        return _to_rgb(self._decoded(level, row, col, luma=False))
 
     def read_file_tile_luma(self, level: int, row: int, col: int) -> np.ndarray:
-        """One file tile of `level` as (h, w) float32 luma (`LUMA`'s weights). A JPEG tile of colour comes
-        straight from the decoder as luma, which for the usual YCbCr JPEG is its first plane: the colour
-        planes are never decoded (less than half the time of RGB and a product). Equal to the product of
-        `read_file_tile` with `LUMA` within a grey level or two of rounding."""
+        """One file tile of `level` as (h, w) float32 luma (`LUMA`'s weights): from a JPEG tile, its decoder's
+        own (`tiff_tiles.decode_luma`); within a grey level or two of `read_file_tile`'s pixels times LUMA."""
+        block = self._decoded(level, row, col, luma=True)
+        return block.astype(np.float32) if block.ndim == 2 else _to_rgb(block) @ LUMA
+
+    def _decoded(self, level: int, row: int, col: int, luma: bool) -> np.ndarray:
+        """The file tile as decoded (luma only where the decoder gives it), cropped to the level."""
         page, index, (y0, y1, x0, x1) = self._file_tile(level, row, col)
-        if index is None or not _jpeg_colour(page):
-            return self._rgb_tile(level, row, col) @ LUMA
         try:
-            data = os.pread(self._fd, page.databytecounts[index], page.dataoffsets[index])  # type: ignore[arg-type]
-            rgb_coded = page.photometric == 2 and not page.is_jfif  # Aperio's JPEG: RGB, not YCbCr
-            grey = imagecodecs.jpeg_decode(
-                data, tables=page.jpegtables, colorspace="RGB" if rgb_coded else None, outcolorspace="GRAY"
-            )
+            block = None
+            if index is not None and luma:
+                block = decode_luma(page, self._fd, index)  # type: ignore[arg-type]
+            if block is None and index is not None:
+                block = decode(page, self._fd, index)  # type: ignore[arg-type]
+            if block is None:
+                block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
         except Exception as exc:  # decoder errors come from several libraries
-            raise self._undecodable(level, row, col, exc) from exc
-        block = grey.reshape(grey.shape[0], grey.shape[1])[: y1 - y0, : x1 - x0]
+            where = f"file tile (row {row}, col {col}) of level {level}"
+            raise SlideError(f"{self.path}: cannot decode {where} ({exc})") from exc
+        block = block[: y1 - y0, : x1 - x0]
         self.pixels_read[level] += block.shape[0] * block.shape[1]
-        return block.astype(np.float32)
+        return block
 
     def _file_tile(self, level: int, row: int, col: int) -> tuple[Any, int | None, tuple[int, int, int, int]]:
         """The tifffile page of `level`, the file tile's index in it (None: read it through zarr) and its
@@ -223,10 +208,6 @@ class Slide:
         index = row * -(-w // tw) + col
         direct = page is not None and self._fd is not None and page.databytecounts[index]
         return page, index if direct else None, (y0, min(y0 + th, h), x0, min(x0 + tw, w))
-
-    def _undecodable(self, level: int, row: int, col: int, exc: Exception) -> SlideError:
-        where = f"file tile (row {row}, col {col}) of level {level}"
-        return SlideError(f"{self.path}: cannot decode {where} ({exc})")
 
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:
@@ -422,17 +403,6 @@ def _box_mean(block: np.ndarray, factor: int) -> np.ndarray:
     n_cols = np.full(sums.shape[1], factor)
     n_cols[-1] = factor - pad_cols
     return np.round(sums / (n_rows[:, None, None] * n_cols[None, :, None])).astype(np.uint8)
-
-
-def _jpeg_colour(page: Any) -> bool:
-    """Whether a page's tiles are 8-bit JPEG of three interleaved colour samples (RGB or YCbCr)."""
-    return bool(
-        page.compression == 7
-        and page.photometric in (2, 6)
-        and page.planarconfig == 1
-        and page.samplesperpixel == 3
-        and page.bitspersample == 8
-    )
 
 
 def _to_rgb(block: np.ndarray) -> np.ndarray:
