@@ -551,3 +551,17 @@ def test_a_damaged_jpeg_tile_read_as_luma_names_the_file_and_tile(tmp_path: Path
         damaged = r"damaged\.tif: cannot decode file tile \(row 1, col 1\) of level 0"
         with pytest.raises(SlideError, match=damaged):
             slide.read_file_tile_luma(0, 1, 1)
+
+
+@pytest.mark.parametrize("compression", ["zlib", "jpeg"])
+def test_a_greyscale_slide_reads_as_grey_rgb_file_tile_by_file_tile(tmp_path: Path, compression: str) -> None:
+    # a brightfield slide saved in one channel: file tiles come as RGB like every other read, and their luma
+    # is the grey itself (the focus measure reads it)
+    grey = textured_image(600, 520, seed=6)[..., 0]
+    path = tmp_path / f"grey-{compression}.tif"
+    tifffile.imwrite(path, grey, tile=(256, 256), compression=compression)
+    with open_slide(path) as slide:
+        tile = slide.read_file_tile(0, 1, 1)
+        assert tile.shape == (256, 256, 3)
+        np.testing.assert_array_equal(tile, slide.read_region((256, 256), 0, (256, 256)))
+        np.testing.assert_allclose(slide.read_file_tile_luma(0, 1, 1), tile[..., 0], atol=1e-3)

@@ -406,6 +406,9 @@ def _box_mean(block: np.ndarray, factor: int) -> np.ndarray:
 
 
 def _to_rgb(block: np.ndarray) -> np.ndarray:
+    """(h, w, 3) of a decoded block: grey (with or without alpha) repeated, RGB(A) as RGB."""
     if block.ndim == 2:
         return np.repeat(block[..., None], 3, axis=2)
+    if block.shape[2] < 3:
+        return np.repeat(block[..., :1], 3, axis=2)
     return np.ascontiguousarray(block[..., :3])
