@@ -56,6 +56,7 @@ TILING_MODULES = (
     "bigslide.wsi.slide",
     "bigslide.wsi.slide_view",
     "bigslide.wsi.tiff_levels",
+    "bigslide.wsi.tiff_tiles",
     "bigslide.wsi.openslide_backend",
     "bigslide.wsi.dicom_series",
     "bigslide.wsi.plain_image",
