@@ -57,6 +57,7 @@ TILING_MODULES = (
     "bigslide.wsi.slide_view",
     "bigslide.wsi.tiff_levels",
     "bigslide.wsi.tiff_tiles",
+    "bigslide.wsi.unreadable",
     "bigslide.wsi.openslide_backend",
     "bigslide.wsi.dicom_series",
     "bigslide.wsi.plain_image",

@@ -163,9 +163,9 @@ def _down_columns(planes: np.ndarray, weights: np.ndarray, mode: str) -> np.ndar
     """A symmetric filter of odd length down each column of a (K, H, W) float32 stack, added as shifted
     rows, band by band."""
     radius, (count, height, width) = len(weights) // 2, planes.shape
-    pad: Literal["edge", "symmetric"] = "edge" if mode == "nearest" else "symmetric"
     if mode not in ("nearest", "reflect"):
         raise ValueError(f"mode must be 'nearest' or 'reflect', got {mode!r}")
+    pad: Literal["edge", "symmetric"] = "edge" if mode == "nearest" else "symmetric"
     taps = [np.float32(w) for w in weights]
     out = np.empty_like(planes)
     band = max(1, BAND_BYTES // (4 * width))

@@ -27,6 +27,7 @@ from bigslide.wsi.dicom_series import is_dicom_file, opens_as_dicom, series_file
 from bigslide.wsi.slide_view import OnError, TileLevel, tile_levels
 from bigslide.wsi.tiff_levels import check_complete, check_main_image, level_arrays, parse_mpp, tiled_pages
 from bigslide.wsi.tiff_tiles import LUMA, decode, decode_luma
+from bigslide.wsi.unreadable import in_words, reader_conflict
 
 Backend = Literal["auto", "tiffslide", "openslide"]
 BACKGROUND = 255
@@ -182,13 +183,11 @@ class Slide:
         """The file tile as decoded (luma only where the decoder gives it), cropped to the level."""
         page, index, (y0, y1, x0, x1) = self._file_tile(level, row, col)
         try:
-            block = None
-            if index is not None and luma:
-                block = decode_luma(page, self._fd, index)  # type: ignore[arg-type]
-            if block is None and index is not None:
-                block = decode(page, self._fd, index)  # type: ignore[arg-type]
-            if block is None:
+            if index is None:
                 block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
+            else:
+                grey = decode_luma(page, self._fd, index) if luma else None  # type: ignore[arg-type]
+                block = decode(page, self._fd, index) if grey is None else grey  # type: ignore[arg-type]
         except Exception as exc:  # decoder errors come from several libraries
             where = f"file tile (row {row}, col {col}) of level {level}"
             raise SlideError(f"{self.path}: cannot decode {where} ({exc})") from exc
@@ -260,21 +259,6 @@ class Slide:
         return f"Slide({str(self.path)!r}, dimensions={self.dimensions}, levels={self.level_count})"
 
 
-def _in_words(exc: Exception) -> str:
-    """Why a file would not open as a TIFF slide, without the decoder's bytes and exception names."""
-    text = str(exc)
-    if "not a TIFF file" in text or "not a BigTIFF" in text:
-        return "it does not begin as a TIFF file does: damaged, cut short, or not a slide"
-    if isinstance(exc, KeyError | IndexError) or not text:
-        return "a part of its pyramid is missing or damaged"
-    if "axes=" in text and "not supported" in text:
-        return (
-            f"its image is stored as separate planes ({text}): a fluorescence image of several channels, or "
-            "RGB saved plane by plane; bigslide reads brightfield RGB with its colours interleaved"
-        )
-    return text
-
-
 def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     """Open a slide; raise `SlideError` naming `path` on failure.
 
@@ -315,7 +299,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     except Exception as exc:  # tifffile/tiffslide raise ValueError, KeyError, NotImplementedError...
         if out_of_files(exc):
             raise SlideError(f"{path}: {too_many_open_files()}") from exc
-        raise SlideError(f"{path}: not a readable TIFF slide ({_in_words(exc)}){reader_conflict()}") from exc
+        raise SlideError(f"{path}: not a readable TIFF slide ({in_words(exc)}){reader_conflict()}") from exc
     try:
         check_complete(path, handle)
         check_main_image(path, handle)
@@ -327,35 +311,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
         handle.close()
         if out_of_files(exc):
             raise SlideError(f"{path}: {too_many_open_files()}") from exc
-        raise SlideError(f"{path}: unsupported slide layout ({_in_words(exc)}){reader_conflict()}") from exc
-
-
-def reader_conflict() -> str:
-    """'; tiffslide X needs tifffile<Y, this environment has tifffile Z' when an installed tifffile or zarr
-    is outside what tiffslide declares (it then misreads every file with an error about zarr groups, which
-    looks like a broken slide), else ''."""
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-
-    try:
-        declared = metadata.requires("tiffslide") or []
-    except metadata.PackageNotFoundError:
-        return ""
-    for text in declared:
-        need = Requirement(text)
-        if need.name.lower() not in ("tifffile", "zarr") or need.marker is not None:
-            continue
-        try:
-            have = metadata.version(need.name)
-        except metadata.PackageNotFoundError:
-            continue
-        if not need.specifier.contains(have, prereleases=True):
-            return (
-                f"; tiffslide {metadata.version('tiffslide')} needs {need}, this environment has {need.name} "
-                f"{have}: install one it supports (pip install '{need}')"
-            )
-    return ""
+        raise SlideError(f"{path}: unsupported slide layout ({in_words(exc)}){reader_conflict()}") from exc
 
 
 def _open_dicom(path: Path, backend: Backend) -> Slide:
