@@ -1,7 +1,10 @@
 """The viewer's longest freezes while a pathologist works, and how a followed run's maps keep up on a large
 slide: one napari session at 1600 x 1000 that opens the panels, opens a large synthetic slide and a second
 one, trains ABMIL-ACC on the demo slides while the Results panel follows the large slide, and lets the run
-end. Each action's longest event-loop gap comes from a 10 ms timer on the GUI thread.
+end. Each action's longest event-loop gap comes from a 10 ms timer on the GUI thread. Beside it, when the
+first feedback was painted (napari's activity spinner, words on napari's status bar or a panel's status
+line or progress bar that changed, a new notification): where napari's own work must hold the GUI thread
+(making a layer, its first draw in OpenGL), a person is told within 100 ms that the viewer is at work.
 
     xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python docs/measure_gaps.py [--out FILE]
 """
@@ -19,32 +22,123 @@ from typing import Any
 
 import napari
 import numpy as np
-from qtpy.QtCore import QTimer
-from qtpy.QtWidgets import QApplication
+from qtpy.QtCore import QEvent, QObject, QTimer
+from qtpy.QtWidgets import QApplication, QLabel, QProgressBar
 
 LARGE = (16384, 12288)  # level-0 px at 0.5 µm/px: 8 x 6 mm of tissue and glass
 J2K = (8192, 6144)
 GAP_TARGET_MS = 250
+FEEDBACK_MS = 100
 EPOCHS = 4
 
 
 class Gaps:
-    """Longest gaps between a 10 ms timer's ticks, by the action under way when each gap ended."""
+    """Longest gaps between a 10 ms timer's ticks, by the action under way when each gap ended; and, for
+    each time an action begins, when feedback was first painted."""
 
-    def __init__(self) -> None:
+    def __init__(self, feedback: Feedback | None = None) -> None:
         self.ticks: list[tuple[float, str]] = []
-        self.action = "idle"
+        self.begun: list[tuple[float, str]] = []  # (time, action) each time an action begins
+        self.feedback = feedback
+        self._action = "idle"
         self.timer = QTimer()
         self.timer.setInterval(10)
-        self.timer.timeout.connect(lambda: self.ticks.append((time.perf_counter(), self.action)))
-        self.ticks.append((time.perf_counter(), self.action))  # a freeze before the timer's first tick counts
+        self.timer.timeout.connect(lambda: self.ticks.append((time.perf_counter(), self._action)))
+        self.ticks.append(
+            (time.perf_counter(), self._action)
+        )  # a freeze before the timer's first tick counts
         self.timer.start()
 
-    def worst(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    @property
+    def action(self) -> str:
+        return self._action
+
+    @action.setter
+    def action(self, name: str) -> None:
+        if name != self._action and name != "idle":
+            self.begun.append((time.perf_counter(), name))
+            if self.feedback is not None:
+                self.feedback.snapshot()
+        self._action = name
+
+    def longest(self) -> dict[str, tuple[float, float]]:
+        """action -> (longest gap in ms, when that gap ended)."""
+        out: dict[str, tuple[float, float]] = {}
         for (a, _), (b, action) in itertools.pairwise(self.ticks):
-            out[action] = max(out.get(action, 0.0), (b - a) * 1000)
+            if (b - a) * 1000 > out.get(action, (0.0, 0.0))[0]:
+                out[action] = ((b - a) * 1000, b)
         return out
+
+    def worst(self) -> dict[str, float]:
+        return {action: ms for action, (ms, _) in self.longest().items()}
+
+    def first_feedback(self, action: str) -> tuple[float, str] | None:
+        """(ms from the action's beginning, what) of the first feedback painted in the turn of the action
+        that froze longest, up to the freeze's end (a paint inside a click's handler counts: it is on
+        screen while the rest of the handler runs), or None."""
+        if self.feedback is None or action not in self.longest():
+            return None
+        _, gap_ended = self.longest()[action]
+        began = max((t for t, name in self.begun if name == action and t <= gap_ended), default=None)
+        if began is None:
+            return None
+        return next(
+            ((1000 * (t - began), what) for t, what in self.feedback.painted if began <= t <= gap_ended),
+            None,
+        )
+
+
+class Feedback(QObject):
+    """Paints that tell a person the viewer is at work: napari's activity spinner shown, napari's status bar
+    or a panel's status line or progress bar whose text or value changed, a new notification. A widget
+    painted unchanged (every label repaints with its window) is not feedback."""
+
+    def __init__(self, viewer: Any) -> None:
+        super().__init__()
+        self.viewer = viewer
+        self.panels: Any = None
+        self.before: dict[int, Any] = {}
+        self.notes: set[int] = set()  # notifications painted so far
+        self.notes_before: set[int] = set()
+        self.painted: list[tuple[float, str]] = []
+        QApplication.instance().installEventFilter(self)
+
+    def _spinner(self) -> Any:
+        return self.viewer.window._qt_window._activity_dialog._toggleButton._inProgressIndicator
+
+    def _parts(self) -> list[Any]:
+        """Where changed words are feedback: the panels, napari's status bar."""
+        return [w for w in (self.panels, self.viewer.window._qt_window.statusBar()) if w is not None]
+
+    def _shown(self, widget: Any) -> Any:
+        if widget is self._spinner():
+            return widget.isVisible()
+        if isinstance(widget, QProgressBar):
+            return widget.isVisible(), widget.value(), widget.format()
+        return widget.isVisible(), widget.text()
+
+    def snapshot(self) -> None:
+        """What every tracked widget shows as an action begins."""
+        labels = [w for part in self._parts() for w in part.findChildren((QLabel, QProgressBar))]
+        self.before = {id(w): self._shown(w) for w in (self._spinner(), *labels)}
+        self.notes_before = set(self.notes)
+
+    def eventFilter(self, obj: Any, event: Any) -> bool:  # noqa: N802 (Qt's name)
+        if event.type() != QEvent.Type.Paint:
+            return False
+        name = type(obj).__name__
+        if name == "NapariQtNotification":
+            if id(obj) not in self.notes_before:  # a new one, not an earlier one repainted as it fades
+                self.painted.append((time.perf_counter(), "a notification"))
+            self.notes.add(id(obj))
+        elif obj is self._spinner() or (
+            isinstance(obj, QLabel | QProgressBar) and any(part.isAncestorOf(obj) for part in self._parts())
+        ):
+            shown = self._shown(obj)
+            if self.before.get(id(obj)) != shown:
+                what = "napari's activity spinner" if obj is self._spinner() else f"{name} {shown[-1]!s:.40}"
+                self.painted.append((time.perf_counter(), what))
+        return False
 
 
 def process(seconds: float) -> None:
@@ -199,7 +293,8 @@ def main() -> None:
     viewer = napari.Viewer()
     viewer.window._qt_window.setGeometry(0, 0, 1600, 1000)
     process(1.0)
-    gaps = Gaps()
+    feedback = Feedback(viewer)
+    gaps = Gaps(feedback)
 
     def act(name: str, fn: Any, settle: float) -> Any:
         return act_on(gaps, name, fn, settle)
@@ -209,6 +304,7 @@ def main() -> None:
         lambda: viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")[1],
         0.5,
     )
+    feedback.panels = panels
     gaps.action = "open the panels (All panels)"
     until(lambda: panels.ready)
     gaps.action = "idle"
@@ -266,6 +362,8 @@ def main() -> None:
     draw = r.show_prediction
 
     def on_drawn(prediction: Any, layer: Any) -> None:
+        # a map's drawing begins when its prediction reaches the panel: its words, then its layer
+        gaps.action = "draw a heatmap (first: a new layer)" if not added else "draw a heatmap (in place)"
         draw(prediction, layer)
         drawn.append((time.perf_counter(), prediction.epochs, prediction.thinned))
         if args.shots is not None and prediction.thinned > 1 and prediction.epochs == 2:
@@ -312,12 +410,14 @@ def main() -> None:
         f"{QApplication.platformName()} (Xvfb, software OpenGL), load average {os.getloadavg()[0]:.1f} "
         "at the end",
         "",
-        "| action | longest event-loop gap |",
-        "| --- | --- |",
+        "| action | longest event-loop gap | first feedback painted |",
+        "| --- | --- | --- |",
     ]
     for action, worst in gaps.worst().items():
         if action != "idle":
-            lines.append(f"| {action} | {worst:.0f} ms |")
+            shown = gaps.first_feedback(action)
+            told = f"{shown[0]:.0f} ms: {shown[1]}" if shown else "none"
+            lines.append(f"| {action} | {worst:.0f} ms | {told} |")
     lines += [
         "",
         f"Followed run: ABMIL-ACC, {EPOCHS} epochs on the demo slides, the Results panel following a "
@@ -339,6 +439,7 @@ def main() -> None:
         after_run = final[-1][0] - start - trained
         lines.append(f"\nThe full map (every tile) was drawn {after_run:.1f} s after the run.")
     over = {a: w for a, w in gaps.worst().items() if a != "idle" and w > GAP_TARGET_MS}
+    untold = {a: w for a, w in over.items() if (gaps.first_feedback(a) or (1e9,))[0] > FEEDBACK_MS}
     viewer.close()
     lines += [
         "",
@@ -348,8 +449,18 @@ def main() -> None:
         "| --- | --- |",
     ]
     lines += [f"| {action} | {worst:.0f} ms |" for action, worst in napari_alone_in_a_process().items()]
-    verdict = "met" if not over else "MISSED (" + ", ".join(f"{a}: {w:.0f}" for a, w in over.items()) + ")"
-    lines += [f"\ntarget every action's longest gap <= {GAP_TARGET_MS} ms: {verdict}", "exit status: 0"]
+    lines += [
+        f"\nfreezes over {GAP_TARGET_MS} ms: "
+        + (", ".join(f"{a}: {w:.0f} ms" for a, w in over.items()) if over else "none")
+    ]
+    verdict = (
+        "met" if not untold else "MISSED (" + ", ".join(f"{a}: {w:.0f}" for a, w in untold.items()) + ")"
+    )
+    lines += [
+        f"target every action's longest gap <= {GAP_TARGET_MS} ms, or, where napari's own work holds the GUI "
+        f"thread, feedback painted within {FEEDBACK_MS} ms: {verdict}",
+        "exit status: 0",
+    ]
     report = "\n".join(lines)
     print(report, flush=True)
     if args.out is not None:

@@ -26,6 +26,7 @@ from bigslide.tiling.annotations import (
 )
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
+from tests.gui.paint_order import PaintOrder
 from tests.gui.test_results import tiny_checkpoint
 from tests.gui.test_typed_numbers import type_into
 
@@ -454,3 +455,37 @@ def test_outlines_drawn_with_the_mouse_keep_every_corner_and_are_saved(
         assert len(annotation.geometry.exterior.coords) == 5  # four corners, closed
         assert annotation.geometry.area > 0
     assert box.status.text().startswith("Saved 2 annotations"), box.status.text()
+
+
+def test_pressing_draw_puts_its_words_on_screen_before_napari_makes_the_outline_layer(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path
+) -> None:
+    """napari makes a slide's first outline layer on the GUI thread, a freeze of a quarter of a second on
+    two cores that no worker can take over: the status line says what to do before it, painted (on screen)
+    before the layer is inserted, not after the freeze."""
+    from qtpy.QtWidgets import QScrollArea
+
+    window = viewer.window._qt_window
+    _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
+    qtbot.waitUntil(lambda: panels.ready, timeout=120_000)
+    window.setGeometry(0, 0, 1600, 1000)
+    window.show()
+    qtbot.waitExposed(window)
+    panels.slides.load_csv(tiny_set)
+    [slide] = viewer.open(tiny_set.parent / "slide_000.svs", plugin="bigslide")
+    panel = panels.results
+    panels.tabs.setCurrentWidget(panel)
+    panel.slide_box.setCurrentText(slide.name)
+    box = panel.annotate
+    box.class_box.setCurrentText("tumor")
+    for area in panel.findChildren(QScrollArea):
+        area.ensureWidgetVisible(box.status)
+    qtbot.waitUntil(lambda: not box.status.visibleRegion().isEmpty(), timeout=5000)
+    order = PaintOrder(viewer, [box.status])
+    qtbot.mouseClick(box.draw_button, Qt.MouseButton.LeftButton)
+    order.stop()
+
+    assert len(order.layers()) == 1, order.seen
+    before = order.painted_before_the_first_layer()
+    assert any(text.startswith("Drawing 'tumor' on slide_000") for text in before), order.seen
+    assert box.layer().mode == "add_polygon"

@@ -12,6 +12,7 @@ import tifffile
 
 from bigslide.napari._reader import get_reader
 from bigslide.synthetic.pyramid import LazyLevel, downsample_pyramid, write_pyramid
+from tests.gui.paint_order import PaintOrder
 
 
 @pytest.mark.parametrize("flavour", ["svs_slide", "tiff_slide", "ome_slide"])
@@ -189,3 +190,22 @@ def test_bigslide_is_the_reader_napari_picks_for_slide_files(
     assert layer.source.reader_plugin == "bigslide"
     assert [str(u) for u in layer.units] == ["micrometer", "micrometer"]
     assert any("opened again with bigslide's reader" in str(n.message) for n in notifications)
+
+
+def test_opening_a_slide_names_it_on_the_status_bar_before_napari_makes_its_layer(
+    viewer: Any, qtbot: Any, svs_slide: Any
+) -> None:
+    """napari makes a slide's layer on the GUI thread, a freeze of a quarter to half a second on two cores
+    for the first slide: the status bar names the slide, painted (on screen), before that."""
+    from qtpy.QtWidgets import QLabel
+
+    window = viewer.window._qt_window
+    window.setGeometry(0, 0, 1600, 1000)
+    window.show()
+    qtbot.waitExposed(window)
+    order = PaintOrder(viewer, window.statusBar().findChildren(QLabel))
+    viewer.open(svs_slide.path, plugin="bigslide")
+    order.stop()
+
+    assert len(order.layers()) == 1, order.seen
+    assert f"Opening {svs_slide.path.name}…" in order.painted_before_the_first_layer(), order.seen

@@ -16,6 +16,7 @@ from bigslide.explain.heatmap import ScoreGrid
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.regions import load_regions
 from bigslide.wsi.slide import open_slide
+from tests.gui.paint_order import PaintOrder
 from tests.gui.test_train import FROZEN_MS, LoopGaps
 
 TILE = 32
@@ -303,3 +304,33 @@ def test_a_prediction_is_set_beside_the_label_the_slides_table_gives(
         session.update(path, label="tumor", split=split)
         panel.show_prediction(prediction, slide)
         assert f"Labelled <b>tumor</b> in the Slides table ({note}" in panel.result.text()
+
+
+def test_a_predictions_words_are_on_screen_before_napari_makes_its_map(
+    viewer: Any, dock: Any, qtbot: Any
+) -> None:
+    """napari makes a map's layer on the GUI thread (a quarter second on two cores for the first): the
+    prediction's line is painted before that, not after it."""
+    from qtpy.QtWidgets import QScrollArea
+
+    from bigslide.engine.slide_prediction import SlidePrediction
+
+    window = viewer.window._qt_window
+    window.setGeometry(0, 0, 1600, 1000)
+    window.show()
+    slide, lesions = viewer.open_sample("bigslide", "slide")
+    scores, _grid = lesion_grid(
+        slide.metadata["path"], [r.geometry for r in load_regions(lesions.metadata["path"])]
+    )
+    panel = dock("Results")
+    qtbot.waitExposed(window)
+    for area in panel.findChildren(QScrollArea):
+        area.ensureWidgetVisible(panel.result)
+    qtbot.waitUntil(lambda: not panel.result.visibleRegion().isEmpty(), timeout=5000)
+    order = PaintOrder(viewer, [panel.result])
+    path = Path(slide.metadata["path"])
+    prediction = SlidePrediction(path, np.array([0.2, 0.8]), ["normal", "tumor"], {"attention": scores})
+    panel.show_prediction(prediction, slide)
+    qtbot.waitUntil(lambda: bool(order.layers()), timeout=10_000)
+    order.stop()
+    assert any("<b>tumor</b>" in text for text in order.painted_before_the_first_layer()), order.seen

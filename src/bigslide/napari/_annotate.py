@@ -20,7 +20,7 @@ from qtpy.QtWidgets import QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabe
 from bigslide.errors import BigslideError
 from bigslide.napari._formats import OUTLINE_FILES
 from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs, shapes_to_polygons
-from bigslide.napari._qt import connect_while_alive
+from bigslide.napari._qt import connect_while_alive, paint_now
 from bigslide.napari._roles import layers_with_role, left_by_closed_slides
 from bigslide.napari._toasts import show_error, show_info, show_warning
 from bigslide.tiling.annotations import (
@@ -186,6 +186,12 @@ class AnnotateBox(QGroupBox):
         if self.slide_layer() is None:
             self._fail("Open a slide first, then choose it above.")
             return None
+        self.status.setText(
+            f"Drawing '{self.chosen_class()}' on {self.slide_layer().name}: click the outline's corners, "
+            "double-click to close it. Press Save when done."
+        )
+        if self.layer() is None:
+            paint_now()  # the line is on screen before napari makes the slide's first outline layer
         try:
             layer = self.layer(create=True)
         except BigslideError as err:
@@ -194,10 +200,6 @@ class AnnotateBox(QGroupBox):
         self._on_class(self.chosen_class())
         self.viewer.layers.selection.active = layer
         layer.mode = "add_polygon"
-        self.status.setText(
-            f"Drawing '{self.chosen_class()}' on {self.slide_layer().name}: click the outline's corners, "
-            "double-click to close it. Press Save when done."
-        )
         return layer
 
     # -- files -----------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from qtpy.QtCore import Qt
+from qtpy.QtCore import QEventLoop, Qt, QTimer
 from qtpy.QtWidgets import (
+    QApplication,
     QComboBox,
     QFrame,
     QHBoxLayout,
@@ -30,6 +31,23 @@ def window_part(viewer: Any, name: str) -> Any:
             return getattr(viewer.window, name, None)
         except Exception:  # refused, or a closed window
             return None
+
+
+def paint_now() -> None:
+    """Paint what has changed now, before napari holds the GUI thread to make a layer (a quarter second or
+    more on two cores, which no worker can take): posted events and timers run, a person's input waits. As
+    napari's own progress bars do it. A widget's `repaint` alone is skipped in a window that composes the
+    canvas's OpenGL, until the event loop has turned once."""
+    QApplication.processEvents(QEventLoop.ProcessEventsFlag.ExcludeUserInputEvents)
+
+
+def later(widget: QWidget, ms: int, slot: Callable[[], None]) -> None:
+    """`slot` once, `ms` from now, unless `widget` is gone by then (the timer is the widget's child)."""
+    timer = QTimer(widget)
+    timer.setSingleShot(True)
+    timer.timeout.connect(slot)
+    timer.timeout.connect(timer.deleteLater)
+    timer.start(ms)
 
 
 def connect_while_alive(signal: Any, widget: QWidget, slot: Callable[..., Any]) -> None:

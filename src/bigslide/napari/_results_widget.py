@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from napari.qt.threading import create_worker
-from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -31,7 +30,7 @@ from bigslide.napari._layers import (
 )
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
-from bigslide.napari._qt import path_row, percent_slider, scrolled, set_items
+from bigslide.napari._qt import later, path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import find_layer, layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
@@ -46,6 +45,8 @@ PREVIEW_TILES = 1500
 """While a followed run trains, a slide with more tiles is previewed from a regular lattice of about this
 many (one tile in s x s, drawn over its block): each epoch's map then arrives within the next epoch, and
 costs the run a bounded share of the processor. The full map is drawn when the run ends."""
+WORDS_FIRST_MS = 30
+"""A prediction's words are painted before its map's layer is made."""
 
 
 class ResultsWidget(HeatmapExports, Panel):
@@ -293,14 +294,16 @@ class ResultsWidget(HeatmapExports, Panel):
         )
         grids = [(grid, map_name(slide, prediction, key)) for key, grid in prediction.grids.items()]
         self.pending_grids = list(reversed(grids))  # popped from the end: in the method's order
-        QTimer.singleShot(0, lambda: self._add_next_grid(slide))
+        # a timer of 0 ms may fire before the line is painted, and napari's making of the layer (a quarter
+        # second on two cores) would keep it off the screen till then
+        later(self, WORDS_FIRST_MS, lambda: self._add_next_grid(slide))
 
     def _add_next_grid(self, slide: Any) -> None:
         if self.pending_grids and slide in self.viewer.layers:
             grid, name = self.pending_grids.pop()
             self.add_grid(grid, slide, name)
             if self.pending_grids:
-                QTimer.singleShot(0, lambda: self._add_next_grid(slide))
+                later(self, 0, lambda: self._add_next_grid(slide))
                 return
         self.pending_grids = []
         if self.prediction is not None and self.prediction.grids:
