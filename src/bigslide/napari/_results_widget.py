@@ -30,15 +30,15 @@ from bigslide.napari._layers import (
 )
 from bigslide.napari._panel import Panel
 from bigslide.napari._plot import ColourBar
+from bigslide.napari._prediction_line import prediction_line
 from bigslide.napari._qt import later, path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import find_layer, layers_with_role, slide_layers
 from bigslide.napari._suggest_queue import SuggestBox
 from bigslide.napari._toasts import show_error
-from bigslide.wsi.resolution import coarser_scan
 
 if TYPE_CHECKING:
-    from bigslide.napari._session import Session, SlideRow
+    from bigslide.napari._session import Session
 
 NORMALISATIONS = ("rank", "percentile", "minmax", "raw")
 PREVIEW_TILES = 1500
@@ -271,27 +271,9 @@ class ResultsWidget(HeatmapExports, Panel):
         if slide not in self.viewer.layers:
             return
         self.prediction = prediction
-        if prediction.task == "classification":
-            detail = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
-        else:
-            detail = prediction.context()
-        trained = (
-            f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
-        )
-        coarse = (
-            f"<br><i>Preview while training: one tile in {prediction.thinned} × {prediction.thinned} read; "
-            "every tile is read when the run ends.</i>"
-            if prediction.thinned > 1
-            else ""
-        )
-        decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
-        decision += _against_table(prediction, self.session.row(slide.metadata["path"]))
         mpp = slide.metadata.get("mpp")
-        scan = coarser_scan(mpp[0] if mpp else None, prediction.read_mpp)
-        scan = f"<br><i>This slide was {scan}.</i>" if scan else ""
-        self.result.setText(
-            f"{slide.name}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}{scan}"
-        )
+        row = self.session.row(slide.metadata["path"])
+        self.result.setText(prediction_line(prediction, slide.name, mpp[0] if mpp else None, row))
         grids = [(grid, map_name(slide, prediction, key)) for key, grid in prediction.grids.items()]
         self.pending_grids = list(reversed(grids))  # popped from the end: in the method's order
         # a timer of 0 ms may fire before the line is painted, and napari's making of the layer (a quarter
@@ -364,28 +346,6 @@ class ResultsWidget(HeatmapExports, Panel):
             renormalise(layer, self._normalisation())
             show_legend(self.viewer, layer)
         self.colour_bar.show_layer(layer)
-
-
-SPLIT_NOTES = {
-    "train": " (a training slide: the model learnt from it)",
-    "val": " (a validation slide: it chose the threshold)",
-    "test": " (a test slide, held out)",
-}
-
-
-def _against_table(prediction: Any, row: SlideRow | None) -> str:
-    """A line setting the prediction beside what the Slides table says of the slide ('' when it says
-    nothing the prediction can be set against)."""
-    if row is None:
-        return ""
-    if prediction.task == "classification" and row.label in prediction.classes:
-        called = "called right" if row.label == prediction.label else f"called {prediction.label} instead"
-        # a slide the model learnt from proves little by being called right
-        split = SPLIT_NOTES.get(row.split, "")
-        return f"<br>Labelled <b>{row.label}</b> in the Slides table{split}: {called}."
-    if prediction.task == "regression" and row.target is not None:
-        return f"<br>The Slides table gives {row.target:g}."
-    return ""
 
 
 def _predict(checkpoint: Path, slide: str, *, session: Session, **kwargs: Any) -> Any:

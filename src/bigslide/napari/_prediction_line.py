@@ -1,0 +1,53 @@
+"""The Results panel's line for a slide's prediction: what the model called it, how sure, how it decides,
+and what the Slides table says of the slide."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bigslide.wsi.resolution import coarser_scan
+
+if TYPE_CHECKING:
+    from bigslide.napari._session import SlideRow
+
+SPLIT_NOTES = {
+    "train": " (a training slide: the model learnt from it)",
+    "val": " (a validation slide: it chose the threshold)",
+    "test": " (a test slide, held out)",
+}
+
+
+def prediction_line(prediction: Any, slide: str, scanned_mpp: float | None, row: SlideRow | None) -> str:
+    """`slide`'s prediction in rich text: its call and probabilities (or its context), the epochs trained,
+    the decision rule, the Slides table's `row` beside it, and notes on a preview or a coarse scan."""
+    if prediction.task == "classification":
+        detail = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+    else:
+        detail = prediction.context()
+    trained = f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
+    coarse = (
+        f"<br><i>Preview while training: one tile in {prediction.thinned} × {prediction.thinned} read; "
+        "every tile is read when the run ends.</i>"
+        if prediction.thinned > 1
+        else ""
+    )
+    decision = f"<br>{prediction.decision.describe(prediction.classes)}" if prediction.decision else ""
+    decision += _against_table(prediction, row)
+    scan = coarser_scan(scanned_mpp, prediction.read_mpp)
+    scan = f"<br><i>This slide was {scan}.</i>" if scan else ""
+    return f"{slide}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}{scan}"
+
+
+def _against_table(prediction: Any, row: SlideRow | None) -> str:
+    """A line setting the prediction beside what the Slides table says of the slide ('' when it says
+    nothing the prediction can be set against)."""
+    if row is None:
+        return ""
+    if prediction.task == "classification" and row.label in prediction.classes:
+        called = "called right" if row.label == prediction.label else f"called {prediction.label} instead"
+        # a slide the model learnt from proves little by being called right
+        split = SPLIT_NOTES.get(row.split, "")
+        return f"<br>Labelled <b>{row.label}</b> in the Slides table{split}: {called}."
+    if prediction.task == "regression" and row.target is not None:
+        return f"<br>The Slides table gives {row.target:g}."
+    return ""
