@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bigslide.wsi.tiff_tiles import LUMA
+
 RULE_LOW = 3
 
 
@@ -106,9 +108,9 @@ GREYSCALE_RULE = TissueSettings(reject_ink=False, fill_holes_um=0.0)
 
 
 def greyscale(rgb: np.ndarray) -> np.ndarray:
-    """ITU-R 601 luma as float in [0, 255] (the weights PIL's "L" mode uses)."""
+    """ITU-R 601 luma (`LUMA`) as float in [0, 255], channel by channel (the weights PIL's "L" mode uses)."""
     rgb = np.asarray(rgb, dtype=np.float32)
-    return rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
+    return rgb[..., 0] * LUMA[0] + rgb[..., 1] * LUMA[1] + rgb[..., 2] * LUMA[2]
 
 
 def optical_density(rgb: np.ndarray) -> np.ndarray:

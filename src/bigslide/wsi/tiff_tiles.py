@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import imagecodecs
 import numpy as np
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -35,6 +34,8 @@ def decode_luma(page: Any, fd: int, index: int) -> np.ndarray | None:
         and page.bitspersample == 8
     ):
         return None
+    import imagecodecs  # here: LUMA is read by the tissue rule's settings, on napari's GUI thread
+
     data = os.pread(fd, page.databytecounts[index], page.dataoffsets[index])
     rgb_coded = page.photometric == 2 and not page.is_jfif  # Aperio's JPEG: RGB, not YCbCr
     grey = imagecodecs.jpeg_decode(
