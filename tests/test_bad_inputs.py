@@ -377,24 +377,26 @@ def test_huge_slide_without_pyramid_works_through_a_streamed_thumbnail(
         th, tw = slide.tile_shape(0)
         reads: list[int] = []
         file_tiles: list[tuple[int, int]] = []
-        original, original_tile = slide._read_level, slide.read_file_tile
-        original_luma = slide.read_file_tile_luma
+        original = slide._read_level
 
         def recorded(level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
             reads.append((y1 - y0) * (x1 - x0))
             return original(level, y0, y1, x0, x1)
 
-        def recorded_tile(level: int, row: int, col: int) -> np.ndarray:
-            file_tiles.append((row, col))
-            return original_tile(level, row, col)
-
-        def recorded_luma(level: int, row: int, col: int) -> np.ndarray:
-            file_tiles.append((row, col))
-            return original_luma(level, row, col)
-
         monkeypatch.setattr(slide, "_read_level", recorded)
-        monkeypatch.setattr(slide, "read_file_tile", recorded_tile)
-        monkeypatch.setattr(slide, "read_file_tile_luma", recorded_luma)
+
+        def recorded_tile(
+            read: Callable[[int, int, int], np.ndarray],
+        ) -> Callable[[int, int, int], np.ndarray]:
+            def one_tile(level: int, row: int, col: int) -> np.ndarray:
+                file_tiles.append((row, col))
+                return read(level, row, col)
+
+            return one_tile
+
+        # one file tile decoded, as RGB or as luma
+        monkeypatch.setattr(slide, "read_file_tile", recorded_tile(slide.read_file_tile))
+        monkeypatch.setattr(slide, "read_file_tile_luma", recorded_tile(slide.read_file_tile_luma))
         with pytest.warns(
             UserWarning,
             match=r"flat\.tif: no pyramid level smaller than 12288 x 9216 px; building "

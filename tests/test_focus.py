@@ -4,6 +4,7 @@ the measure taken tile by tile on the whole level, and NaN only over a file tile
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,22 +43,22 @@ def _count_decodes(slide: Slide) -> tuple[Counter[tuple[int, int, int]], list[in
     """Count each file tile `slide` decodes one by one, and note the levels it reads as rectangles."""
     tiles: Counter[tuple[int, int, int]] = Counter()
     rectangles: list[int] = []
-    read_file_tile, read_luma, read_level = slide.read_file_tile, slide.read_file_tile_luma, slide._read_level
-
-    def counted_tile(level: int, row: int, col: int) -> np.ndarray:
-        tiles[(level, row, col)] += 1
-        return read_file_tile(level, row, col)
-
-    def counted_luma(level: int, row: int, col: int) -> np.ndarray:
-        tiles[(level, row, col)] += 1
-        return read_luma(level, row, col)
+    read_level = slide._read_level
 
     def counted_level(level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         rectangles.append(level)
         return read_level(level, y0, y1, x0, x1)
 
-    slide.read_file_tile = counted_tile  # type: ignore[method-assign]
-    slide.read_file_tile_luma = counted_luma  # type: ignore[method-assign]
+    def counted(read: Callable[[int, int, int], np.ndarray]) -> Callable[[int, int, int], np.ndarray]:
+        def counted_tile(level: int, row: int, col: int) -> np.ndarray:
+            tiles[(level, row, col)] += 1
+            return read(level, row, col)
+
+        return counted_tile
+
+    # one file tile decoded, as RGB or as luma
+    slide.read_file_tile = counted(slide.read_file_tile)  # type: ignore[method-assign]
+    slide.read_file_tile_luma = counted(slide.read_file_tile_luma)  # type: ignore[method-assign]
     slide._read_level = counted_level  # type: ignore[method-assign]
     return tiles, rectangles
 
