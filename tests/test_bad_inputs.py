@@ -192,7 +192,8 @@ CASES = [
     Case(
         "damaged-tiles",
         damaged_tiles,
-        r"damaged\.svs: cannot read level \d .*; set data\.skip_bad_slides: true to leave such slides out",
+        r"damaged\.svs: cannot decode file tile \(row \d+, col \d+\) of level \d .*; "
+        r"set data\.skip_bad_slides: true to leave such slides out",
     ),
     Case(
         "non-tiff-named-svs",
@@ -447,14 +448,48 @@ def test_a_bad_method_parameter_fails_before_a_large_table_is_read(
     ],
 )
 def test_a_model_the_config_cannot_build_fails_before_any_slide_is_tiled(
-    base: Base, setting: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    base: Base,
+    setting: str,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def tiled(*args: object, **kwargs: object) -> TileGrid:
         raise AssertionError("a slide was tiled before the model was built")
 
     monkeypatch.setattr(TileGrid, "from_slide", tiled)
     settings = [setting, "data.tile_cache=none", "data.workers=0"]  # tiled here, where the patch is
-    code = main(["train", str(base.config), *(arg for value in settings for arg in ("--set", value))])
+    flags = [arg for value in settings for arg in ("--set", value)]
+    code = main(["train", str(base.config), *flags, "--out", str(tmp_path / "run")])
     assert code != 0
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said in line, line
+
+
+def test_replaying_a_trained_runs_config_never_trains_over_it(
+    base: Base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its config.yaml names the run's own folder: without --resume, replaying it replaced the trained
+    checkpoint with a new one."""
+    run = tmp_path / "copy"
+    shutil.copytree(base.run, run)
+    config = TrainConfig.from_yaml(run / "config.yaml")
+    config.run.out_dir = str(run)
+    config.to_yaml(run / "config.yaml")
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # from another working folder
+    assert main(["train", str(run / "config.yaml"), "--max-steps", "1", "--quiet"]) == 0
+    said = capsys.readouterr().err
+    assert f"{run} holds a trained run (--resume continues it): this one trains into {run}-2" in said
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before
+    assert load_checkpoint(tmp_path / "copy-2" / "checkpoints" / "last.pt")["position"]["step"] == 1
+    # with --resume, from the same other folder, it goes on in the run's own folder
+    assert Path(TrainConfig.from_yaml(base.run / "config.yaml").run.out_dir).is_absolute()
+    steps = load_checkpoint(run / "checkpoints" / "last.pt")["position"]["step"]
+    resume = ["--resume", "--epochs", "3", "--max-steps", str(steps + 1), "--quiet"]
+    assert main(["train", str(run / "config.yaml"), *resume]) == 0
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["position"]["step"] == steps + 1
+    assert not (elsewhere / "run").exists()

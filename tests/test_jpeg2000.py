@@ -1,6 +1,7 @@
 """Aperio JPEG 2000 slides, both flavours scanners write: 33005 (RGB, the colour transform inside the
-codestream, as Kakadu writes it) and 33003 (Y, Cb, Cr with chroma at half width and no transform in the
-codestream, as Matrox writes it). Read by tiffslide's path, they must give the colours OpenSlide gives.
+codestream, as Kakadu writes it) and 33003 (Y, Cb, Cr with no transform in the codestream, as Matrox
+writes it: chroma at half width, or at full resolution, which OpenJPEG leaves unconverted). Read by
+tiffslide's path, they must give the colours OpenSlide gives.
 
 The 33003 tiles are encoded by OpenJPEG's `opj_compress` (Debian `libopenjp2-tools`, which `make test`
 installs): no Python encoder writes subsampled components.
@@ -32,28 +33,33 @@ def tissue() -> np.ndarray:
     return rgb
 
 
-def _ycbcr_422_codestream(rgb: np.ndarray, folder: Path) -> bytes:
+SUBSAMPLING = {"4:2:2": (2, 1), "4:4:4": (1, 1)}
+"""Chroma's subsampling (across, down) per flavour."""
+
+
+def _ycbcr_codestream(rgb: np.ndarray, folder: Path, sampling: str) -> bytes:
     """One tile as Aperio 33003 stores it: JPEG 2000 of Y, Cb, Cr (ITU-R 601, full range), Cb and Cr
-    averaged over pairs of columns, no multiple-component transform."""
+    averaged over `sampling`'s blocks, no multiple-component transform."""
     r, g, b = (rgb[..., c].astype(np.float64) for c in range(3))
     y = 0.299 * r + 0.587 * g + 0.114 * b
     cb = 128 - 0.168736 * r - 0.331264 * g + 0.5 * b
     cr = 128 + 0.5 * r - 0.418688 * g - 0.081312 * b
     h, w = y.shape
-    planes = [y, cb.reshape(h, w // 2, 2).mean(2), cr.reshape(h, w // 2, 2).mean(2)]
+    dx, dy = SUBSAMPLING[sampling]
+    planes = [y, *(p.reshape(h // dy, dy, w // dx, dx).mean((1, 3)) for p in (cb, cr))]
     raw, out = folder / "tile.raw", folder / "tile.j2k"
     np.concatenate([np.clip(np.rint(p), 0, 255).astype(np.uint8).ravel() for p in planes]).tofile(raw)
     opj = shutil.which("opj_compress")
     assert opj, "opj_compress is missing: `make test` installs it (Debian libopenjp2-tools)"
     subprocess.run(
-        [opj, "-i", str(raw), "-o", str(out), "-F", f"{w},{h},3,8,u@1x1:2x1:2x1", "-r", "12"],
+        [opj, "-i", str(raw), "-o", str(out), "-F", f"{w},{h},3,8,u@1x1:{dx}x{dy}:{dx}x{dy}", "-r", "12"],
         check=True,
         capture_output=True,
     )
     return out.read_bytes()
 
 
-def _write_33003(path: Path, levels: list[np.ndarray], folder: Path) -> Path:
+def _write_33003(path: Path, levels: list[np.ndarray], folder: Path, sampling: str) -> Path:
     h0, w0 = levels[0].shape[:2]
     with tifffile.TiffWriter(path) as tif:
         for i, level in enumerate(levels):
@@ -64,7 +70,7 @@ def _write_33003(path: Path, levels: list[np.ndarray], folder: Path) -> Path:
                     tile = np.full((TILE, TILE, 3), 255, np.uint8)
                     part = level[y : y + TILE, x : x + TILE]
                     tile[: part.shape[0], : part.shape[1]] = part
-                    tiles.append(_ycbcr_422_codestream(tile, folder))
+                    tiles.append(_ycbcr_codestream(tile, folder, sampling))
             desc = (
                 f"Aperio Image Library v11.2.1\r\n{w0}x{h0} [0,0 {w0}x{h0}] ({TILE}x{TILE}) J2K/YUV16 Q=70"
                 f"|AppMag = 20|MPP = 0.4990"
@@ -93,11 +99,16 @@ def jpeg2000_slides(tmp_path_factory: pytest.TempPathFactory, tissue: np.ndarray
     levels = downsample_pyramid(tissue, 2, 2)
     return {
         "33005 RGB": write_pyramid(folder / "rgb.svs", levels, mpp=0.499, tile=TILE, compression="jpeg2000"),
-        "33003 YCbCr 4:2:2": _write_33003(folder / "ycbcr.svs", levels, folder),
+        **{
+            f"33003 YCbCr {sampling}": _write_33003(
+                folder / f"ycbcr{sampling.replace(':', '')}.svs", levels, folder, sampling
+            )
+            for sampling in SUBSAMPLING
+        },
     }
 
 
-@pytest.mark.parametrize("flavour", ["33005 RGB", "33003 YCbCr 4:2:2"])
+@pytest.mark.parametrize("flavour", ["33005 RGB", *(f"33003 YCbCr {s}" for s in SUBSAMPLING)])
 def test_aperio_jpeg2000_reads_in_the_colours_openslide_gives(
     jpeg2000_slides: dict[str, Path], tissue: np.ndarray, flavour: str
 ) -> None:

@@ -111,6 +111,8 @@ def test_output_names_set_apart_slides_of_one_name() -> None:
             "/other/case1/HE.svs",
             "/cores/a.png",
             "/cores/a.jpg",
+            "/scans/lab/site/cores/b.png",
+            "/scans/lab/site/cores/b.jpg",
             "/data/case2/IHC.svs",  # listed twice: one name
         ]
     )
@@ -119,8 +121,10 @@ def test_output_names_set_apart_slides_of_one_name() -> None:
         Path("/data/case2/HE.svs"): "case2-HE",
         Path("/data/case2/IHC.svs"): "IHC",
         Path("/other/case1/HE.svs"): "other-case1-HE",
-        Path("/cores/a.png"): "cores-a.png",
-        Path("/cores/a.jpg"): "cores-a.jpg",
+        Path("/cores/a.png"): "a.png",  # one folder: set apart by their file names, not their folders
+        Path("/cores/a.jpg"): "a.jpg",
+        Path("/scans/lab/site/cores/b.png"): "b.png",
+        Path("/scans/lab/site/cores/b.jpg"): "b.jpg",
     }
     # apart only in letter case (one file on some file systems, two on others): still two names
     apart = output_names(["/s/A/x.svs", "/s/a/x.svs"])

@@ -313,13 +313,29 @@ def _bad_file(kind: str, folder: Path, good: Path) -> Path:
         path.write_bytes(data[:100])
     elif kind == "truncated_half":
         path.write_bytes(data[: len(data) // 2])
+    elif kind == "cut_before_its_pyramid":  # level 0 whole, the pages of the other levels gone
+        with tifffile.TiffFile(good) as tif:
+            level0 = tif.pages[0]
+            ends = max(o + n for o, n in zip(level0.dataoffsets, level0.databytecounts))
+            following = min(page.offset for page in tif.pages[1:] if page.offset > ends)
+        path.write_bytes(data[:following])
     elif kind == "grey16":
         tifffile.imwrite(path, np.zeros((64, 64), np.uint16), tile=(16, 16))
     return path
 
 
 @pytest.mark.parametrize(
-    "kind", ["missing", "directory", "text", "empty", "truncated_header", "truncated_half", "grey16"]
+    "kind",
+    [
+        "missing",
+        "directory",
+        "text",
+        "empty",
+        "truncated_header",
+        "truncated_half",
+        "cut_before_its_pyramid",
+        "grey16",
+    ],
 )
 def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: WrittenSlide, kind: str) -> None:
     path = _bad_file(kind, tmp_path, svs_slide.path)
@@ -327,6 +343,8 @@ def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: Writ
         open_slide(path)
     assert str(path) in str(info.value)
     assert "this environment has" not in str(info.value)  # the readers' versions fit: the file is at fault
+    if kind == "cut_before_its_pyramid":
+        assert "the file is cut short" in str(info.value)
 
 
 def test_a_tifffile_tiffslide_does_not_support_is_named(
@@ -565,3 +583,24 @@ def test_a_greyscale_slide_reads_as_grey_rgb_file_tile_by_file_tile(tmp_path: Pa
         assert tile.shape == (256, 256, 3)
         np.testing.assert_array_equal(tile, slide.read_region((256, 256), 0, (256, 256)))
         np.testing.assert_allclose(slide.read_file_tile_luma(0, 1, 1), tile[..., 0], atol=1e-3)
+
+
+@pytest.mark.parametrize(("unit", "per_unit"), [("micron", 2.0), ("\\u00B5m", 2.0), ("nm", 0.002)])
+def test_an_imagej_tiffs_pixel_size_in_its_own_unit_is_read(
+    tmp_path: Path, unit: str, per_unit: float
+) -> None:
+    """ImageJ / Fiji write the resolution in pixels per the description's `unit` (µm escaped as
+    `\\u00B5m`), and the tags' unit as none: read as no pixel size before."""
+    path = tmp_path / "fiji.tif"
+    tifffile.imwrite(
+        path,
+        textured_image(512, 512),
+        tile=(256, 256),
+        photometric="rgb",
+        resolution=(per_unit, per_unit),
+        resolutionunit="NONE",
+        description=f"ImageJ=1.54f\nunit={unit}\nspacing=1\n",
+        metadata=None,
+    )
+    with open_slide(path) as slide:
+        assert slide.mpp == pytest.approx((0.5, 0.5))

@@ -209,3 +209,39 @@ def test_opening_a_slide_names_it_on_the_status_bar_before_napari_makes_its_laye
 
     assert len(order.layers()) == 1, order.seen
     assert f"Opening {svs_slide.path.name}…" in order.painted_before_the_first_layer(), order.seen
+
+
+def test_asking_for_a_reader_opens_nothing_until_napari_reads(svs_slide: Any, viewer: Any) -> None:
+    # napari asks every plugin, and may then pick another reader or the person cancel its dialog
+    def open_on_the_slide() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(1 for fd in fds.iterdir() if _target(fd) == str(svs_slide.path))
+
+    before = open_on_the_slide()
+    readers = [get_reader(str(svs_slide.path)) for _ in range(20)]
+    assert all(reader is not None for reader in readers)
+    assert open_on_the_slide() == before
+    layers = viewer.open(svs_slide.path, plugin="bigslide")  # read: the slide is opened for its layer
+    assert len(layers) == 1
+    assert open_on_the_slide() > before
+
+
+def _target(link: Path) -> str:
+    try:
+        return str(link.readlink())
+    except OSError:  # closed while listed
+        return ""
+
+
+def test_a_slide_opened_again_is_selected_not_opened_twice(
+    viewer: Any, notifications: list[Any], svs_slide: Any, tmp_path: Path
+) -> None:
+    first = viewer.open(svs_slide.path, plugin="bigslide")
+    viewer.add_points([[0, 0]])  # another layer selected meanwhile
+    notifications.clear()
+    again = viewer.open(svs_slide.path, plugin="bigslide")
+    assert again == []
+    assert [layer.name for layer in viewer.layers if layer.metadata.get("path")] == [first[0].name]
+    assert viewer.layers.selection.active is first[0]
+    messages = [str(n.message) for n in notifications]
+    assert messages == [f"{svs_slide.path.name} is open already (layer '{first[0].name}'): selected"]

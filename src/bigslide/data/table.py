@@ -12,7 +12,7 @@ import numpy as np
 
 from bigslide.data.labels import check_label_spelling, class_order
 from bigslide.errors import DataError
-from bigslide.wsi.dicom_series import DICOM_SUFFIX, looks_like_dicom_folder
+from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file, looks_like_dicom_folder, starts_as_tiff
 from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
 
 SPLITS = ("train", "val", "test")
@@ -100,9 +100,10 @@ def _column_name(name: str) -> str:
 
 
 def slides_at(path: Path) -> list[Path] | None:
-    """The slides `path` names when it is not a slide table: itself (a slide file, a DICOM file, or a
-    folder holding one DICOM series), or every whole-slide file in a folder and its subfolders and every
-    DICOM series folder among them, in name order. None for anything else (a table)."""
+    """The slides `path` names when it is not a slide table: itself (a slide file, by its name or, named
+    otherwise, by its first bytes; a DICOM file; a folder holding one DICOM series), or every whole-slide
+    file in a folder and its subfolders and every DICOM series folder among them, in name order. None for
+    anything else (a table)."""
     if path.is_dir():
         if looks_like_dicom_folder(path):
             return [path]
@@ -119,6 +120,8 @@ def slides_at(path: Path) -> list[Path] | None:
     if is_slide_name(path, images=True) or path.suffix.lower() == DICOM_SUFFIX:
         if not path.exists():
             raise DataError(f"{path}: no such slide file")
+        return [path]
+    if path.is_file() and (starts_as_tiff(path) or is_dicom_file(path)):  # a slide named without its suffix
         return [path]
     return None
 

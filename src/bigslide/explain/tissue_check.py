@@ -86,9 +86,15 @@ def resolution_warning(slide: str | Path, grid: TileGrid) -> str | None:
 
 
 def warning(slide: str | Path, grid: TileGrid) -> str | None:
-    """A one-line warning when no tile of the slide is kept, or nearly every tile is and what was kept is
-    mostly flat (no cell texture), or most of its tissue is out of focus."""
+    """A one-line warning when the slide is greyscale (no ink rule), no tile of it is kept, or nearly every
+    tile is and what was kept is mostly flat (no cell texture), or most of its tissue is out of focus."""
     c = grid.check
+    if c.greyscale:
+        return (
+            f"{slide}: a greyscale slide: without colour, pen ink and marker cannot be told from tissue, "
+            f"and none was left out ({c.kept} of {c.tiles} tiles kept by the greyscale rule). Look at its "
+            "thumbnail"
+        )
     if c.tiles and c.kept == 0:
         return f"{slide}: tissue check kept no tile of {c.tiles} (no tissue found: look at its thumbnail)"
     if c.tiles >= 20 and c.kept >= MOSTLY_KEPT * c.tiles and c.textured_fraction < FLAT_KEPT:

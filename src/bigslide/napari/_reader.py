@@ -3,7 +3,9 @@
 layer.
 
 `get_reader` answers quickly from the file name and the first bytes (a folder: from its file names and
-the first bytes of a few files), so napari can ask it about any file or folder; the layer holds one lazy
+the first bytes of a few files), so napari can ask it about any file or folder, and opens nothing: the
+slide is opened when napari reads it (napari may ask and then choose another reader, or the person may
+cancel); the layer holds one lazy
 array per pyramid level (`bigslide.wsi.slide_view`): napari decodes the visible tiles of the level it needs
 as it draws them, and a small coarsest level, the whole-slide view's, is decoded on a thread while napari
 builds the layer; a tile that will not decode is drawn striped and named once in a notification.
@@ -16,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from bigslide.napari._formats import NOT_TIFF, SLIDE_ONLY_PATTERNS, SUFFIXES
-
-_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 
 LayerData = tuple[Any, dict[str, Any], str]
 NOTHING: list[Any] = [(None,)]
@@ -41,22 +41,24 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
     dicom_folder = Path(path).is_dir() and looks_like_dicom_folder(path)
     if not (named or dicom_folder):
         return None  # other readers may know the file or folder
-    from bigslide.errors import SlideError
-    from bigslide.wsi.slide import open_slide
-
     reason = None if dicom_folder else refusal(path)
-    slide = None
-    if reason is None:
-        try:  # parsing the TIFF directories or DICOM headers is quick and reads no pixels
-            slide = open_slide(path)
-        except SlideError as err:
-            reason = str(err).removeprefix(f"{path}: ")
 
     def read(_path: Any) -> list[Any]:
+        from bigslide.errors import SlideError
+        from bigslide.wsi.slide import open_slide
+
+        if _select_if_open(path):
+            return NOTHING
+        why, slide = reason, None
+        if why is None:
+            try:  # parsing the TIFF directories or DICOM headers is quick and reads no pixels
+                slide = open_slide(path)
+            except SlideError as err:
+                why = str(err).removeprefix(f"{path}: ")
         if slide is None:
             from bigslide.napari._toasts import show_error
 
-            show_error(f"bigslide cannot open {Path(path).name}: {reason}")
+            show_error(f"bigslide cannot open {Path(path).name}: {why}")
             return NOTHING
         from bigslide.napari._layers import slide_layer_data
         from bigslide.napari._placement import keep_current_viewer_in_place
@@ -69,6 +71,27 @@ def get_reader(path: str | list[str]) -> ReaderFunction | None:
         return [slide_layer_data(slide)]
 
     return read
+
+
+def _select_if_open(path: str | Path) -> bool:
+    """Whether the slide at `path` is open in the viewer already; it is then selected, and said so. A
+    slide is one layer: its maps, outlines and table row follow the slide's file, and a second copy
+    beside it would have them drawn on either."""
+    from napari import current_viewer
+
+    from bigslide.napari._roles import slide_layers
+    from bigslide.napari._toasts import show_info
+
+    viewer = current_viewer()
+    if viewer is None:
+        return False
+    wanted = Path(path).resolve()
+    layer = next((s for s in slide_layers(viewer) if Path(s.metadata["path"]).resolve() == wanted), None)
+    if layer is None:
+        return False
+    viewer.layers.selection.active = layer
+    show_info(f"{Path(path).name} is open already (layer '{layer.name}'): selected")
+    return True
 
 
 def _say_opening(name: str) -> None:
@@ -100,7 +123,7 @@ def prefer_this_reader() -> None:
 
 def refusal(path: str | Path) -> str | None:
     """Why a file with a slide's name is no slide we can read (checks existence and magic bytes), or None."""
-    from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file
+    from bigslide.wsi.dicom_series import DICOM_SUFFIX, TIFF_HEADERS, is_dicom_file
 
     path = Path(path)
     try:
@@ -116,6 +139,6 @@ def refusal(path: str | Path) -> str | None:
         return None if is_dicom_file(path) else "not a DICOM file (no DICM marker after its preamble)"
     if path.name.lower().endswith(NOT_TIFF):
         return None  # OpenSlide reads it, with the files beside it, and says why not
-    if head in _TIFF_MAGIC:
+    if head in TIFF_HEADERS:
         return None
     return f"not a TIFF-based slide (it starts with {head!r}, not a TIFF header)"

@@ -55,6 +55,8 @@ class TissueCheck:
     focus_reference: float | None = None
     """The median sharpness of the slide's tissue tiles, which out-of-focus tiles are judged against
     (`bigslide.tiling.blur.out_of_focus`; None: none measured, or a grid made before it was kept)."""
+    greyscale: bool = False
+    """The file holds no colour: tissue was told by the greyscale rule alone, no pen ink left out."""
 
     @property
     def tissue_tiles(self) -> int:
@@ -171,6 +173,9 @@ class TileGrid:
                 f"at level {level}){at}; choose a smaller tile size or a finer resolution"
             )
         coords = full_grid(slide, level, plan.read_size, size0)
+        greyscale = slide.greyscale and tissue.reject_ink
+        if greyscale:  # grey tissue is as neutral as black ink: only the greyscale rule can tell it
+            tissue = dataclasses.replace(tissue, reject_ink=False)
         if regions is not None:
             check_inside(regions, slide.dimensions, slide.path)
             coords = coords[centres_sampled(coords, size0, regions, tissue.exclude_classes)]
@@ -193,7 +198,7 @@ class TileGrid:
             sharpness=picked.sharpness.astype(np.float32),
             rejected=picked.rejected,
             rejected_reason=picked.reason,
-            check=picked.check,
+            check=dataclasses.replace(picked.check, greyscale=greyscale),
             tissue_settings=tissue,
         )
 

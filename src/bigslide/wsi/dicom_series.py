@@ -19,7 +19,8 @@ from bigslide.errors import SlideError
 DICOM_SUFFIX = ".dcm"
 _PREAMBLE = 128  # DICOM Part 10 files start with a 128-byte preamble, then "DICM"
 _MAGIC = b"DICM"
-_TIFF_HEADERS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+TIFF_HEADERS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+"""A TIFF file's first four bytes: classic and BigTIFF, both byte orders."""
 SERIES_UID_TAG = 0x0020000E
 """(0020,000E) Series Instance UID: a file's header is read up to it (Image Type, (0008,0008), before)."""
 _NAMELESS_SNIFF = 32
@@ -48,7 +49,16 @@ def opens_as_dicom(path: str | Path) -> bool:
             head = f.read(_PREAMBLE + 4)
     except OSError:
         return False
-    return head[_PREAMBLE:] == _MAGIC and head[:4] not in _TIFF_HEADERS
+    return head[_PREAMBLE:] == _MAGIC and head[:4] not in TIFF_HEADERS
+
+
+def starts_as_tiff(path: str | Path) -> bool:
+    """Whether the file at `path` begins as a TIFF file does (whatever its name)."""
+    try:
+        with Path(path).open("rb") as f:
+            return f.read(4) in TIFF_HEADERS
+    except OSError:
+        return False
 
 
 def looks_like_dicom_folder(folder: str | Path) -> bool:

@@ -39,16 +39,20 @@ def output_names(paths: Iterable[str | Path]) -> dict[Path, str]:
     """A name for each slide's output files (heatmaps, tissue-check thumbnails), unique among `paths`:
     its `slide_stem`, or where stems clash (`case1/HE.svs`, `case2/HE.svs`; letter case ignored, as some
     file systems do) its stem behind as many of its folders as set it apart (`case1-HE`, `case2-HE`), then
-    its whole file name, then a digest of its path."""
+    its whole file name, then a digest of its path; slides of one stem in one folder (`a.png`, `a.jpg`)
+    by their file names."""
     unique = list(dict.fromkeys(Path(p) for p in paths))
-    names = {p: slide_stem(p) for p in unique}
+    # a.png beside a.jpg in one folder: their file names set them apart, their folders never do
+    beside = Counter((p.parent, slide_stem(p).lower()) for p in unique)
+    base = {p: p.name if beside[(p.parent, slide_stem(p).lower())] > 1 else slide_stem(p) for p in unique}
+    names = dict(base)
     for depth in range(1, max((len(p.parts) for p in unique), default=0) + 1):
         clashes = Counter(n.lower() for n in names.values())
         clashing = [p for p in unique if clashes[names[p].lower()] > 1]
         if not clashing:
             break
         for p in clashing:
-            names[p] = "-".join([*(q.name for q in reversed(p.parents[:depth]) if q.name), slide_stem(p)])
+            names[p] = "-".join([*(q.name for q in reversed(p.parents[:depth]) if q.name), base[p]])
     for last_resort in (_with_suffix, _with_digest):  # a.png beside a.jpg; A/s.svs beside a/s.svs
         clashes = Counter(n.lower() for n in names.values())
         names = {p: last_resort(p, n) if clashes[n.lower()] > 1 else n for p, n in names.items()}

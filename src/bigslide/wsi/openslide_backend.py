@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from bigslide.wsi.tiff_tiles import rgba_on_white
+
 OPENSLIDE_SUFFIXES = (".mrxs", ".scn", ".bif", ".vms", ".vmu", ".ndpi")
 """Files opened with OpenSlide when it is installed (tiffslide stays the default for the rest)."""
 _CHUNK = 512
@@ -58,7 +60,7 @@ class OpenSlideLevel:
         location = (round(x0 * self._downsample), round(y0 * self._downsample))
         with self._lock:  # one C handle: OpenSlide is thread-safe, but keep reads ordered per slide
             rgba = self._handle.read_region(location, self._level, (x1 - x0, y1 - y0))
-        return _rgba_to_rgb(np.asarray(rgba))
+        return rgba_on_white(np.asarray(rgba), premultiplied=True)  # OpenSlide's RGBA is premultiplied
 
 
 class OpenSlideHandle:
@@ -80,10 +82,3 @@ class OpenSlideHandle:
 
     def close(self) -> None:
         self._slide.close()
-
-
-def _rgba_to_rgb(rgba: np.ndarray) -> np.ndarray:
-    """OpenSlide's premultiplied RGBA to RGB on white: transparent pixels (no scan data) become glass."""
-    rgb = rgba[..., :3].astype(np.uint16)
-    alpha = rgba[..., 3:4].astype(np.uint16)
-    return (rgb + (255 - alpha)).clip(0, 255).astype(np.uint8)

@@ -58,7 +58,7 @@ class PlainImageHandle:
     """The part of tiffslide's `TiffSlide` that `Slide` uses, for a PNG or JPEG file."""
 
     def __init__(self, path: Path, kind: str) -> None:
-        rgb, dpi = _decode(path, kind)
+        rgb, dpi, self.greyscale = _decode(path, kind)
         levels = [rgb]
         while max(levels[-1].shape[:2]) >= SMALLEST_SIDE * LEVEL_FACTOR:
             levels.append(np.asarray(Image.fromarray(levels[-1]).reduce(LEVEL_FACTOR)))
@@ -75,8 +75,9 @@ class PlainImageHandle:
         self.levels = []
 
 
-def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any]:
-    """(h, w, 3) uint8 pixels, transparent ones on white (glass), and the dpi the file states."""
+def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any, bool]:
+    """(h, w, 3) uint8 pixels, transparent ones on white (glass), the dpi the file states, and whether the
+    image is grey (no colour in the file)."""
     with _OPEN_LOCK:
         limit = Image.MAX_IMAGE_PIXELS
         Image.MAX_IMAGE_PIXELS = None  # our own limit below, which names the file and the way out
@@ -98,6 +99,7 @@ def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any]:
         if image.mode.startswith("I") or image.mode == "F":  # 16- or 32-bit grey
             raise SlideError(f"{path}: pixels are {image.mode}, only 8-bit RGB slides are supported")
         dpi = image.info.get("dpi")
+        grey = image.mode in ("1", "L", "LA")
         try:
             if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
                 rgba = image.convert("RGBA")
@@ -109,7 +111,7 @@ def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any]:
             raise SlideError(
                 f"{path}: the {kind} image will not decode, damaged or cut short ({exc})"
             ) from exc
-    return rgb, dpi
+    return rgb, dpi, grey
 
 
 def _stated_mpp(dpi: Any) -> tuple[float, float] | None:

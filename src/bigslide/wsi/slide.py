@@ -25,8 +25,16 @@ from bigslide.errors import SlideError
 from bigslide.files import out_of_files, too_many_open_files
 from bigslide.wsi.dicom_series import is_dicom_file, opens_as_dicom, series_file
 from bigslide.wsi.slide_view import OnError, TileLevel, tile_levels
-from bigslide.wsi.tiff_levels import check_complete, check_main_image, level_arrays, parse_mpp, tiled_pages
-from bigslide.wsi.tiff_tiles import LUMA, decode, decode_luma
+from bigslide.wsi.tiff_levels import (
+    alpha_of,
+    check_complete,
+    check_main_image,
+    level_arrays,
+    parse_mpp,
+    tiled_pages,
+    ycbcr_levels,
+)
+from bigslide.wsi.tiff_tiles import LUMA, decode, decode_luma, rgba_on_white, ycbcr_to_rgb
 from bigslide.wsi.unreadable import in_words, reader_conflict
 
 Backend = Literal["auto", "tiffslide", "openslide"]
@@ -56,6 +64,10 @@ class Slide:
         self.mpp = parse_mpp(handle.properties)
         self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
         self._pages = tiled_pages(handle, self._arrays)
+        self._ycbcr = ycbcr_levels(path, handle, len(self._arrays))
+        self._alpha = alpha_of(handle)
+        # no colour in the file: pen ink cannot be told from tissue by it (`TileGrid.from_slide`)
+        self.greyscale = bool(getattr(handle, "greyscale", False)) or all(a.ndim == 2 for a in self._arrays)
         # one descriptor for all threads: os.pread does not move a shared file position
         self._fd: int | None = os.open(path, os.O_RDONLY) if any(self._pages) else None
         self._closing: list[Callable[[], None]] = []  # run before the file closes (`when_closing`)
@@ -171,20 +183,20 @@ class Slide:
     def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray:
         """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped), straight from
         the file where the level is tiled (`tiff_tiles`)."""
-        return _to_rgb(self._decoded(level, row, col, luma=False))
+        return _to_rgb(self._decoded(level, row, col, luma=False), self._alpha)
 
     def read_file_tile_luma(self, level: int, row: int, col: int) -> np.ndarray:
         """One file tile of `level` as (h, w) float32 luma (`LUMA`'s weights): from a JPEG tile, its decoder's
         own (`tiff_tiles.decode_luma`); within a grey level or two of `read_file_tile`'s pixels times LUMA."""
         block = self._decoded(level, row, col, luma=True)
-        return block.astype(np.float32) if block.ndim == 2 else _to_rgb(block) @ LUMA
+        return block.astype(np.float32) if block.ndim == 2 else _to_rgb(block, self._alpha) @ LUMA
 
     def _decoded(self, level: int, row: int, col: int, luma: bool) -> np.ndarray:
         """The file tile as decoded (luma only where the decoder gives it), cropped to the level."""
         page, index, (y0, y1, x0, x1) = self._file_tile(level, row, col)
         try:
             if index is None:
-                block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
+                block = self._zarr_block(level, y0, y1, x0, x1)
             else:
                 grey = decode_luma(page, self._fd, index) if luma else None  # type: ignore[arg-type]
                 block = decode(page, self._fd, index) if grey is None else grey  # type: ignore[arg-type]
@@ -208,15 +220,30 @@ class Slide:
         direct = page is not None and self._fd is not None and page.databytecounts[index]
         return page, index if direct else None, (y0, min(y0 + th, h), x0, min(x0 + tw, w))
 
+    def _zarr_block(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
+        return ycbcr_to_rgb(block) if self._ycbcr[level] else block
+
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:
-            block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
+            block = self._zarr_block(level, y0, y1, x0, x1)
         except Exception as exc:  # decoder errors come from several libraries
+            self._name_the_tile(level, y0, y1, x0, x1)
             raise SlideError(
                 f"{self.path}: cannot read level {level} rows {y0}:{y1} cols {x0}:{x1} ({exc})"
             ) from exc
         self.pixels_read[level] += (y1 - y0) * (x1 - x0)
-        return _to_rgb(block)
+        return _to_rgb(block, self._alpha)
+
+    def _name_the_tile(self, level: int, y0: int, y1: int, x0: int, x1: int) -> None:
+        """After a region failed to read: raise the error of its first file tile that will not decode,
+        which names that tile (a person can find it, and the other tiles are fine)."""
+        if self._pages[level] is None:
+            return
+        th, tw = self.tile_shape(level)
+        for row in range(y0 // th, (y1 - 1) // th + 1):
+            for col in range(x0 // tw, (x1 - 1) // tw + 1):
+                self._decoded(level, row, col, luma=False)
 
     def _thread_arrays(self) -> list[Any]:
         # tiffslide keeps one zarr store per thread; reading through another thread's store is unsafe
@@ -361,10 +388,13 @@ def _box_mean(block: np.ndarray, factor: int) -> np.ndarray:
     return np.round(sums / (n_rows[:, None, None] * n_cols[None, :, None])).astype(np.uint8)
 
 
-def _to_rgb(block: np.ndarray) -> np.ndarray:
-    """(h, w, 3) of a decoded block: grey (with or without alpha) repeated, RGB(A) as RGB."""
+def _to_rgb(block: np.ndarray, alpha: str | None) -> np.ndarray:
+    """(h, w, 3) of a decoded block: grey (with or without alpha) repeated, RGB as it is, RGBA laid on
+    white when its fourth sample is `alpha` ("premultiplied" or "straight"; None: not alpha, dropped)."""
     if block.ndim == 2:
         return np.repeat(block[..., None], 3, axis=2)
     if block.shape[2] < 3:
         return np.repeat(block[..., :1], 3, axis=2)
+    if block.shape[2] == 4 and alpha is not None:
+        return rgba_on_white(block, premultiplied=alpha == "premultiplied")
     return np.ascontiguousarray(block[..., :3])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -12,6 +13,7 @@ from xml.etree import ElementTree
 import numpy as np
 
 from bigslide.errors import SlideError
+from bigslide.wsi.tiff_tiles import APERIO_J2K_YCBCR, ycbcr_left
 
 COARSEST_MPP = 10.0
 """A stated pixel size coarser than this many µm (2,540 dpi) is not a microscope's."""
@@ -33,13 +35,20 @@ def level_arrays(path: Path, handle: Any) -> list[Any]:
     return arrays
 
 
+def pyramid_levels(handle: Any) -> list[Any] | None:
+    """The tifffile pyramid levels (`TiffPageSeries`) of the series tiffslide reads; None for a handle of
+    another reader (OpenSlide, a plain image) or a layout tifffile cannot give them for."""
+    try:
+        return list(handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]].levels)
+    except Exception:
+        return None
+
+
 def tiled_pages(handle: Any, arrays: list[Any]) -> list[Any]:
     """Per level, the tifffile page whose tiles are the zarr chunks (None where they are not)."""
     pages: list[Any] = []
-    try:
-        series = handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]]
-        levels = list(series.levels)
-    except Exception:  # an unusual layout: read through zarr
+    levels = pyramid_levels(handle)
+    if levels is None:  # an unusual layout: read through zarr
         return [None] * len(arrays)
     for level, array in enumerate(arrays):
         page = levels[level].keyframe if level < len(levels) else None
@@ -54,10 +63,40 @@ def tiled_pages(handle: Any, arrays: list[Any]) -> list[Any]:
     return pages
 
 
+def ycbcr_levels(path: Path, handle: Any, count: int) -> list[bool]:
+    """Per level, whether its tiles are JPEG 2000 in YCbCr (33003) that OpenJPEG leaves unconverted
+    (`tiff_tiles.ycbcr_left`), judged on the level's first tile: what zarr reads of it is then converted."""
+    out = [False] * count
+    pages = [level.keyframe for level in (pyramid_levels(handle) or [])[:count]]  # none: OpenSlide converts
+    for level, page in enumerate(pages):
+        first = next(((o, n) for o, n in zip(page.dataoffsets, page.databytecounts) if n), None)
+        if page.compression == APERIO_J2K_YCBCR and first is not None:
+            with path.open("rb") as f:
+                f.seek(first[0])
+                out[level] = ycbcr_left(f.read(min(first[1], 64)))
+    return out
+
+
+def alpha_of(handle: Any) -> str | None:
+    """How a TIFF's fourth sample is alpha: "premultiplied" (associated), "straight" (unassociated), or
+    None (no alpha, or not a TIFF read by tiffslide)."""
+    levels = pyramid_levels(handle)  # none: OpenSlide lays its RGBA on white itself
+    extra = tuple(levels[0].keyframe.extrasamples) if levels else ()
+    return {1: "premultiplied", 2: "straight"}.get(int(extra[0])) if extra else None
+
+
 def check_complete(path: Path, handle: Any) -> None:
-    """Raise when tile data of a level points past the end of the file (a truncated copy)."""
+    """Raise when tile data of a level, or the next page (image file directory) after the last one read,
+    lies past the end of the file (a truncated copy: the pages lost are often the pyramid's levels)."""
     size = path.stat().st_size
-    series = handle.ts_tifffile.series[handle.properties["tiffslide.series-index"]]
+    tif = handle.ts_tifffile
+    following = _next_page_offset(tif)
+    if following >= size:
+        raise SlideError(
+            f"{path}: the file is cut short: its page {len(tif.pages) + 1} would begin at byte {following} "
+            f"but the file has {size} bytes (truncated file: copy or download it again)"
+        )
+    series = tif.series[handle.properties["tiffslide.series-index"]]
     for level, pyramid_level in enumerate(series.levels):
         for page in pyramid_level.pages:
             ends = [o + c for o, c in zip(page.dataoffsets, page.databytecounts) if c]
@@ -68,6 +107,17 @@ def check_complete(path: Path, handle: Any) -> None:
                     f"{path}: level {level} data ends at byte {max(ends)} but the file has {size} bytes "
                     "(truncated file)"
                 )
+
+
+def _next_page_offset(tif: Any) -> int:
+    """Where the file's last page says the next one begins (0: it is the last)."""
+    pages = tif.pages
+    last = pages[len(pages) - 1]
+    form, fh = tif.tiff, tif.filehandle
+    fh.seek(last.offset)
+    (tags,) = struct.unpack(form.tagnoformat, fh.read(form.tagnosize))
+    fh.seek(last.offset + form.tagnosize + tags * form.tagsize)
+    return int(struct.unpack(form.offsetformat, fh.read(form.offsetsize))[0])
 
 
 LARGER_IMAGE = 4
@@ -114,7 +164,8 @@ def _height_width(series: Any) -> tuple[int, int]:
 def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     """Level-0 (x, y) µm per pixel the file states: tiffslide's reading (Aperio's MPP, the TIFF
     resolution tags), else an OME-TIFF's PhysicalSizeX/Y, which tiffslide leaves unread (Bio-Formats'
-    and QuPath's exports state it there only). None when neither states one, or when it is coarser than
+    and QuPath's exports state it there only), else an ImageJ / Fiji TIFF's resolution in its own `unit`
+    (the tags' unit then says none). None when neither states one, or when it is coarser than
     COARSEST_MPP: an image editor's print resolution (72 dpi is 353 µm per pixel), not a scanner's."""
     mpp_x, mpp_y = _positive(properties.get("tiffslide.mpp-x")), _positive(properties.get("tiffslide.mpp-y"))
     if mpp_x is None and mpp_y is None:
@@ -123,6 +174,8 @@ def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
         )
     if mpp_x is None and mpp_y is None:
         mpp_x = mpp_y = _aperio_decimal_comma(properties.get("tiff.ImageDescription"))
+    if mpp_x is None and mpp_y is None:
+        mpp_x, mpp_y = _imagej_mpp(properties)
     if mpp_x is None and mpp_y is None:
         return None
     mpp = (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
@@ -155,6 +208,33 @@ def _ome_mpp(description: Any, series: Any) -> tuple[float | None, float | None]
         return number * scale if number is not None and scale is not None else None
 
     return size("X"), size("Y")
+
+
+IMAGEJ_UM = {
+    "micron": 1.0,
+    "um": 1.0,
+    "µm": 1.0,
+    "μm": 1.0,
+    "\\u00B5m": 1.0,
+    "nm": 1e-3,
+    "mm": 1e3,
+    "cm": 1e4,
+}
+"""ImageJ's `unit=` names (as its TIFFs write them) in µm."""
+
+
+def _imagej_mpp(properties: dict[str, Any]) -> tuple[float | None, float | None]:
+    """µm per pixel of an ImageJ TIFF: its X/YResolution are pixels per its description's `unit`."""
+    description = properties.get("tiff.ImageDescription")
+    if not isinstance(description, str) or not description.startswith("ImageJ="):
+        return None, None
+    found = re.search(r"^unit=(.+)$", description, re.MULTILINE)
+    scale = IMAGEJ_UM.get(found.group(1).strip()) if found else None
+    if scale is None:
+        return None, None
+    per_unit = [_positive(properties.get(f"tiff.{axis}Resolution")) for axis in "XY"]
+    x, y = (scale / p if p is not None else None for p in per_unit)
+    return x, y
 
 
 def _aperio_decimal_comma(description: Any) -> float | None:
