@@ -27,7 +27,8 @@ def test_quadratic_kappa_penalises_far_errors_more() -> None:
     assert far < 0 < near < perfect
 
 
-def test_auc_is_nan_when_only_one_class_is_present() -> None:
+def test_auc_and_balanced_accuracy_are_nan_when_only_one_class_is_present() -> None:
     m = classification_metrics(np.array([1, 1]), np.array([[0.2, 0.8], [0.6, 0.4]]))
     assert math.isnan(m["auc"])
+    assert math.isnan(m["balanced_accuracy"])  # nothing to balance: a cross-validation mean leaves it out
     assert m["accuracy"] == pytest.approx(0.5)

@@ -154,7 +154,7 @@ def test_a_slide_that_kills_workers_stops_training_naming_it_or_is_left_out(
     message = str(caught.value)
     assert message.startswith(f"{bad}: a decode worker process died while reading")
     assert "twice" in message
-    assert "training stopped at step" in message
+    assert "the run stopped while training at step" in message
     assert "data.skip_bad_slides: true" in message
     ckpt = tmp_path / "stopped" / "checkpoints" / "last.pt"
     assert ckpt.is_file()

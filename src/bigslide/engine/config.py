@@ -45,6 +45,7 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        check_backbone_name(self.backbone)
         if not isinstance(self.backbone_args, dict):
             raise ConfigError(
                 "model.backbone_args: expected a mapping of argument names to values, got "
@@ -212,6 +213,16 @@ class TrainConfig:
         if config.model.init_from and not Path(config.model.init_from).is_absolute():
             config.model.init_from = str((path.parent / config.model.init_from).resolve())
         return config
+
+
+def check_backbone_name(backbone: object) -> None:
+    """A run is written down and replayed from its config, so its encoder is named, not held."""
+    if not isinstance(backbone, str):
+        raise ConfigError(
+            f"model.backbone: a name is needed, not a {type(backbone).__name__} object: a timm model name, "
+            "hf-hub:ORG/NAME, or 'package.module:factory' naming a function (or class) that returns your "
+            "nn.Module, importable where bigslide runs ('__main__:factory' for one in your script)"
+        )
 
 
 def migrate(values: Any, source: str) -> Any:

@@ -33,7 +33,7 @@ from bigslide.engine.decision import Decision
 from bigslide.engine.features import attach_feature_store
 from bigslide.engine.preview_lattice import coarse_map, thin_grids
 from bigslide.engine.slide_prediction import SlidePrediction
-from bigslide.errors import TrainingError
+from bigslide.errors import DataError, SlideError, TrainingError
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.methods.base import Method, Prediction, Sample
 from bigslide.methods.mil import MILMethod
@@ -48,6 +48,7 @@ class DatasetPredictions:
     probs: np.ndarray  # (n, K) the endpoint's outputs (class probabilities for classes)
     grids: list[dict[str, dict[str, ScoreGrid]]] = field(default_factory=list)  # per item: slide -> maps
     decision: Decision | None = None  # the checkpoint's, when predicted from one (classification)
+    left_out: dict[int, str] = field(default_factory=dict)  # items that could not be read (skip_bad), why
 
 
 def predict_sample(method: Method, sample: Sample) -> Prediction:
@@ -128,10 +129,12 @@ def predict_dataset(
     with_grids: bool | Collection[int] = False,
     workers: int | None = None,
     items: Sequence[int] | None = None,
+    skip_bad: bool = False,
 ) -> DatasetPredictions:
     """Predict every item (or the `items` given); bags average `repeats` sampled bags (Big-Layers §4.2.4),
     0 = all tiles at once. `with_grids`: every item's heatmaps too, or those of the items it holds (the
-    others' entries of `grids` empty).
+    others' entries of `grids` empty). `skip_bad`: an item whose slide cannot be read is left out of the
+    predictions and named in `left_out`, instead of raising its error.
 
     Slides whose `SlideCache` has decode workers are read there, the next items while one is predicted;
     else tiles are decoded on `workers` threads here (None: `default_workers()`).
@@ -140,15 +143,31 @@ def predict_dataset(
     slides = getattr(dataset, "slides", None)
     processes = slides.workers if slides is not None else None
     if isinstance(processes, DecodeProcesses):
-        with BatchLoader(_ItemReads(dataset, repeats), processes=processes, prefetch=1) as loader:
+        reads = _ItemReads(dataset, repeats)
+        with BatchLoader(reads, processes=processes, prefetch=1, skip_bad=skip_bad) as loader:
             loader.plan([[i] for i in order])
-            reads = ((i, loader.take([i])[0]) for i in order)
-            return _predicted(method, dataset, reads, with_grids)
+            taken = ((i, loader.take([i])) for i in order)
+            preds = _predicted(method, dataset, ((i, t[0]) for i, t in taken if t), with_grids)
+            preds.left_out = dict(loader.bad)
+            return preds
     n_workers = default_workers() if workers is None else workers
+    left_out: dict[int, str] = {}
+
+    def read(pool: Pool) -> Iterator[tuple[int, list[Sample]]]:
+        for i in order:
+            try:
+                samples = read_samples(dataset, i, repeats, pool)
+            except (SlideError, DataError) as err:
+                if not skip_bad:
+                    raise
+                left_out[i] = str(err)
+                continue
+            yield i, samples
+
     with ThreadPoolExecutor(n_workers) if n_workers else nullcontext() as pool:
-        return _predicted(
-            method, dataset, ((i, read_samples(dataset, i, repeats, pool)) for i in order), with_grids
-        )
+        preds = _predicted(method, dataset, read(pool), with_grids)
+    preds.left_out = left_out
+    return preds
 
 
 class _ItemReads:

@@ -22,7 +22,7 @@ from bigslide.engine.advice import predicts
 from bigslide.engine.checkpoint import (
     seed_everything,
 )
-from bigslide.engine.config import TrainConfig
+from bigslide.engine.config import TrainConfig, check_backbone_name
 from bigslide.engine.decision import Decision
 from bigslide.engine.distributed import from_environment
 from bigslide.engine.events import Event, Message
@@ -46,6 +46,7 @@ def train(
 
     The run's slides are tiled, read, validated and mapped by one set of decode worker processes, started
     here (data.workers) and kept to the end, or `processes` shared with the caller (left running)."""
+    check_backbone_name(config.model.backbone)  # set on the config after it was made
     own = processes is None and data is None
     if own:
         processes = setup.decode_processes(config.data)
@@ -55,6 +56,8 @@ def train(
             resumed = resume and run.ckpt.is_file()
             if resumed:
                 yield run.restore()
+            elif resume:  # stopped before its first checkpoint, or another folder than meant
+                yield Message(f"nothing to resume: {run.ckpt} does not exist; training from the start")
             run.open_logs(resumed)
             if not resumed and config.model.init_from:
                 yield from run.validate_start()
@@ -78,7 +81,10 @@ def _start(
     config: TrainConfig, data: setup.RunData | None, processes: DecodeProcesses | None
 ) -> Generator[Event, None, Run]:
     """Everything a run needs before its first batch: ranks, data, method, optimizer and schedule."""
-    out = Path(config.run.out_dir)
+    out = Path(config.run.out_dir).absolute()
+    # written as a whole path, as data.csv is: the run's config.yaml replays (and resumes) the run from
+    # any working folder
+    config.run.out_dir = str(out)
     ranks = from_environment(config.run.device, timeout_s=config.run.dist_timeout)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)

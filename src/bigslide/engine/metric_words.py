@@ -17,6 +17,7 @@ SHOWN = {
 """The figures summaries name, in a pathologist's words (the others are in the metrics files)."""
 WHY_MISSING = {
     "auc": "the {split} slides are all of one class",
+    "balanced_accuracy": "the {split} slides are all of one class",
     "pearson_r": "the {split} targets (or predictions) are all the same",
     "c_index": "no two {split} cases can be ordered by their times",
 }

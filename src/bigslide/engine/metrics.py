@@ -62,7 +62,8 @@ def survival_metrics(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> d
 def classification_metrics(
     y_true: np.ndarray, probs: np.ndarray, decision: Decision | None = None
 ) -> dict[str, float]:
-    """`probs` is (n, C). AUC is one-vs-rest macro for C > 2; NaN when a class is missing from y_true.
+    """`probs` is (n, C). AUC is one-vs-rest macro for C > 2; NaN when a class is missing from y_true
+    (balanced accuracy too, when only one is present).
     Classes are called by `decision` (None: the most probable class); with one, `threshold` is its
     threshold on P(class 1)."""
     # here: sklearn takes a second to import, and a prediction without labels never scores
@@ -83,7 +84,9 @@ def classification_metrics(
         }
     present = np.unique(y_true)
     if len(present) < 2:
-        out["auc"] = float("nan")
+        # a set of one class has no second class to balance with (its "balanced" accuracy would be the
+        # accuracy), and no AUC: both left out of means, as their words say
+        out["auc"] = out["balanced_accuracy"] = float("nan")
     elif n_classes == 2:
         out["auc"] = float(roc_auc_score(y_true, probs[:, 1]))
     elif len(present) == n_classes:

@@ -8,7 +8,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,7 @@ class Run:
     saved_at: int = -1  # the step of the last checkpoint
     start_val: dict[str, float] | None = None  # `validate_start`'s metrics
     reported: set[int] = field(default_factory=set)  # bad training items already named in a message
+    reported_eval: set[tuple[str, str]] = field(default_factory=set)  # (split, why) of those not predicted
     # survival: the last epoch's predicted risks of the validation cases (else of the training bags), the
     # scale a prediction's risk is read against (its percentile among them): {"split": ..., "risks": [...]}
     risk_reference: dict[str, Any] | None = None
@@ -177,8 +178,9 @@ class Run:
             "endpoint": self.endpoint.state(),
             "method": method.name,
             "model": method.model.state_dict(),
-            # how a hub encoder is built again without the hub (None for every other backbone)
-            "encoder": hub_recipe(self.config.model.backbone),
+            # how a hub encoder is built again without the hub (None for every other backbone): the
+            # description it was built from, else the hub cache's
+            "encoder": method.spec.recipe or hub_recipe(self.config.model.backbone),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "stepper": self.stepper.state_dict(),
@@ -237,7 +239,8 @@ class Run:
         sampled = isinstance(val, BagDataset) and repeats > 0 and val.bag_size > 0
         drawn = self.board is not None and shows_heatmaps(val) and not sampled
         preds = self.predict_shared(val, repeats, "validating", first_map=drawn)
-        if preds is not None:
+        yield from self.left_out(preds, "validation")
+        if preds is not None and len(preds.labels):
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
             outputs, split = preds.probs, "validation"
             if self.endpoint.task == "classification":
@@ -270,7 +273,8 @@ class Run:
         """Validate the weights the run starts from (a checkpoint's, model.init_from): what its training
         then changes on the same validation slides is read against this."""
         preds = self.predict_shared(self.val, self.config.data.inference_repeats, "validating")
-        if preds is None:
+        yield from self.left_out(preds, "validation")
+        if preds is None or not len(preds.labels):
             return
         self.start_val = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
         shown = ", ".join(f"{k} {v:.3f}" for k, v in self.start_val.items() if math.isfinite(v))
@@ -281,12 +285,24 @@ class Run:
     ) -> DatasetPredictions | None:
         """Every item of `dataset` predicted, each rank its share (`DistContext.share`): all of them, in
         order, on rank 0 (what one process predicts); None on the other ranks, or without a dataset.
-        `first_map`: the first item's heatmaps too, from the same read (`grids[0]`, on rank 0)."""
+        `first_map`: the first item's heatmaps too, from the same read (`grids[0]`, on rank 0). A slide
+        that cannot be read is left out with data.skip_bad_slides (named in `left_out`), else stops the run
+        as `take` does."""
         if dataset is None:
             return None
         mine = [int(i) for i in self.ranks.share(len(dataset))]
         drawn = [0] if first_map and self.ranks.is_main else []
-        preds = predict_dataset(self.method, dataset, repeats=repeats, items=mine, with_grids=drawn)
+        try:
+            preds = predict_dataset(
+                self.method,
+                dataset,
+                repeats=repeats,
+                items=mine,
+                with_grids=drawn,
+                skip_bad=self.config.data.skip_bad_slides,
+            )
+        except (SlideError, DataError) as err:
+            raise self.stopped(err, what) from None
         if not self.ranks.active:
             return preds
         parts = self.ranks.gather((mine, preds.labels, preds.probs), f"{what} (gathering the predictions)")
@@ -297,6 +313,13 @@ class Run:
         labels = np.concatenate([np.asarray(lab) for _items, lab, _probs in parts if len(lab)])[at]
         probs = np.concatenate([np.asarray(pr) for _items, _labels, pr in parts if len(pr)])[at]
         return DatasetPredictions(labels, probs, preds.grids[:1])  # rank 0's first item is the first
+
+    def left_out(self, preds: DatasetPredictions | None, split: str) -> Iterator[Message]:
+        """A message for each slide of `split` left out (data.skip_bad_slides), once per run."""
+        for why in [] if preds is None else preds.left_out.values():
+            if (split, why) not in self.reported_eval:
+                self.reported_eval.add((split, why))
+                yield Message(f"left out of {split} (data.skip_bad_slides): {why}")
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches of training items (this rank's share), in the order they are trained."""
@@ -310,18 +333,25 @@ class Run:
         try:
             return self.loader.take(batch)
         except (SlideError, DataError) as err:
-            state = self.state
-            if state["step"] and state["step"] != self.saved_at:
-                self.save()
-            kept = (
-                f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
-                if self.saved_at >= 0
-                else "no checkpoint was saved"
-            )
-            raise type(err)(
-                f"{err}; training stopped at step {state['step']} (epoch {state['epoch']}): {kept}. Set "
-                "data.skip_bad_slides: true to leave such slides out and go on (resume keeps the steps done)"
-            ) from None
+            raise self.stopped(err, "training") from None
+
+    def stopped(self, err: SlideError | DataError, what: str) -> SlideError | DataError:
+        """`err` (a slide that cannot be read) as the error that stops the run, after saving what was
+        trained since the last checkpoint, and naming it (resuming trains on, or validates again, from it)."""
+        state = self.state
+        if state["step"] and state["step"] != self.saved_at:
+            self.save()
+        kept = (
+            f"its last checkpoint is {self.ckpt} (step {self.saved_at})"
+            if self.saved_at >= 0
+            else "no checkpoint was saved"
+        )
+        if what != "training" and self.history:  # the epochs' metrics so far are kept too
+            self.write_metrics(None)
+        return type(err)(
+            f"{err}; the run stopped while {what} at step {state['step']} (epoch {state['epoch']}): {kept}. "
+            "Set data.skip_bad_slides: true to leave such slides out and go on (resume keeps the steps done)"
+        )
 
     def step(self, batch: Batch) -> StepResult:
         """One training batch: forward, backward, and an optimizer step when one is due."""
@@ -362,7 +392,8 @@ class Run:
         """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
         reproduces from the CLI); a survival run also draws its Kaplan-Meier plot."""
         preds = self.predict_shared(self.test, 0, "scoring the test split")
-        if preds is None:
+        yield from self.left_out(preds, "the test split")
+        if preds is None or not len(preds.labels):
             return None
         decision = self.decision if self.endpoint.task == "classification" else None
         test = endpoint_metrics(self.endpoint, preds.labels, preds.probs, decision)
@@ -377,9 +408,13 @@ class Run:
         yield Metrics(self.state["epoch"], "test", test)
         return test
 
-    def finish(self, test: dict[str, float] | None) -> RunResult:
+    def write_metrics(self, test: dict[str, float] | None) -> None:
+        """metrics.json: each epoch's record, and the test split's (on rank 0)."""
         if self.ranks.is_main:
             records = self.history + ([{"test": test}] if test is not None else [])
             atomic_write_text(self.out / "metrics.json", json.dumps(records, indent=2))
+
+    def finish(self, test: dict[str, float] | None) -> RunResult:
+        self.write_metrics(test)
         ckpt = self.ckpt if self.ckpt.is_file() else None
         return RunResult(self.out, ckpt, self.history, self.state["step"], self.method, test, self.start_val)

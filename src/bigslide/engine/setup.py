@@ -81,7 +81,8 @@ def build_method(
         pretrained=config.model.pretrained and not replaced,
         weights=None if replaced else config.model.weights,
         backbone_args=dict(config.model.backbone_args),
-        recipe=checkpoint.get("encoder") if checkpoint is not None else None,
+        recipe=checkpoint.get("encoder") if checkpoint is not None else init_recipe(config),
+        tile_side=config.data.tile_size if cls.kind == "bag" else None,
         num_classes=endpoint.n_outputs,
         endpoint=endpoint,
         feature_dim=config.data.feature_dim if config.data.features_foreign else None,
@@ -137,6 +138,20 @@ def annotations_taught(method: Method, train: object) -> str | None:
 INIT_OPTIONAL = ("tiles.",)
 """State-dict keys a starting checkpoint may lack or hold beyond the model (the tile classifier that
 annotations teach: a fine-tune may add it, or teach the attention instead)."""
+
+
+def init_recipe(config: TrainConfig) -> dict[str, Any] | None:
+    """The hub encoder's description saved with `model.init_from`'s checkpoint, when it trained the same
+    backbone: the run then builds it without the hub's cache, as prediction does (the weights are the
+    checkpoint's). None without one."""
+    if not config.model.init_from or not Path(config.model.init_from).is_file():
+        return None  # a missing file is said by `init_from_checkpoint`
+    from bigslide.engine.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(Path(config.model.init_from))
+    same = saved.get("config", {}).get("model", {}).get("backbone") == config.model.backbone
+    recipe = saved.get("encoder")
+    return recipe if same and isinstance(recipe, dict) else None
 
 
 def init_from_checkpoint(config: TrainConfig, method: Method, endpoint: Endpoint) -> str | None:

@@ -119,6 +119,9 @@ class ModelSpec:
     channels_last: str = "auto"
     # how a checkpoint's hub encoder is built without the hub (`bigslide.nn.backbones.hub_recipe`)
     recipe: dict[str, Any] | None = None
+    # the side of the tiles the encoder reads (a bag method's data.tile_size; None: unknown), on which a
+    # plain module's output is measured
+    tile_side: int | None = None
 
     @property
     def outputs(self) -> int:
@@ -134,6 +137,7 @@ class ModelSpec:
                 weights=self.weights,
                 out_dim=out_dim,
                 recipe=self.recipe,
+                tile_side=self.tile_side,
                 **{**backbone_arguments(card_arguments(self.backbone, self.backbone_args)), **kwargs},
             )
         except TypeError as err:
