@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bigslide.errors import ConfigError
-from bigslide.nn.backbones import create_encoder
+from bigslide.nn.backbones import Encoder, create_encoder
 from bigslide.nn.big import BigBatchNorm2d, BigConv2d, HostReLU, make_big, set_budget, track_device_memory
 
 
@@ -108,6 +108,24 @@ def test_encoder_wrapper_is_converted_with_host_normalisation() -> None:
     assert rel(yb, ya) <= 1e-10
     assert rel(xb.grad, xa.grad) <= 1e-10
     assert list(big.state_dict()) == list(native.state_dict())
+
+
+def test_a_plain_modules_resnet_returning_its_feature_map_is_converted_before_its_pooling() -> None:
+    torch.manual_seed(3)
+    trunk = timm.create_model("resnet18", num_classes=0, global_pool="")  # a factory's own model
+    native = Encoder(
+        nn.Sequential(trunk, nn.AdaptiveAvgPool2d(1), nn.Flatten()), (0.5,) * 3, (0.25,) * 3, 512
+    )
+    native = native.double().train()
+    big = make_big(copy.deepcopy(native), 1, 8 * 2**20)
+    x = torch.rand(4, 3, 32, 32, dtype=torch.float64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = native(xa), big(xb)
+    ya.sum().backward()
+    yb.sum().backward()
+    assert any(isinstance(m, BigConv2d) for m in big.modules())
+    assert rel(yb, ya) <= 1e-10
+    assert rel(xb.grad, xa.grad) <= 1e-10
 
 
 def test_make_big_rejects_what_it_cannot_convert() -> None:

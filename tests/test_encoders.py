@@ -19,6 +19,7 @@ from torch import nn
 
 from bigslide.engine import TrainConfig, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
+from bigslide.engine.config import ModelConfig
 from bigslide.engine.inference import load_trained, predict_slide
 from bigslide.errors import ConfigError
 from bigslide.methods.base import ModelSpec
@@ -130,6 +131,13 @@ def test_a_hub_encoder_trains_from_the_local_cache_and_its_checkpoint_predicts_w
     np.testing.assert_allclose(
         without.grids["attention"].scores, with_cache.grids["attention"].scores, rtol=1e-5, equal_nan=True
     )
+    # and trained on from it (napari's Retrain with annotations), still without the hub's cache
+    retrain = small_config(slide_csv, tmp_path / "retrain", f"hf-hub:{HUB_ID}")
+    retrain.model.pretrained = True
+    retrain.model.init_from = str(result.checkpoint)
+    again = run_to_end(train(retrain))
+    assert again.checkpoint is not None
+    assert load_checkpoint(again.checkpoint)["encoder"] == saved["encoder"]
 
 
 def test_a_hub_encoder_missing_from_the_cache_offline_is_a_config_error(hub_cache: Path) -> None:
@@ -269,6 +277,26 @@ def not_a_module():
 
 def broken():  # a factory of the user's that fails, e.g. on a weights file it expects
     raise FileNotFoundError("weights/encoder.pth")
+
+
+def mistyped():  # a bug of the user's own that raises a TypeError, though it takes no arguments
+    return nn.Conv2d(3, "four", 3)
+
+
+def lazy():  # sized by the first tiles it sees: the run's, not some other size
+    return nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.Flatten(), nn.LazyLinear(6))
+
+
+class OnlySmall(nn.Module):  # takes tiles of at most 48 px, and says its width
+    num_features = 4
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        assert x.shape[-1] <= 48, "tiles of at most 48 px"
+        return self.conv(x)  # a feature map, to be averaged
 """
 
 
@@ -310,6 +338,8 @@ def test_a_plain_module_is_an_encoder_by_its_import_path(plain_modules: str) -> 
         create_encoder(f"{plain_modules}:not_a_module")
     with pytest.raises(ConfigError, match=r"my_encoders:broken failed: FileNotFoundError: weights/encoder"):
         create_encoder(f"{plain_modules}:broken")
+    with pytest.raises(ConfigError, match=r"my_encoders:mistyped failed: TypeError: "):
+        create_encoder(f"{plain_modules}:mistyped")
     with pytest.raises(
         ConfigError, match=r"model\.backbone: no_such_package\.encoders:f: ModuleNotFoundError"
     ):
@@ -389,3 +419,88 @@ def test_a_vit_of_a_fixed_input_size_takes_tiles_of_any_size_and_is_unchanged_at
         assert encoder(torch.rand(2, 3, 64, 64)).shape == (2, encoder.dim)
     with pytest.raises(AssertionError, match="doesn't match model"):
         fixed(torch.rand(1, 3, 256, 256))  # what timm's model alone does
+
+
+def test_a_hub_vit_sized_by_its_pretrained_cfg_alone_is_rebuilt_at_that_size_without_the_hub(
+    hub_cache: Path,
+) -> None:
+    """A ViT whose config.json gives its size only as pretrained_cfg's input_size (no model_args): timm
+    builds it at that size from the hub, and a checkpoint's recipe must too (its position embeddings did
+    not fit before)."""
+    hub_id = "bigslide-test/vit-112"
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, img_size=112)
+    put_in_cache(hub_cache, hub_id, "vit_tiny_patch16_224", {}, vit)
+    written = next(hub_cache.glob("models--bigslide-test--vit-112/snapshots/*/config.json"))
+    config = json.loads(written.read_text())
+    # as timm's save_for_hf writes a ViT's: its size is fixed, and timm builds the model at it
+    config["pretrained_cfg"].update(input_size=[3, 112, 112], fixed_input_size=True)
+    written.write_text(json.dumps(config))
+    hub_recipe.cache_clear()
+    live = create_encoder(f"hf-hub:{hub_id}", pretrained=True)
+    recipe = hub_recipe(f"hf-hub:{hub_id}")
+    assert recipe is not None
+    shutil.rmtree(hub_cache / "models--bigslide-test--vit-112")  # the checkpoint's machine has no cache
+    rebuilt = create_encoder(f"hf-hub:{hub_id}", recipe=recipe)
+    assert live.backbone.pos_embed.shape == (1, 50, 192)  # 7 x 7 patches and a class token
+    rebuilt.load_state_dict(live.state_dict())  # the same shapes
+    tiles = torch.rand(2, 3, 112, 112)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(tiles), live.eval()(tiles))
+
+
+@pytest.mark.parametrize(
+    ("name", "side"),
+    [
+        ("mobilenetv3_small_050", 64),  # its head convolution widens the pooled 288 values to 1,024
+        ("vit_small_patch14_dinov2", 64),  # 64 px is no whole number of its 14 px patches
+        ("vit_tiny_patch16_224", 40),
+    ],
+)
+def test_a_timm_encoder_gives_dim_values_per_tile_of_any_size(name: str, side: int) -> None:
+    encoder = create_encoder(name)
+    with torch.no_grad():
+        out = encoder.eval()(torch.rand(2, 3, side, side))
+    assert out.shape == (2, encoder.dim)
+
+
+def test_local_weights_saved_with_their_classifier_load_and_a_misfit_is_named(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    source = timm.create_model("resnet18")  # saved as trained: its 1,000-class fc included
+    path = tmp_path / "resnet18.pt"
+    torch.save(source.state_dict(), path)
+    for out_dim in (None, 256):  # the MIL methods' encoder; PatchGD's, projected to its latent size
+        encoder = create_encoder("resnet18", weights=path, out_dim=out_dim)
+        assert torch.equal(encoder.backbone.conv1.weight, source.conv1.weight)
+    misfit = {**source.state_dict(), "conv1.weight": torch.zeros(32, 3, 7, 7)}
+    torch.save(misfit, tmp_path / "misfit.pt")
+    with pytest.raises(
+        ConfigError,
+        match=r"misfit\.pt does not fit resnet18: shapes differ for conv1\.weight \(32, 3, 7, 7\) "
+        r"\(the model's \(64, 3, 7, 7\)\)",
+    ):
+        create_encoder("resnet18", weights=tmp_path / "misfit.pt")
+
+
+def test_an_encoder_object_as_the_backbone_is_refused_with_how_to_name_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model\.backbone: a name is needed, not a Linear object.*factory"):
+        ModelConfig(backbone=nn.Linear(3, 2))  # type: ignore[arg-type]
+    config = small_config(tmp_path / "slides.csv", tmp_path / "run", "resnet18")
+    config.model.backbone = nn.Linear(3, 2)  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"model\.backbone: a name is needed"):
+        run_to_end(train(config))
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_a_plain_module_is_measured_on_the_runs_own_tiles(plain_modules: str) -> None:
+    lazy = create_encoder(f"{plain_modules}:lazy", tile_side=32)
+    assert lazy.dim == 6
+    assert lazy(torch.rand(3, 3, 32, 32)).shape == (3, 6)  # sized for 32 px tiles, not for 224 px ones
+    small = create_encoder(f"{plain_modules}:OnlySmall", tile_side=32)
+    assert small.dim == 4
+    assert small(torch.rand(3, 3, 32, 32)).shape == (3, 4)  # its feature map seen, and averaged
+    with pytest.raises(
+        ConfigError,
+        match=r"OnlySmall failed on a \(2, 3, 64, 64\) batch of tiles .*at most 48 px.*"
+        r"choose a data\.tile_size",
+    ):
+        create_encoder(f"{plain_modules}:OnlySmall", tile_side=64)

@@ -59,10 +59,18 @@ class Encoder(nn.Module):
         super().__init__()
         self.normalize = Normalize(mean, std)
         self.backbone = backbone
-        self.dim: int = int(getattr(backbone, "num_features") if dim is None else dim)  # noqa: B009
+        self.dim: int = int(_pooled_width(backbone) if dim is None else dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(self.normalize(x))
+
+
+def _pooled_width(backbone: nn.Module) -> int:
+    """What a timm model without its classifier returns per tile: `head_hidden_size` where a layer after
+    the pooling widens it (MobileNetV3's and GhostNet's head convolution: 1,024 or 1,280 values, not the
+    `num_features` the pooling reads), else `num_features`."""
+    wider = getattr(backbone, "head_hidden_size", None)
+    return int(wider if isinstance(wider, int) else getattr(backbone, "num_features"))  # noqa: B009
 
 
 class TokenPool(nn.Module):
@@ -123,6 +131,7 @@ def create_encoder(
     weights: str | Path | None = None,
     out_dim: int | None = None,
     recipe: dict[str, Any] | None = None,
+    tile_side: int | None = None,
     **timm_kwargs: Any,
 ) -> Encoder:
     """An encoder by name (see the module's notes for the three kinds of name).
@@ -132,14 +141,18 @@ def create_encoder(
     it under "state_dict" or "model"). `out_dim` adds a linear projection to that size (timm's
     `num_classes`), e.g. PatchGD's latent size. `recipe`: a hub encoder's `hub_recipe`, saved in a
     checkpoint: the model is built from it without the hub (its weights come from the checkpoint).
+    `tile_side`: the side of the tiles it will encode, which a plain module's output is measured on
+    (None: PROBE_SIDE).
     """
     dim = None
     if recipe is not None:
         args = {**recipe["model_args"], "num_classes": out_dim or 0, **timm_kwargs}
+        if recipe.get("pretrained_cfg"):  # not in checkpoints written before it was kept
+            args["pretrained_cfg"] = recipe["pretrained_cfg"]
         backbone = _timm_model(recipe["architecture"], pretrained=False, **args)
         mean, std = tuple(recipe["mean"]), tuple(recipe["std"])
     elif _is_import_path(name):
-        backbone, dim = _plain_module(name, out_dim, weights, timm_kwargs)
+        backbone, dim = _plain_module(name, out_dim, weights, timm_kwargs, tile_side)
         weights = None  # loaded into the module itself, before any projection
         mean, std = _normalisation(backbone)
     else:
@@ -192,18 +205,22 @@ def _normalisation(backbone: nn.Module) -> tuple[tuple[float, ...], tuple[float,
 def _timm_model(name: str, **kwargs: Any) -> nn.Module:
     """timm's model; one with a fixed input size (a ViT) built to take tiles of any size
     (`dynamic_img_size`: its position embeddings resampled to the tile's grid of patches, unchanged at
-    its own size), as pathology foundation models are used on 256 px tiles and on smaller ones."""
-    try:
-        return timm.create_model(name, **{"dynamic_img_size": True, **kwargs})
-    except TypeError:  # models that take any size have no such argument
-        return timm.create_model(name, **kwargs)
+    its own size), as pathology foundation models are used on 256 px tiles and on smaller ones; a tile
+    whose side is no multiple of the patch size (64 px for DINOv2's 14 px patches) is padded to one
+    (`dynamic_img_pad`; a tile of whole patches is unchanged)."""
+    for extra in ({"dynamic_img_size": True, "dynamic_img_pad": True}, {"dynamic_img_size": True}):
+        try:
+            return timm.create_model(name, **{**extra, **kwargs})
+        except TypeError:  # models that take any size have no such argument
+            pass
+    return timm.create_model(name, **kwargs)
 
 
 @functools.lru_cache(maxsize=16)
 def hub_recipe(name: str) -> dict[str, Any] | None:
     """For a Hugging Face hub name (`hf-hub:org/name`): what builds its model without the hub, from its
     `config.json` (the local cache first, as timm reads it): {"architecture", "model_args", "mean",
-    "std"}; None for any other name. A `ConfigError` when it can be read from neither."""
+    "std", "pretrained_cfg"}; None for any other name. A `ConfigError` when it can be read from neither."""
     if not name.startswith(HUB_PREFIXES):
         return None
     from timm.models import load_model_config_from_hf
@@ -218,6 +235,8 @@ def hub_recipe(name: str) -> dict[str, Any] | None:
         "model_args": dict(model_args or {}),
         "mean": list(cfg.get("mean", IMAGENET_MEAN)),
         "std": list(cfg.get("std", IMAGENET_STD)),
+        # timm builds a hub model with its pretrained_cfg too: a ViT takes its img_size from input_size
+        "pretrained_cfg": dict(cfg),
     }
 
 
@@ -257,7 +276,7 @@ def _is_import_path(name: str) -> bool:
 
 
 def _plain_module(
-    name: str, out_dim: int | None, weights: str | Path | None, kwargs: dict[str, Any]
+    name: str, out_dim: int | None, weights: str | Path | None, kwargs: dict[str, Any], side: int | None
 ) -> tuple[nn.Module, int]:
     """The module `package.module:factory` makes (a class or function called with `kwargs`; no
     arguments by default) with `weights` loaded, a feature map averaged to features, a linear projection
@@ -272,8 +291,10 @@ def _plain_module(
         ) from None
     try:
         made = factory(**kwargs)
-    except TypeError:  # for arguments it does not take: the callers may retry without them
-        raise
+    except TypeError as err:
+        if kwargs:  # for arguments it does not take: the callers may retry without them
+            raise
+        raise ConfigError(f"model.backbone: {name} failed: TypeError: {err}") from err
     except Exception as err:  # the user's own code: one line naming it, not its traceback
         raise ConfigError(f"model.backbone: {name} failed: {type(err).__name__}: {err}") from err
     if not isinstance(made, nn.Module):
@@ -283,7 +304,7 @@ def _plain_module(
     if _returns_tokens(made):
         made = TokenPool(made)
     stated = getattr(made, "num_features", None)
-    dim, maps = _measured_width(made, name, stated if isinstance(stated, int) else None)
+    dim, maps = _measured_width(made, name, stated if isinstance(stated, int) else None, side)
     if maps:  # a feature map (a torchvision trunk, a CNN without its head): averaged, as timm pools
         pooled = nn.Sequential(made, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         pooled.pretrained_cfg = getattr(made, "pretrained_cfg", None)  # type: ignore[assignment]
@@ -295,29 +316,35 @@ def _plain_module(
     return made, dim
 
 
-def _measured_width(module: nn.Module, name: str, stated: int | None) -> tuple[int, bool]:
-    """The feature width of `module`'s output on two blank PROBE_SIDE tiles (its mode restored), and
-    whether that output is a (B, D, H, W) feature map rather than (B, D) features. `stated`: the module's
-    own `num_features`, taken when it cannot run on such tiles."""
+def _measured_width(module: nn.Module, name: str, stated: int | None, side: int | None) -> tuple[int, bool]:
+    """The feature width of `module`'s output on two blank tiles of the run's `side` px (None: PROBE_SIDE;
+    its mode restored; a lazy layer is sized by them), and whether that output is a (B, D, H, W) feature
+    map rather than (B, D) features. `stated`: the module's own `num_features`, taken when it cannot run
+    on PROBE_SIDE tiles; on the run's own it must run."""
+    probe = side or PROBE_SIDE
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            out = module(torch.zeros(2, 3, PROBE_SIDE, PROBE_SIDE))
+            out = module(torch.zeros(2, 3, probe, probe))
     except Exception as err:
-        if stated is not None:
+        if stated is not None and side is None:
             return stated, False
+        cure = (
+            "choose a data.tile_size it takes"
+            if side is not None
+            else "give the module a `num_features` attribute (its output width) if it needs another tile size"
+        )
         raise ConfigError(
-            f"model.backbone: {name} failed on a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch of tiles "
-            f"({type(err).__name__}: {err}); give the module a `num_features` attribute (its output width) "
-            "if it needs another tile size"
+            f"model.backbone: {name} failed on a (2, 3, {probe}, {probe}) batch of tiles "
+            f"({type(err).__name__}: {err}); {cure}"
         ) from None
     finally:
         module.train(was_training)
     if not isinstance(out, torch.Tensor) or out.ndim not in (2, 4):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(
-            f"model.backbone: {name} returns {shape} for a (2, 3, {PROBE_SIDE}, {PROBE_SIDE}) batch; an "
+            f"model.backbone: {name} returns {shape} for a (2, 3, {probe}, {probe}) batch; an "
             "encoder returns (tiles, features) or a (tiles, channels, height, width) feature map: for tokens "
             "or a model output object, end it with the pooling you want (e.g. the class token)"
         )
@@ -353,10 +380,36 @@ def _load_weights(backbone: nn.Module, path: Path, name: str) -> None:
         raise ConfigError(f"model.weights: {path} holds a {type(state).__name__}, not a state dict")
     if state and all(k.startswith("module.") for k in state):  # saved from DistributedDataParallel
         state = {k.removeprefix("module."): v for k, v in state.items()}
-    missing, unexpected = backbone.load_state_dict(state, strict=False)
-    ignorable = {k for k in missing if k.startswith(("fc.", "head", "classifier"))}
-    if set(missing) - ignorable or unexpected:
+    # the file's classifier (ImageNet's 1,000 classes, another task's) is never the encoder's: left out
+    heads = _classifier_names(backbone)
+    state = {k: v for k, v in state.items() if not _under(k, heads)}
+    own = backbone.state_dict()
+    misfit = [
+        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
+        for k, v in state.items()
+        if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape
+    ]
+    if misfit:
         raise ConfigError(
-            f"model.weights: {path} does not fit {name}: missing {sorted(set(missing) - ignorable)[:5]}, "
+            f"model.weights: {path} does not fit {name}: shapes differ for {', '.join(misfit[:5])}"
+        )
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not _under(k, heads)]
+    if missing or unexpected:
+        raise ConfigError(
+            f"model.weights: {path} does not fit {name}: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
+
+
+def _classifier_names(model: nn.Module) -> tuple[str, ...]:
+    """The modules of `model` that are its classifier: as its timm configuration names them (`head.fc` for
+    ConvNeXt, whose `head.norm` is not), else `fc`, `head` and `classifier`."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    named = cfg.get("classifier") if isinstance(cfg, dict) else None
+    names = (named,) if isinstance(named, str) else tuple(named or ())
+    return names or ("fc", "head", "classifier")
+
+
+def _under(key: str, modules: tuple[str, ...]) -> bool:
+    return any(key == m or key.startswith(f"{m}.") for m in modules)

@@ -64,6 +64,11 @@ def make_big(model: nn.Module, stages: int, budget_bytes: int) -> nn.Module:
             tuple(norm.mean.flatten().tolist()), tuple(norm.std.flatten().tolist())
         )
         return model
+    if isinstance(model, nn.Sequential) and len(model) and all(hasattr(model[0], n) for n in _STEM):
+        # a plain module's ResNet that returns its feature map, with the pooling (and projection) bigslide
+        # put after it: its stages are converted, what follows runs on the device as before
+        make_big(model[0], stages, budget_bytes)
+        return model
     available = _stage_count(model)
     if not all(hasattr(model, name) for name in _STEM) or available == 0:
         raise ConfigError(
