@@ -134,7 +134,7 @@ def test_count_tiles_error_is_the_last_word(
     viewer.open(unstated.path, plugin="bigslide")
     panel.count_tiles()
     qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
-    assert panel.status.text().startswith("Counting tiles failed: ")
+    assert panel.status.text().startswith("Counting tiles failed on 1 slide: no-size-2.tif: ")
     assert "'slide µm/px if unstated' field" in panel.status.text()
     assert "tiles in" not in panel.status.text()
 

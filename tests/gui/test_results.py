@@ -334,3 +334,12 @@ def test_a_predictions_words_are_on_screen_before_napari_makes_its_map(
     qtbot.waitUntil(lambda: bool(order.layers()), timeout=10_000)
     order.stop()
     assert any("<b>tumor</b>" in text for text in order.painted_before_the_first_layer()), order.seen
+
+
+def test_a_map_for_a_slide_closed_meanwhile_says_so(viewer: Any, dock: Any) -> None:
+    slide, _lesions = viewer.open_sample("bigslide", "slide")
+    panel = dock("Results")
+    panel.result.setText(f"Running last.pt on {slide.name}…")
+    viewer.layers.remove(slide)  # closed while its map was computed
+    panel.show_prediction(object(), slide)
+    assert panel.result.text() == f"{slide.name} was closed before its map was ready: no map drawn."

@@ -219,3 +219,34 @@ def test_the_panels_ask_for_labels_only_for_the_slides_without_one(dock: Any, ti
     panel.table.item(0, panel.column("Label")).setText("")  # a class erased in its cell
     assert "type a class in the Label column for the 1 slide without one" in panel.status.text()
     assert train.status.text().startswith("Label the 1 slide without a class in the Slides panel")
+
+
+def test_a_slide_that_cannot_be_tiled_is_marked_and_the_others_counted(
+    dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any]
+) -> None:
+    import csv
+
+    with tiny_set.open() as f:
+        rows = list(csv.DictReader(f))
+    cut = tmp_path / "cut.svs"
+    cut.write_bytes((tiny_set.parent / rows[0]["slide"]).read_bytes()[:3000])  # a copy cut short
+    table = tmp_path / "slides.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["slide", "label"])
+        writer.writerow([str(cut), rows[0]["label"]])
+        writer.writerows([str(tiny_set.parent / r["slide"]), r["label"]] for r in rows)
+    panel = dock("Slides")
+    panel.load_csv(table)
+    panel.tile_size.setValue(64)
+    panel.count_tiles()
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+    first, *others = panel.session.rows
+    assert first.tiles is None
+    assert first.untiled
+    assert all(r.tiles for r in others)  # counted past the slide before them
+    assert panel.table.item(0, 0).text() == "cut.svs — not tiled"
+    assert "cannot be tiled: " in panel.table.item(0, 0).toolTip()
+    status = panel.status.text()
+    assert status.startswith("Counting tiles failed on 1 slide: cut.svs: the file is cut short")
+    assert status.endswith(f". {sum(r.tiles for r in others)} tiles in 4 slides (the others).")

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from qtpy.QtCore import QTimer
+from qtpy.QtCore import Qt, QTimer
 
+from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.config import TrainConfig
 from bigslide.methods.base import available_methods
 from bigslide.napari._run import SKIP_BAD_FIELD
@@ -62,6 +63,16 @@ def start(widget: Any) -> Recorder:
     assert widget.start() is not None
     widget.run_created.disconnect()
     return records[0]
+
+
+def training(dock: Any, qtbot: Any, tiny_set: Path, out: Path, method: str) -> tuple[Any, Recorder]:
+    """The Train panel and the record of a long run it started, once the run has made its first step."""
+    widget = train_panel(dock, tiny_set, out, method)
+    widget.max_steps.setValue(0)
+    widget.epochs.setValue(50)
+    record = start(widget)
+    qtbot.waitUntil(lambda: any(type(e).__name__ == "Progress" for e in record.events), timeout=120_000)
+    return widget, record
 
 
 # a gap this long means work on the viewer's thread (a step or an inference there takes ≥ 0.6 s); shorter
@@ -131,11 +142,7 @@ def test_run_to_completion(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
 
 @pytest.mark.parametrize("method", available_methods())
 def test_stop_saves_checkpoint(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, method: str) -> None:
-    widget = train_panel(dock, tiny_set, tmp_path / "run", method)
-    widget.max_steps.setValue(0)
-    widget.epochs.setValue(50)
-    record = start(widget)
-    qtbot.waitUntil(lambda: any(type(e).__name__ == "Progress" for e in record.events), timeout=120_000)
+    widget, record = training(dock, qtbot, tiny_set, tmp_path / "run", method)
     widget.stop_button.click()
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
     assert record.fired == ["aborted", "finished"], record.fired
@@ -195,7 +202,7 @@ def test_a_slide_that_will_not_decode_is_named_with_the_box_that_leaves_it_out(
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
     assert record.fired == ["errored", "finished"]
     status = widget.status.text()
-    assert "slide_000.svs: cannot read level" in status, status
+    assert "slide_000.svs: cannot decode file tile (row 0, col 0) of level" in status, status
     assert status.endswith(f"{SKIP_BAD_FIELD} to leave such slides out"), status
     box = widget.data_form.widgets["skip_bad_slides"]
     box.click()  # the panel's data settings scroll below the dock's fold
@@ -203,6 +210,8 @@ def test_a_slide_that_will_not_decode_is_named_with_the_box_that_leaves_it_out(
     record = start(widget)
     qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
     assert record.fired == ["returned", "finished"], widget.status.text()
+    # the run's last words still name the slide it left out (its message passed long before)
+    assert widget.status.text().endswith("Left out, unreadable (data.skip_bad_slides): slide_000.svs.")
 
 
 def test_viewer_stays_responsive(dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path) -> None:
@@ -299,3 +308,23 @@ def test_the_backbone_starts_from_a_weights_file_typed_in_and_a_missing_one_is_n
         str(weights),
         True,
     )
+
+
+def test_a_train_panel_opened_again_during_a_run_shows_it_and_its_stop_saves_it(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    widget, record = training(dock, qtbot, tiny_set, tmp_path / "run", "abmil_acc")
+    run_dir = widget.run_dir
+    viewer.window.remove_dock_widget(widget)  # the dock's close button
+    again = dock("Train")
+    assert again is not widget
+    assert again.stop_button.isEnabled()
+    assert not again.start_button.isEnabled()
+    assert str(run_dir) in again.status.text()
+    assert again.start() is None  # no second run beside the first
+    qtbot.mouseClick(again.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=60_000)
+    assert record.fired == ["aborted", "finished"], record.fired
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["position"]["step"] >= 1
+    qtbot.waitUntil(lambda: again.start_button.isEnabled(), timeout=10_000)
+    assert "Stopped" in again.status.text()

@@ -22,15 +22,21 @@ def on_screen(widget: Any) -> bool:
     return SCREEN.contains(QRect(top_left, widget.size()))
 
 
-def test_the_tabbed_panels_fit_the_screen_while_training(
-    viewer: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
-) -> None:
+def tabbed_panels_on_screen(viewer: Any, qtbot: Any) -> tuple[Any, Any]:
+    """(napari's window, the tabbed panels) with the window shown on the 1600 × 1000 screen."""
     window = viewer.window._qt_window
     _, panels = viewer.window.add_plugin_dock_widget("bigslide", "All panels (tabbed)")
     qtbot.waitUntil(lambda: panels.ready, timeout=120_000)
     window.setGeometry(SCREEN)
     window.show()
     qtbot.waitExposed(window)
+    return window, panels
+
+
+def test_the_tabbed_panels_fit_the_screen_while_training(
+    viewer: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    window, panels = tabbed_panels_on_screen(viewer, qtbot)
     assert window.minimumSizeHint().height() <= SCREEN.height()
     assert window.frameGeometry().height() <= SCREEN.height()
     for tab in range(panels.tabs.count()):  # every panel fits the dock's width: nothing scrolls sideways
@@ -90,3 +96,32 @@ def test_results_follow_a_run_epoch_by_epoch(
     heatmaps = [layer for layer in viewer.layers if layer.metadata.get("bigslide_role") == "heatmap"]
     assert len(heatmaps) == 1  # redrawn in place, not one layer per epoch
     assert "after 3 epochs" in results.result.text()
+
+
+def test_slide_names_stay_readable_beside_long_labels_and_cases(
+    viewer: Any, qtbot: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    import csv
+
+    _, panels = tabbed_panels_on_screen(viewer, qtbot)
+    panels.tabs.setCurrentWidget(panels.slides)
+    with tiny_set.open() as f:
+        rows = list(csv.DictReader(f))
+    # labels and cases from short to long: at some length the other columns leave the slide's name
+    # a sliver, if its column only takes what they leave
+    for extra in range(0, 48, 4):
+        table = tmp_path / f"long{extra}.csv"
+        with table.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["slide", "label", "case"])
+            for i, r in enumerate(rows):
+                label = f"{r['label']} {'x' * extra}"
+                writer.writerow([str(tiny_set.parent / r["slide"]), label, f"patient {i:04d} {'y' * extra}"])
+        panels.slides.load_csv(table)
+        qtbot.wait(20)
+        grid = panels.slides.table
+        name = grid.item(0, 0)
+        shown = grid.fontMetrics().horizontalAdvance(name.text())
+        assert grid.visualItemRect(name).width() >= shown, extra  # "slide_000.svs" whole
+        case = grid.item(0, panels.slides.column("Case"))
+        assert grid.visualItemRect(case).width() >= grid.fontMetrics().horizontalAdvance(case.text()), extra

@@ -269,6 +269,7 @@ class ResultsWidget(HeatmapExports, Panel):
         """Overlay the prediction's heatmaps on `slide`, one layer per event-loop turn (napari takes a
         tenth of a second to build a layer; three at once would freeze the viewer for longer)."""
         if slide not in self.viewer.layers:
+            self.result.setText(f"{slide.name} was closed before its map was ready: no map drawn.")
             return
         self.prediction = prediction
         mpp = slide.metadata.get("mpp")

@@ -47,6 +47,7 @@ class SlideRow:
     annotations: Path | None = None  # teaching annotations (QuPath GeoJSON)
     annotated: int | None = None  # tiles inside them, once counted
     damaged: str | None = None  # why some of its tiles will not decode (seen while drawing it)
+    untiled: str | None = None  # why it could not be tiled (seen while counting its tiles)
 
 
 class Session:
@@ -76,6 +77,9 @@ class Session:
         self._problems: dict[str, str] = {}  # refused inputs of the panels, by field
         self._processes: DecodeProcesses | None = None
         self._processes_lock = threading.Lock()  # runs start them on their own thread
+        # the Train panel's run under way, and its folder: a Train panel opened again while it trains
+        # (its dock was closed) shows that run, with its Stop button, and starts no second one
+        self.training: tuple[Any, Path] | None = None
 
     def decode_processes(self) -> DecodeProcesses:
         """The decode worker processes this viewer's runs, maps, tile previews and counts share: started

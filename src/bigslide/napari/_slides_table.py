@@ -52,6 +52,11 @@ EDIT_TIPS = {
 }
 
 
+SLIDE_MIN_PX = 140
+SLIDE_MAX_PX = 320
+"""The Slide column's width: its names' own, within these bounds (a name longer is cut, its tip whole)."""
+
+
 class SplitDelegate(QStyledItemDelegate):
     """The Split column's editor: a drop-down shown only while a cell is edited (a drop-down kept in
     every cell is a widget of its own, drawn out of place while the table is rebuilt)."""
@@ -122,7 +127,9 @@ class SlidesTable(Panel):
                 header = self.table.horizontalHeader()
                 assert header is not None
                 header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-                header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+                # the slide's name keeps a readable width: long labels and cases scroll sideways instead
+                # of squeezing it to a letter
+                header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
                 for index in range(len(columns)):
                     self.table.setItemDelegateForColumn(index, None)  # type: ignore[arg-type]
                 self.table.setItemDelegateForColumn(columns.index("Split"), self.split_delegate)
@@ -133,6 +140,7 @@ class SlidesTable(Panel):
                     tip = EDIT_TIPS.get(name, SPLIT_TIP if name == "Split" else "")
                     if name == "Slide":
                         tip = str(row.path) + (f"\ndamaged: {row.damaged}" if row.damaged else "")
+                        tip += f"\ncannot be tiled: {row.untiled}" if row.untiled else ""
                     elif name == "Regions":
                         tip = str(row.regions or "whole slide")
                     elif name == "µm/px":
@@ -145,11 +153,15 @@ class SlidesTable(Panel):
                 split.setData(Qt.ItemDataRole.UserRole, row.split or "")
         finally:
             self._filling = False
+        self.table.resizeColumnToContents(0)
+        self.table.setColumnWidth(0, min(max(self.table.columnWidth(0), SLIDE_MIN_PX), SLIDE_MAX_PX))
         self.status.setText(self.describe())
 
     def _cells(self, row: SlideRow) -> dict[str, str]:
         cells = {
-            "Slide": row.path.name + (" — damaged" if row.damaged else ""),
+            "Slide": row.path.name
+            + (" — damaged" if row.damaged else "")
+            + (" — not tiled" if row.untiled else ""),
             "Label": row.label,
             "Time": "" if row.time is None else f"{row.time:g}",
             "Event": "" if row.event is None else str(row.event),
@@ -194,14 +206,10 @@ class SlidesTable(Panel):
             if missing
             else ""
         )
-        damaged = [r.path.name for r in rows if r.damaged]
-        broken = (
-            f" Damaged (some tiles will not decode; training stops on them unless bad slides are left out): "
-            f"{', '.join(damaged)}."
-            if damaged
-            else ""
-        )
-        return f"{self.session.describe()}: {what}.{unstated}{broken}"
+        stops = "training stops on them unless bad slides are left out"
+        broken = _listed(f"Damaged (some tiles will not decode; {stops})", [r for r in rows if r.damaged])
+        unread = _listed(f"Not tiled (unreadable; {stops})", [r for r in rows if r.untiled])
+        return f"{self.session.describe()}: {what}.{unstated}{broken}{unread}"
 
     def _set_item(self, row: int, column: int, text: str, *, editable: bool, tip: str = "") -> None:
         item = QTableWidgetItem(text)
@@ -258,3 +266,8 @@ def labels_to_type(rows: list[SlideRow]) -> str:
     if unlabelled:
         return f"type a class in the Label column for the {counted(unlabelled, 'slide')} without one"
     return "each slide's class is in the Label column (type over one to change it)"
+
+
+def _listed(title: str, rows: list[SlideRow]) -> str:
+    """ " Title: a.svs, b.svs." naming `rows`' slides; nothing when there are none."""
+    return f" {title}: {', '.join(r.path.name for r in rows)}." if rows else ""

@@ -242,7 +242,9 @@ class SlidesWidget(SlidesTable):
         worker = _count_tiles(s.slides(), jobs, s.tile_size, s.target_mpp, s.min_tissue, s.tissue)
         self.count_error = None
         worker.yielded.connect(
-            lambda result: self.session.update(result[0], tiles=result[1], annotated=result[2])
+            lambda result: self.session.update(
+                result[0], tiles=result[1], annotated=result[2], untiled=result[3]
+            )
         )
         worker.errored.connect(self._count_failed)
         worker.finished.connect(self._count_finished)
@@ -261,8 +263,19 @@ class SlidesWidget(SlidesTable):
         if self.count_error is not None:
             self.status.setText(self.count_error)
             return
-        total, slides = sum(r.tiles or 0 for r in self.session.rows), len(self.session.rows)
-        tiles = f"{counted(total, 'tile')} in {counted(slides, 'slide')}"
+        rows = self.session.rows
+        untiled = [r for r in rows if r.untiled]
+        tiled = len(rows) - len(untiled)
+        tiles = f"{counted(sum(r.tiles or 0 for r in rows), 'tile')} in {counted(tiled, 'slide')}"
+        if untiled:  # marked in the table; the others are counted
+            from bigslide.napari._run import in_panel_words
+
+            why = "; ".join(f"{r.path.name}: {in_panel_words(r.untiled or '')}" for r in untiled)
+            text = f"Counting tiles failed on {counted(len(untiled), 'slide')}: {why}"
+            text += f". {tiles[0].upper()}{tiles[1:]} (the others)." if tiled else ""
+            self.status.setText(text)
+            show_error(text)
+            return
         self.status.setText(f"{tiles}.")
         show_info(tiles)
 
@@ -275,14 +288,19 @@ def _count_tiles(
     target_mpp: float,
     min_tissue: float,
     tissue: TissueSettings,
-) -> Generator[tuple[Path, int, int | None], None, None]:
+) -> Generator[tuple[Path, int | None, int | None, str | None], None, None]:
     from bigslide.data.slides import tile_slide
+    from bigslide.errors import DataError, SlideError
     from bigslide.tiling.annotations import annotated_count, read_annotations
 
     for path, regions, taught_by in jobs:
         what = f"{path}: a worker died tiling it"
-        grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, tissue, what=what)
+        try:  # a slide that cannot be tiled is marked; the others are counted
+            grid = slides.run(tile_slide, path, tile_size, target_mpp, min_tissue, regions, tissue, what=what)
+        except (SlideError, DataError) as err:
+            yield path, None, None, str(err).removeprefix(f"{path}: ")
+            continue
         taught = None
         if taught_by is not None:
             taught = annotated_count(read_annotations(taught_by), grid.coords, grid.tile_size_level0)
-        yield path, len(grid), taught
+        yield path, len(grid), taught, None

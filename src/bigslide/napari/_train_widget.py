@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,13 @@ class TrainWidget(TrainForm):
 
         connect_while_alive(self.session.changed, self, self._on_table_changed)
         self._on_table_changed()
+        if self.session.training is not None:  # this panel was closed and opened again during a run
+            worker, self.run_dir = self.session.training
+            self.config_path = self.run_dir / "config.yaml"
+            self._follow(worker)
+            self._set_running(True)
+            self.progress.setRange(0, 0)
+            self.status.setText(f"Training in {self.run_dir} (started before this panel was opened)…")
 
     def _on_table_changed(self) -> None:
         """The form's slides line, and (while no run is under way) what to do next in the status line."""
@@ -121,7 +129,7 @@ class TrainWidget(TrainForm):
         from bigslide.napari._gc import settle_imports
         from bigslide.napari._run import drive
 
-        if self.worker is not None:
+        if self.worker is not None or self.session.training is not None:
             return None
         problems = self.problems()
         if not problems:
@@ -142,13 +150,13 @@ class TrainWidget(TrainForm):
         self.stopped = False
         self.last_checkpoint = None
         worker = create_worker(drive, self.run_gen, _start_thread=False, _ignore_errors=True)
-        worker.yielded.connect(self._on_event)
-        # closing runs in the worker thread (direct connection), so saving never freezes the GUI
-        worker.aborted.connect(self._close_run, Qt.ConnectionType.DirectConnection)
-        worker.returned.connect(self._on_returned)
-        worker.errored.connect(self._on_error)
-        worker.finished.connect(self._on_finished)
-        self.worker = worker
+        # closing runs in the worker thread (direct connection), so saving never freezes the GUI; not a
+        # slot of the panel's, so a stop still saves once the panel is closed (napari quits its workers)
+        worker.aborted.connect(partial(_close_run, self.run_gen), Qt.ConnectionType.DirectConnection)
+        assert self.run_dir is not None  # made by write_config
+        self.session.training = (worker, self.run_dir)
+        worker.finished.connect(partial(_forget_run, self.session, worker))
+        self._follow(worker)
         self.loss_plot.clear("plotted from the first step on")
         self.metric_plot.clear("plotted after each epoch's validation")
         self.progress.setRange(0, 0)
@@ -160,16 +168,21 @@ class TrainWidget(TrainForm):
         worker.start()
         return worker
 
+    def _follow(self, worker: Any) -> None:
+        """Show `worker`'s run in this panel: its events, its end; Stop stops it."""
+        self.left_out: list[str] = []  # slides the run left out (data.skip_bad_slides), named at its end
+        worker.yielded.connect(self._on_event)
+        worker.returned.connect(self._on_returned)
+        worker.errored.connect(self._on_error)
+        worker.finished.connect(self._on_finished)
+        self.worker = worker
+
     def stop(self) -> None:
         if self.worker is not None:
             self.stopped = True
             self.status.setText("Stopping after the current step; saving a checkpoint…")
             self.stop_button.setEnabled(False)
             self.worker.quit()
-
-    def _close_run(self) -> None:
-        if self.run_gen is not None:
-            self.run_gen.close()  # the engine saves checkpoints/last.pt on close
 
     def _on_event(self, event: Any) -> None:
         kind = type(event).__name__
@@ -202,13 +215,20 @@ class TrainWidget(TrainForm):
             self.session.checkpoint_saved.emit(self.last_checkpoint)
         elif kind == "Message":
             self.status.setText(event.text)
+            if event.text.startswith("left out") and "): " in event.text:
+                self.left_out.append(Path(event.text.split("): ", 1)[1].split(": ", 1)[0]).name)
 
     def _on_returned(self, result: Any) -> None:
         self.last_checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
         if self.last_checkpoint is not None:
             self.session.run_finished.emit(self.last_checkpoint)
-        self.status.setText(f"Finished. Checkpoint: {self.last_checkpoint}")
-        show_info(f"Training finished; {saved_in(self.last_checkpoint)}")
+        left_out = (
+            f" Left out, unreadable (data.skip_bad_slides): {', '.join(dict.fromkeys(self.left_out))}."
+            if self.left_out
+            else ""
+        )
+        self.status.setText(f"Finished. Checkpoint: {self.last_checkpoint}.{left_out}")
+        show_info(f"Training finished; {saved_in(self.last_checkpoint)}.{left_out}")
 
     def _on_error(self, err: Exception) -> None:
         from bigslide.napari._run import in_panel_words
@@ -238,6 +258,15 @@ class TrainWidget(TrainForm):
         self.stop_button.setEnabled(running)
         for widget in (self.method_box, self.params_box, self.backbone, self.epochs, self.lr, self.device):
             widget.setEnabled(not running)
+
+
+def _close_run(run: Any) -> None:
+    run.close()  # the engine saves checkpoints/last.pt on close
+
+
+def _forget_run(session: Session, worker: Any) -> None:
+    if session.training is not None and session.training[0] is worker:
+        session.training = None
 
 
 def _limit_torch_threads() -> None:
