@@ -159,15 +159,16 @@ def test_train_then_predict_and_heatmap_from_a_fresh_process(slide_csv: Path, tm
     assert "1 slide predicted, 0 skipped (outputs present), 1 failed" in done.stdout
     assert "fake.svs" in (tmp_path / "p" / "predictions.csv").read_text().splitlines()[2]
 
-    heat = [sys.executable, "-m", "bigslide", "heatmap", "--slide", str(slide_csv.parent / "slide_000.svs")]
-    done = subprocess.run(
-        [*heat, "--checkpoint", str(ckpt), "--out", str(tmp_path / "h")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    heat = [sys.executable, "-m", "bigslide", "heatmap", "--checkpoint", str(ckpt)]
+    for i in (0, 1):  # each slide given: each one's maps (only the last one's were drawn)
+        heat += ["--slide", str(slide_csv.parent / f"slide_00{i}.svs")]
+    done = subprocess.run([*heat, "--out", str(tmp_path / "h")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.suffix for p in (tmp_path / "h").iterdir()) == [".geojson", ".npz", ".png"]
+    made = sorted(p.name.split(".")[0] for p in (tmp_path / "h").iterdir())
+    assert made == ["slide_000"] * 3 + ["slide_001"] * 3  # npz grid, PNG overlay, GeoJSON of each
+    assert (
+        sorted(p.suffix for p in (tmp_path / "h").iterdir()) == [".geojson"] * 2 + [".npz"] * 2 + [".png"] * 2
+    )
 
 
 HELP_IMPORTS = """

@@ -135,6 +135,8 @@ def test_without_a_normal_class_no_false_alarm_is_claimed_and_bad_counts_are_ref
     slide = SlideScores(Path("n.svs"), grid(flat(hot={(1, 1): 0.4})), "normal")
     assert {p.kind for p in suggest([slide], 3, normal=None)} == {"looked_at"}
     assert normal_class(["tumor", "Normal"]) == "Normal"
+    assert normal_class(["pos", "neg"]) == "neg"
+    assert normal_class(["carcinoma", "Non-tumour"]) == "Non-tumour"
     assert normal_class(["a", "b"]) is None
     with pytest.raises(DataError, match="count"):
         suggest([slide], 0, normal=None)
@@ -240,6 +242,9 @@ def test_suggest_from_a_checkpoint_on_the_command_line(
     said = capsys.readouterr().out
     assert f"suggestions on {len(slides)} slide" in said
     assert "1. s" in said
+    assert "no class is named as lesion-free" not in said  # "normal" is
+    if len(places) < 6:
+        assert f"note: only {len(places)} place" in said
     assert (
         main(
             [

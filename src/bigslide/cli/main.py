@@ -11,13 +11,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from bigslide.errors import BigslideError, ConfigError
 from bigslide.files import out_of_files, too_many_open_files
 from bigslide.plan.arguments import add_arguments as add_plan_arguments
+
+if TYPE_CHECKING:
+    from bigslide.engine.config import TrainConfig
 
 BENCHES = (
     "grid",
@@ -132,7 +135,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bigslide.engine import train
 
     config = config_from_args(args)
+    moved = beside_a_trained_run(config, args.resume)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
+    if moved and main_rank:
+        print(f"bigslide: {moved}", file=sys.stderr, flush=True)
     result = run_with_progress(train(config, resume=args.resume), quiet=args.quiet or not main_rank)
     if main_rank:
         print(f"checkpoint: {result.checkpoint}\nmetrics: {result.out_dir / 'metrics.json'}")
@@ -155,19 +161,22 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     from bigslide.cli.report import write_heatmaps
     from bigslide.engine import predict_slide
 
-    pred = predict_slide(
-        args.checkpoint,
-        args.slide,
-        regions=args.regions,
-        device=args.device or "auto",
-        slide_mpp=args.slide_mpp,
-    )
-    for path in write_heatmaps(pred, Path(args.out)):
-        print(path)
-    probs = ", ".join(f"{c}={p:.3f}" for c, p in zip(pred.classes, pred.probs))
-    print(f"{Path(args.slide).name}: {pred.label} ({probs})")
-    if pred.decision is not None:
-        print(pred.decision.describe(pred.classes))
+    if args.regions and len(args.slide) > 1:
+        raise ConfigError("--regions: one GeoJSON of regions is for one slide; give one --slide with it")
+    for slide in args.slide:
+        pred = predict_slide(
+            args.checkpoint,
+            slide,
+            regions=args.regions,
+            device=args.device or "auto",
+            slide_mpp=args.slide_mpp,
+        )
+        for path in write_heatmaps(pred, Path(args.out)):
+            print(path)
+        probs = ", ".join(f"{c}={p:.3f}" for c, p in zip(pred.classes, pred.probs))
+        print(f"{Path(slide).name}: {pred.label}" + (f" ({probs})" if probs else ""))
+        if pred.decision is not None:
+            print(pred.decision.describe(pred.classes))
     return 0
 
 
@@ -194,6 +203,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bigslide.plan.recommend import run
 
     return run(args)
+
+
+def beside_a_trained_run(config: TrainConfig, resume: bool) -> str | None:
+    """A run's folder that holds a trained checkpoint is continued (--resume), never trained over (its
+    config.yaml names that folder, so a replay would replace the trained model): the new run goes to the
+    first `<folder>-2`, `-3`, ... that holds none. What to say of it; None when the folder is free."""
+    from bigslide.engine.run_folder import LAST
+
+    taken = Path(config.run.out_dir)
+    if resume or not (taken / LAST).is_file():
+        return None
+    k = 2
+    while (Path(f"{taken}-{k}") / LAST).is_file():
+        k += 1
+    config.run.out_dir = f"{taken}-{k}"
+    return (
+        f"{taken} holds a trained run (--resume continues it): this one trains into {config.run.out_dir}, "
+        "and that run is left as it is"
+    )
 
 
 def add_train_flags(
@@ -294,9 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_mpp_flags(p)
     p.set_defaults(func=cmd_suggest)
 
-    p = sub.add_parser("heatmap", help="heatmaps of one slide: npz grid, PNG overlay, QuPath GeoJSON")
+    p = sub.add_parser("heatmap", help="heatmaps of slides: npz grid, PNG overlay, QuPath GeoJSON")
     p.add_argument("--checkpoint", required=True, type=run_checkpoint, help=CHECKPOINT_HELP)
-    p.add_argument("--slide", required=True)
+    p.add_argument("--slide", required=True, action="append", help="a slide (repeat for several)")
     p.add_argument("--regions", help="GeoJSON of regions to restrict the tiles to")
     add_mpp_flags(p)
     p.add_argument("--out", default="heatmaps")

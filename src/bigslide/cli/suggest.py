@@ -10,7 +10,7 @@ from bigslide.data.table import SlideTable
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.suggest import suggest_from_checkpoint
 from bigslide.errors import DataError
-from bigslide.explain.suggest import flat_attention, write_suggestions
+from bigslide.explain.suggest import flat_attention, normal_class, write_suggestions
 from bigslide.words import counted
 
 
@@ -50,4 +50,15 @@ def run_suggest(args: argparse.Namespace) -> int:
     note = flat_attention(suggestions)
     if note is not None:
         print(f"note: {note}")
+    if endpoint.task == "classification" and args.normal_class is None and normal_class(classes) is None:
+        print(
+            f"note: no class is named as lesion-free ({', '.join(classes)}): no false alarms were sought; "
+            "name it with --normal-class"
+        )
+    if len(suggestions) < args.count:
+        print(
+            f"note: only {counted(len(suggestions), 'place')} of the {args.count} asked for: these slides "
+            "hold no more (places above their slide's mean attention, or uncertain, apart from each other, "
+            "outside annotations, and a share of them per slide)"
+        )
     return 0

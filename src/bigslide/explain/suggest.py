@@ -51,7 +51,26 @@ KINDS = ("false_alarm", "uncertain", "looked_at")
 # Of every four places: two false alarms (an answer known to correct the model), one uncertain, one
 # looked at; a kind with nothing left gives its turn to the next, and so do false alarms below HIGH.
 TURNS = ("false_alarm", "uncertain", "false_alarm", "looked_at")
-NORMAL_NAMES = ("normal", "negative", "benign", "healthy", "no", "0", "none", "absent", "no lesion")
+NORMAL_NAMES = (
+    "normal",
+    "negative",
+    "neg",
+    "benign",
+    "healthy",
+    "no",
+    "0",
+    "none",
+    "absent",
+    "no lesion",
+    "lesion-free",
+    "non-tumor",
+    "non-tumour",
+    "non-neoplastic",
+    "no tumor",
+    "no tumour",
+    "tumor-free",
+    "tumour-free",
+)
 DROPOUT_SAMPLES = 16
 HIGH = 2.0
 """Attention this many times its slide's mean is called high in a reason, and makes a false alarm on a
