@@ -331,7 +331,8 @@ def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
     assert given.slide_mpp == (0.25, 0.25)
     assert len(given) == 16  # the 4 x 4 tiles of the planted square, read as stored
 
-    from bigslide.cli.main import build_parser, config_from_args
+    from bigslide.cli.main import build_parser
+    from bigslide.cli.train import config_from_args
 
     args = build_parser().parse_args(["train", str(base.config), "--slide-mpp", "0.25"])
     config = config_from_args(args)

@@ -47,8 +47,8 @@ def test_every_method_sees_uint8_pixels_as_the_same_floats(method: str, tmp_path
 
 
 def test_a_method_that_does_not_scale_pixels_gets_floats_from_the_engine(toy_method: type) -> None:
+    from bigslide.data.sample import collate
     from bigslide.engine.inference import predict_sample
-    from bigslide.engine.run import collate
     from bigslide.methods.base import ModelSpec
 
     assert not toy_method.takes_uint8  # a script's method written before uint8 samples existed

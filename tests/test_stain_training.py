@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from bigslide.data.colour import RowColour, SampleStain
-from bigslide.data.sample import Sample
+from bigslide.data.sample import Sample, collate
 from bigslide.data.stain import draw_stain_jitter
 from bigslide.data.stain_norm import BUNDLED_REFERENCES, fit_stain
 from bigslide.data.table import SlideTable
 from bigslide.engine import Loss, TrainConfig, load_trained, predict_slides, run_to_end, train
 from bigslide.engine.checkpoint import load_checkpoint
 from bigslide.engine.inference import predict_dataset, predict_sample
-from bigslide.engine.run import collate
 from bigslide.engine.setup import build_dataset, build_method
 from bigslide.memory.stepper import OptimStepper
 from bigslide.synthetic.slide_set import make_slide_set

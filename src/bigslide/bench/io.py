@@ -192,9 +192,9 @@ def step_comparison(
     import torch
 
     from bigslide.data.loader import BatchLoader
+    from bigslide.data.sample import collate
     from bigslide.engine import setup
     from bigslide.engine.config import TrainConfig
-    from bigslide.engine.run import collate
     from bigslide.memory.stepper import OptimStepper
 
     config = TrainConfig()

@@ -19,7 +19,7 @@ import torch
 from bigslide.data.bags import BagDataset
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
-from bigslide.data.sample import Batch, Sample, as_float, batch_instance_labels
+from bigslide.data.sample import Batch, Sample, collate
 from bigslide.data.slides import SlideCache
 from bigslide.data.stain_norm import StainFit
 from bigslide.engine import setup
@@ -64,27 +64,6 @@ class RunResult:
     test: dict[str, float] | None = None  # metrics on the table's test split, after training
     # validation of the weights a run started from (model.init_from), before its first step
     start_val: dict[str, float] | None = None
-
-
-def collate(samples: list[Sample], device: torch.device, *, uint8: bool = True) -> Batch:
-    """Images are stacked, bags concatenated tile-wise (`Batch.sizes`). `uint8=False`: pixels as floats
-    in [0, 1] (for methods that do not scale them themselves)."""
-    bags = samples[0].coords is not None
-    sizes = [s.x.shape[0] for s in samples] if bags else None
-    if len(samples) == 1:
-        x = samples[0].x
-    else:
-        x = torch.cat([s.x for s in samples]) if bags else torch.stack([s.x for s in samples])
-    if not uint8:
-        x = as_float(x)
-    if not bags and x.ndim == 3:  # one image: add the batch axis
-        x = x.unsqueeze(0)
-    y = torch.tensor([s.y for s in samples])  # class indices (int64), numbers or (time, event, interval)
-    # Inputs stay in host memory: methods move what they need (Big-Layer never moves a whole bag).
-    if device.type == "cuda":
-        x = x.pin_memory()
-    labels = batch_instance_labels(samples) if bags else None
-    return Batch(x=x, y=y.to(device), samples=samples, sizes=sizes, instance_labels=labels)
 
 
 def checkpoint_path(config: TrainConfig) -> Path:
