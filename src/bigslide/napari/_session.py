@@ -194,7 +194,8 @@ class Session:
     def load_csv(self, path: str | Path) -> int:
         """Add every row of a slide table, with the endpoint its columns imply (time,event: survival;
         target: regression; else classes); returns how many were read."""
-        from bigslide.data.table import SlideTable, implied_task, read_table_text
+        from bigslide.data.table import SlideTable, implied_task
+        from bigslide.data.table_text import read_table_text
 
         columns = read_table_text(Path(path))[0]
         task = implied_task(columns)
