@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -70,7 +71,8 @@ def test_mpp_absent_is_none(make_slide: MakeSlide, flavour: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "unit", "mpp"), [(250.0, "nm", 0.25), (0.5, None, 0.5), (4.4e-4, "mm", 0.44)]
+    ("size", "unit", "mpp"),
+    [(250.0, "nm", 0.25), (0.5, None, 0.5), (4.4e-4, "mm", 0.44), (1.0e-5, "in", 0.254)],
 )
 def test_ome_tiff_pixel_size_stated_only_in_its_xml_is_read(
     tmp_path: Path, size: float, unit: str | None, mpp: float
@@ -162,6 +164,26 @@ def test_a_print_resolution_is_no_pixel_size(tmp_path: Path, dpi: float) -> None
         photometric="rgb",
         resolution=(dpi, dpi),
         resolutionunit="INCH",
+    )
+    with open_slide(path) as slide:
+        assert slide.mpp is None
+
+
+@pytest.mark.parametrize("mpp", [1e-9, 0.001])
+def test_a_pixel_size_finer_than_light_resolves_is_no_pixel_size(tmp_path: Path, mpp: float) -> None:
+    """An Aperio MPP of 1e-9 µm (a garbage or mis-scaled value) was taken as stated: tiles of 224 px at
+    0.5 µm/px then covered 10^8 level-0 pixels. Like a print resolution, it states no pixel size."""
+    path = tmp_path / "garbage.tif"
+    description = (
+        f"Aperio Image Library v12.0.0\r\n512x512 [0,0 512x512] (256x256) RGB|AppMag = 40|MPP = {mpp}"
+    )
+    tifffile.imwrite(
+        path,
+        textured_image(512, 512),
+        tile=(256, 256),
+        photometric="rgb",
+        description=description,
+        metadata=None,
     )
     with open_slide(path) as slide:
         assert slide.mpp is None
@@ -604,3 +626,65 @@ def test_an_imagej_tiffs_pixel_size_in_its_own_unit_is_read(
     )
     with open_slide(path) as slide:
         assert slide.mpp == pytest.approx((0.5, 0.5))
+
+
+@pytest.mark.parametrize("stored", ["tiles", "strips"])
+def test_file_tiles_without_data_read_as_glass_as_openslide_reads_them(tmp_path: Path, stored: str) -> None:
+    # a sparse TIFF leaves tiles outside the scanned area out (byte count 0); tifffile reads them as
+    # zeros: black squares the tissue rule took for pen ink (half a slide's tiles left out) or, read at
+    # level 0 beside a coarser level that holds them, kept as tissue and fed to the model
+    image = textured_image(512, 512, seed=8)
+    path = tmp_path / f"sparse-{stored}.tif"
+    layout = {"tile": (128, 128)} if stored == "tiles" else {"rowsperstrip": 128}
+    tifffile.imwrite(path, image, photometric="rgb", compression="zlib", **layout)  # type: ignore[arg-type]
+    with tifffile.TiffFile(path) as tif:
+        tag = tif.pages[0].tags["TileByteCounts" if stored == "tiles" else "StripByteCounts"]
+        form = tif.byteorder + {3: "H", 4: "I", 16: "Q"}[int(tag.dtype)]
+    empty = [1, 2] if stored == "tiles" else [1]  # (row 0, cols 1-2) / the second strip of rows
+    with path.open("r+b") as f:
+        for index in empty:
+            f.seek(tag.valueoffset + index * struct.calcsize(form))
+            f.write(struct.pack(form, 0))
+    expected = image.copy()
+    if stored == "tiles":
+        expected[:128, 128:384] = 255
+    else:
+        expected[128:256] = 255
+    with open_slide(path) as slide:
+        np.testing.assert_array_equal(slide.read_region((0, 0), 0, (512, 512)), expected)
+        np.testing.assert_array_equal(
+            slide.read_region((100, 100), 0, (200, 200)), expected[100:300, 100:300]
+        )
+        row, col = (0, 1) if stored == "tiles" else (1, 0)  # a file tile without data
+        assert (slide.read_file_tile(0, row, col) == 255).all()
+        assert (slide.read_file_tile_luma(0, row, col) == 255).all()
+        np.testing.assert_array_equal(slide.read_file_tile(0, 2, 0)[:, :128], expected[256:384, :128])
+        if stored == "tiles":
+            with open_slide(path, backend="openslide") as osr:
+                np.testing.assert_array_equal(osr.read_region((0, 0), 0, (512, 512)), expected)
+
+
+@pytest.mark.parametrize(
+    ("photometric", "said"),
+    [
+        ("palette", "palette"),
+        ("miniswhite", "MinIsWhite"),
+        ("separated", "CMYK"),
+        ("minisblack", "an image of 4 channels"),
+    ],
+)
+def test_pixels_that_are_no_grey_or_rgb_colours_are_refused_by_name(
+    tmp_path: Path, photometric: str, said: str
+) -> None:
+    # read before as grey or RGB: a palette image's indices passed for a greyscale scan, MinIsWhite's
+    # tissue for glass, CMYK's inks and a 4-channel image's first three channels for red, green and blue
+    image = textured_image(256, 256, seed=9)
+    pixels = image[..., 0] if photometric in ("palette", "miniswhite") else np.dstack([image, image[..., :1]])
+    kwargs: dict[str, object] = {"planarconfig": "contig"} if photometric == "minisblack" else {}
+    if photometric == "palette":
+        kwargs["colormap"] = np.tile(np.arange(256, dtype=np.uint16) * 257, (3, 1))
+    path = tmp_path / f"{photometric}.tif"
+    tifffile.imwrite(path, pixels, tile=(128, 128), photometric=photometric, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(SlideError, match=said) as info:
+        open_slide(path)
+    assert str(path) in str(info.value)

@@ -147,6 +147,13 @@ def test_column_names_are_read_whatever_their_case(slide_dir: Path) -> None:
         SlideTable.from_csv(both)
 
 
+def test_a_pixel_size_column_is_said_to_be_unread(slide_dir: Path) -> None:
+    """Each slide's µm/px comes from its file: a table's own column would otherwise seem to be used."""
+    csv = write(slide_dir / "t.csv", "slide,label,MPP\ns/a.svs,tumor,0.25\n")
+    with pytest.warns(UserWarning, match=r"t\.csv: column 'MPP' is not read: .*data\.slide_mpp"):
+        SlideTable.from_csv(csv)
+
+
 def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path) -> None:
     csv = write(slide_dir / "t.csv", "slide|label\ns/a.svs|tumor\n")
     with pytest.raises(DataError) as err:

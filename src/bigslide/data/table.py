@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,6 +185,7 @@ class SlideTable:
         if task not in TASKS:
             raise DataError(f"data.task: {task!r} is not one of {list(TASKS)}")
         columns, rows, separator = read_table_text(path)
+        _warn_unread_pixel_size(path, columns)
         wanted = TASK_COLUMNS[task]
         missing = ({"slide", *wanted} if labels_required else {"slide"}) - set(columns)
         if missing:
@@ -299,6 +301,22 @@ class SlideTable:
                 for i in todo[k]:
                     entries[i].split = side
         return self.like(entries)
+
+
+PIXEL_SIZE_COLUMNS = ("mpp", "mpp_x", "mpp-x", "µm/px", "um/px", "microns_per_pixel", "um_per_pixel")
+
+
+def _warn_unread_pixel_size(path: Path, columns: list[str]) -> None:
+    """A pixel size per slide in the table is not read: each slide's comes from its file, and files that
+    state none take data.slide_mpp. Said, so that a table's value is never thought used when it is not."""
+    said = [c for c in columns if c.strip().lower() in PIXEL_SIZE_COLUMNS]
+    if said:
+        warnings.warn(
+            f"{path}: column {said[0]!r} is not read: each slide's µm/px comes from its file; for files that "
+            "state none, give data.slide_mpp (--slide-mpp, or the Slides panel's 'slide µm/px if unstated')",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_slide_folder(slide: Path, where: str) -> None:

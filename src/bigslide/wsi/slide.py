@@ -29,6 +29,7 @@ from bigslide.wsi.tiff_levels import (
     alpha_of,
     check_complete,
     check_main_image,
+    empty_tiles,
     level_arrays,
     parse_mpp,
     tiled_pages,
@@ -65,6 +66,7 @@ class Slide:
         self._streamed: tuple[tuple[int, int], np.ndarray] | None = None
         self._pages = tiled_pages(handle, self._arrays)
         self._ycbcr = ycbcr_levels(path, handle, len(self._arrays))
+        self._empty = empty_tiles(handle, self._arrays)
         self._alpha = alpha_of(handle)
         # no colour in the file: pen ink cannot be told from tissue by it (`TileGrid.from_slide`)
         self.greyscale = bool(getattr(handle, "greyscale", False)) or all(a.ndim == 2 for a in self._arrays)
@@ -222,7 +224,25 @@ class Slide:
 
     def _zarr_block(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
-        return ycbcr_to_rgb(block) if self._ycbcr[level] else block
+        block = ycbcr_to_rgb(block) if self._ycbcr[level] else block
+        empty = self._empty[level]
+        return block if empty is None else self._glass_over_empty(block, empty, level, y0, x0)
+
+    def _glass_over_empty(
+        self, block: np.ndarray, empty: np.ndarray, level: int, y0: int, x0: int
+    ) -> np.ndarray:
+        """`block` (rows from `y0`, columns from `x0` of `level`) with the parts of file tiles that hold no
+        data set to glass, as OpenSlide reads them (zarr fills them with black)."""
+        th, tw = self.tile_shape(level)
+        r0, c0 = y0 // th, x0 // tw
+        hits = np.argwhere(empty[r0 : -(-(y0 + block.shape[0]) // th), c0 : -(-(x0 + block.shape[1]) // tw)])
+        if not len(hits):
+            return block
+        block = block if block.flags.writeable else block.copy()
+        for row, col in hits + np.array([r0, c0]):
+            top, left = max(row * th - y0, 0), max(col * tw - x0, 0)
+            block[top : (row + 1) * th - y0, left : (col + 1) * tw - x0] = BACKGROUND
+        return block
 
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:

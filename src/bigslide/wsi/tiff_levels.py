@@ -17,6 +17,9 @@ from bigslide.wsi.tiff_tiles import APERIO_J2K_YCBCR, ycbcr_left
 
 COARSEST_MPP = 10.0
 """A stated pixel size coarser than this many µm (2,540 dpi) is not a microscope's."""
+FINEST_MPP = 0.01
+"""Nor is one finer than this many µm (10 nm, a twentieth of light's resolution limit): a unit mixed up
+or a garbage tag, that read as stated made every tile cover a speck of tissue (or none fit the slide)."""
 
 
 def level_arrays(path: Path, handle: Any) -> list[Any]:
@@ -32,7 +35,36 @@ def level_arrays(path: Path, handle: Any) -> list[Any]:
             raise SlideError(f"{path}: {array.shape[2]} samples per pixel, expected RGB(A)")
     if axes not in ("YXS", "YX"):
         raise SlideError(f"{path}: image axes {axes!r} are not supported (expected RGB)")
+    check_colours(path, handle)
     return arrays
+
+
+COLOURS_READ = {1: "grey", 2: "RGB", 6: "YCbCr"}
+"""TIFF photometric interpretations whose samples are read as the colours they are: grey (black is 0),
+RGB, and JPEG's YCbCr, which the decoder turns to RGB."""
+COLOURS_REFUSED = {0: "greyscale with 0 as white (MinIsWhite)", 3: "palette (indexed colour)", 5: "CMYK"}
+
+
+def check_colours(path: Path, handle: Any) -> None:
+    """Raise when the samples of the file's pixels are not grey or RGB colours: a palette image's are
+    indices into its colour map, MinIsWhite's grey runs backwards, CMYK's are inks, and a multichannel
+    image's channels are no colours at all. Read as RGB, each gave a slide of the wrong colours without a
+    word (a palette image passed for greyscale, the tissue of a MinIsWhite one for glass)."""
+    levels = pyramid_levels(handle)
+    if not levels:  # OpenSlide and plain images give RGB themselves
+        return
+    page = levels[0].keyframe
+    photometric, samples = int(page.photometric), int(page.samplesperpixel)
+    if photometric not in COLOURS_READ:
+        said = COLOURS_REFUSED.get(photometric, f"photometric interpretation {photometric}")
+        raise SlideError(
+            f"{path}: its pixels are {said}, not grey or RGB; save the slide as RGB (or greyscale) first"
+        )
+    if photometric == 1 and samples > 2:  # grey and alpha is two; more are channels (extra samples)
+        raise SlideError(
+            f"{path}: an image of {samples} channels (a fluorescence or multispectral image?), not grey or "
+            "RGB; bigslide reads brightfield RGB slides"
+        )
 
 
 def pyramid_levels(handle: Any) -> list[Any] | None:
@@ -61,6 +93,24 @@ def tiled_pages(handle: Any, arrays: list[Any]) -> list[Any]:
         )
         pages.append(page if ok else None)
     return pages
+
+
+def empty_tiles(handle: Any, arrays: list[Any]) -> list[np.ndarray | None]:
+    """Per level, which file tiles hold no data, as a (rows, cols) bool grid of its array's chunks; None
+    where every tile has data or its tiles are not those chunks. A tile of byte count 0 is a sparse TIFF's
+    "nothing scanned here" (libvips, tifffile and some scanners write them): tifffile reads it as zeros,
+    black that the tissue rule takes for ink or tissue, where OpenSlide reads it as glass."""
+    out: list[np.ndarray | None] = [None] * len(arrays)
+    for level, pyramid_level in enumerate((pyramid_levels(handle) or [])[: len(arrays)]):
+        page = pyramid_level.keyframe
+        chunk_rows, chunk_cols = arrays[level].chunks[:2]
+        grid = (-(-arrays[level].shape[0] // chunk_rows), -(-arrays[level].shape[1] // chunk_cols))
+        counts = np.asarray(page.databytecounts)
+        # one page of interleaved samples whose tiles (or strips) are the chunks: tile i is chunk i
+        if len(pyramid_level.pages) != 1 or counts.size != grid[0] * grid[1] or counts.all():
+            continue
+        out[level] = (counts == 0).reshape(grid)
+    return out
 
 
 def ycbcr_levels(path: Path, handle: Any, count: int) -> list[bool]:
@@ -166,7 +216,8 @@ def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     resolution tags), else an OME-TIFF's PhysicalSizeX/Y, which tiffslide leaves unread (Bio-Formats'
     and QuPath's exports state it there only), else an ImageJ / Fiji TIFF's resolution in its own `unit`
     (the tags' unit then says none). None when neither states one, or when it is coarser than
-    COARSEST_MPP: an image editor's print resolution (72 dpi is 353 µm per pixel), not a scanner's."""
+    COARSEST_MPP: an image editor's print resolution (72 dpi is 353 µm per pixel), not a scanner's, or
+    finer than FINEST_MPP."""
     mpp_x, mpp_y = _positive(properties.get("tiffslide.mpp-x")), _positive(properties.get("tiffslide.mpp-y"))
     if mpp_x is None and mpp_y is None:
         mpp_x, mpp_y = _ome_mpp(
@@ -179,10 +230,22 @@ def parse_mpp(properties: dict[str, Any]) -> tuple[float, float] | None:
     if mpp_x is None and mpp_y is None:
         return None
     mpp = (mpp_x or mpp_y or 0.0, mpp_y or mpp_x or 0.0)
-    return mpp if max(mpp) <= COARSEST_MPP else None
+    return mpp if max(mpp) <= COARSEST_MPP and min(mpp) >= FINEST_MPP else None
 
 
-OME_UM = {"m": 1e6, "cm": 1e4, "mm": 1e3, "µm": 1.0, "μm": 1.0, "um": 1.0, "nm": 1e-3, "pm": 1e-6, "Å": 1e-4}
+OME_UM = {
+    "m": 1e6,
+    "dm": 1e5,
+    "cm": 1e4,
+    "mm": 1e3,
+    "in": 25400.0,
+    "µm": 1.0,
+    "μm": 1.0,
+    "um": 1.0,
+    "nm": 1e-3,
+    "pm": 1e-6,
+    "Å": 1e-4,
+}
 """OME's length units (UnitsLength) in µm: those a pixel size is stated in."""
 
 
