@@ -115,6 +115,30 @@ def test_a_tiff_whose_first_image_is_a_small_photograph_is_refused_naming_both(t
         open_slide(path)
 
 
+def test_a_tiff_whose_levels_are_written_coarse_first_is_refused_not_read_coarse(tmp_path: Path) -> None:
+    """Pages level 1, level 0, level 2: the first was read as the slide, at half its resolution, without a
+    word (level 0 has four times its pixels, not more)."""
+    path = tmp_path / "coarse_first.tif"
+    image = textured_image(1202, 1802)
+    with tifffile.TiffWriter(path) as tif:
+        for level, mpp in ((1, 0.5), (0, 0.25), (2, 1.0)):
+            step = 2**level
+            tif.write(
+                image[::step, ::step],
+                tile=(128, 128),
+                photometric="rgb",
+                resolution=(1e4 / mpp, 1e4 / mpp),
+                resolutionunit="CENTIMETER",
+                metadata=None,
+            )
+    with pytest.raises(
+        SlideError,
+        match=r"coarse_first\.tif: its first image \(901 x 601 px\) is not its largest \(1802 x 1202 px, "
+        r"image 1 of \d\); .* read at a coarser resolution",
+    ):
+        open_slide(path)
+
+
 def test_an_svs_of_a_small_region_is_read_though_its_macro_photograph_is_larger(tmp_path: Path) -> None:
     path = tmp_path / "region.svs"
     scan = textured_image(256, 256)
@@ -367,6 +391,26 @@ def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: Writ
     assert "this environment has" not in str(info.value)  # the readers' versions fit: the file is at fault
     if kind == "cut_before_its_pyramid":
         assert "the file is cut short" in str(info.value)
+
+
+def test_a_cut_file_is_said_once_without_tifffiles_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tifffile logs each layout it tries on a damaged file ("<TiffFile …> shaped series raised …") to
+    stderr, noise before the error that names the file and says what is wrong."""
+    whole = tmp_path / "whole.tif"
+    with tifffile.TiffWriter(whole) as tif:
+        tif.write(
+            textured_image(1024, 1024), tile=(256, 256), compression="zlib", photometric="rgb", subifds=1
+        )
+        tif.write(
+            textured_image(512, 512), tile=(256, 256), compression="zlib", photometric="rgb", subfiletype=1
+        )
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 10])
+    with pytest.raises(SlideError, match=r"cut\.tif: "):
+        open_slide(cut)
+    assert not [r.getMessage() for r in caplog.records if "series raised" in r.getMessage()]
 
 
 def test_a_tifffile_tiffslide_does_not_support_is_named(

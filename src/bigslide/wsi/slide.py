@@ -30,12 +30,13 @@ from bigslide.wsi.tiff_levels import (
     check_complete,
     check_main_image,
     empty_tiles,
+    glass_over_empty,
     level_arrays,
     parse_mpp,
     tiled_pages,
     ycbcr_levels,
 )
-from bigslide.wsi.tiff_tiles import LUMA, decode, decode_luma, rgba_on_white, ycbcr_to_rgb
+from bigslide.wsi.tiff_tiles import LUMA, as_rgb, decode, decode_luma, ycbcr_to_rgb
 from bigslide.wsi.unreadable import in_words, reader_conflict
 
 Backend = Literal["auto", "tiffslide", "openslide"]
@@ -185,13 +186,13 @@ class Slide:
     def read_file_tile(self, level: int, row: int, col: int) -> np.ndarray:
         """Decode exactly one file tile of `level` as (h, w, 3) uint8 (edge tiles are cropped), straight from
         the file where the level is tiled (`tiff_tiles`)."""
-        return _to_rgb(self._decoded(level, row, col, luma=False), self._alpha)
+        return as_rgb(self._decoded(level, row, col, luma=False), self._alpha)
 
     def read_file_tile_luma(self, level: int, row: int, col: int) -> np.ndarray:
         """One file tile of `level` as (h, w) float32 luma (`LUMA`'s weights): from a JPEG tile, its decoder's
         own (`tiff_tiles.decode_luma`); within a grey level or two of `read_file_tile`'s pixels times LUMA."""
         block = self._decoded(level, row, col, luma=True)
-        return block.astype(np.float32) if block.ndim == 2 else _to_rgb(block, self._alpha) @ LUMA
+        return block.astype(np.float32) if block.ndim == 2 else as_rgb(block, self._alpha) @ LUMA
 
     def _decoded(self, level: int, row: int, col: int, luma: bool) -> np.ndarray:
         """The file tile as decoded (luma only where the decoder gives it), cropped to the level."""
@@ -226,23 +227,7 @@ class Slide:
         block = np.asarray(self._thread_arrays()[level][y0:y1, x0:x1])
         block = ycbcr_to_rgb(block) if self._ycbcr[level] else block
         empty = self._empty[level]
-        return block if empty is None else self._glass_over_empty(block, empty, level, y0, x0)
-
-    def _glass_over_empty(
-        self, block: np.ndarray, empty: np.ndarray, level: int, y0: int, x0: int
-    ) -> np.ndarray:
-        """`block` (rows from `y0`, columns from `x0` of `level`) with the parts of file tiles that hold no
-        data set to glass, as OpenSlide reads them (zarr fills them with black)."""
-        th, tw = self.tile_shape(level)
-        r0, c0 = y0 // th, x0 // tw
-        hits = np.argwhere(empty[r0 : -(-(y0 + block.shape[0]) // th), c0 : -(-(x0 + block.shape[1]) // tw)])
-        if not len(hits):
-            return block
-        block = block if block.flags.writeable else block.copy()
-        for row, col in hits + np.array([r0, c0]):
-            top, left = max(row * th - y0, 0), max(col * tw - x0, 0)
-            block[top : (row + 1) * th - y0, left : (col + 1) * tw - x0] = BACKGROUND
-        return block
+        return block if empty is None else glass_over_empty(block, empty, self.tile_shape(level), y0, x0)
 
     def _read_level(self, level: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         try:
@@ -253,7 +238,7 @@ class Slide:
                 f"{self.path}: cannot read level {level} rows {y0}:{y1} cols {x0}:{x1} ({exc})"
             ) from exc
         self.pixels_read[level] += (y1 - y0) * (x1 - x0)
-        return _to_rgb(block, self._alpha)
+        return as_rgb(block, self._alpha)
 
     def _name_the_tile(self, level: int, y0: int, y1: int, x0: int, x1: int) -> None:
         """After a region failed to read: raise the error of its first file tile that will not decode,
@@ -406,15 +391,3 @@ def _box_mean(block: np.ndarray, factor: int) -> np.ndarray:
     n_cols = np.full(sums.shape[1], factor)
     n_cols[-1] = factor - pad_cols
     return np.round(sums / (n_rows[:, None, None] * n_cols[None, :, None])).astype(np.uint8)
-
-
-def _to_rgb(block: np.ndarray, alpha: str | None) -> np.ndarray:
-    """(h, w, 3) of a decoded block: grey (with or without alpha) repeated, RGB as it is, RGBA laid on
-    white when its fourth sample is `alpha` ("premultiplied" or "straight"; None: not alpha, dropped)."""
-    if block.ndim == 2:
-        return np.repeat(block[..., None], 3, axis=2)
-    if block.shape[2] < 3:
-        return np.repeat(block[..., :1], 3, axis=2)
-    if block.shape[2] == 4 and alpha is not None:
-        return rgba_on_white(block, premultiplied=alpha == "premultiplied")
-    return np.ascontiguousarray(block[..., :3])

@@ -3,6 +3,7 @@ arrays' chunks, whether every tile lies inside the file, and the pixel size it s
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import struct
@@ -15,11 +16,22 @@ import numpy as np
 from bigslide.errors import SlideError
 from bigslide.wsi.tiff_tiles import APERIO_J2K_YCBCR, ycbcr_left
 
+GLASS = 255
+"""What a file tile without data is read as: empty glass, white."""
 COARSEST_MPP = 10.0
 """A stated pixel size coarser than this many µm (2,540 dpi) is not a microscope's."""
 FINEST_MPP = 0.01
 """Nor is one finer than this many µm (10 nm, a twentieth of light's resolution limit): a unit mixed up
 or a garbage tag, that read as stated made every tile cover a speck of tissue (or none fit the slide)."""
+
+
+def _without_series_fallbacks(record: logging.LogRecord) -> bool:
+    """tifffile logs each series layout it tries and fails on a damaged file ("shaped series raised
+    TiffFileError…") before the `SlideError` that names the file and what is wrong: noise before it."""
+    return " series raised " not in record.getMessage()
+
+
+logging.getLogger("tifffile").addFilter(_without_series_fallbacks)
 
 
 def level_arrays(path: Path, handle: Any) -> list[Any]:
@@ -113,6 +125,24 @@ def empty_tiles(handle: Any, arrays: list[Any]) -> list[np.ndarray | None]:
     return out
 
 
+def glass_over_empty(
+    block: np.ndarray, empty: np.ndarray, tile_shape: tuple[int, int], y0: int, x0: int
+) -> np.ndarray:
+    """`block` (rows from `y0`, columns from `x0` of a level whose file tiles are `tile_shape` and
+    `empty` says which hold no data, `empty_tiles`) with those tiles' parts set to glass, as OpenSlide
+    reads them (zarr fills them with black)."""
+    th, tw = tile_shape
+    r0, c0 = y0 // th, x0 // tw
+    hits = np.argwhere(empty[r0 : -(-(y0 + block.shape[0]) // th), c0 : -(-(x0 + block.shape[1]) // tw)])
+    if not len(hits):
+        return block
+    block = block if block.flags.writeable else block.copy()
+    for row, col in hits + np.array([r0, c0]):
+        top, left = max(row * th - y0, 0), max(col * tw - x0, 0)
+        block[top : (row + 1) * th - y0, left : (col + 1) * tw - x0] = GLASS
+    return block
+
+
 def ycbcr_levels(path: Path, handle: Any, count: int) -> list[bool]:
     """Per level, whether its tiles are JPEG 2000 in YCbCr (33003) that OpenJPEG leaves unconverted
     (`tiff_tiles.ycbcr_left`), judged on the level's first tile: what zarr reads of it is then converted."""
@@ -172,6 +202,8 @@ def _next_page_offset(tif: Any) -> int:
 
 LARGER_IMAGE = 4
 """Another image of the file with this many times the pixels of the one read is the slide itself."""
+FINER_SCENE, ASPECT_TOLERANCE = 1.5, 0.02
+"""So is one of the same shape (width / height within 2 %) with 1.5 times the pixels: a finer level."""
 
 
 def check_main_image(path: Path, handle: Any) -> None:
@@ -195,13 +227,25 @@ def check_main_image(path: Path, handle: Any) -> None:
         height, width = _height_width(s)
         return f"{width} x {height} px" + (f" {s.name!r}" if getattr(s, "name", "") else "")
 
+    def aspect(s: Any) -> float:
+        height, width = _height_width(s)
+        return width / max(height, 1)
+
     largest = max(series, key=area)
-    if area(largest) > LARGER_IMAGE * area(read):
+    # the same scene scanned finer (a pyramid written coarse level first) outsizes it by less than a
+    # macro photograph need: a level one step finer is 2-4x the pixels
+    same_scene = abs(aspect(largest) - aspect(read)) <= ASPECT_TOLERANCE * aspect(read)
+    if area(largest) > (FINER_SCENE if same_scene else LARGER_IMAGE) * area(read):
+        what = (
+            "at a coarser resolution (its levels written coarse first?)"
+            if same_scene
+            else ("as its smaller picture (a macro or label photograph?)")
+        )
         raise SlideError(
             f"{path}: its first image ({said(read)}) is not its largest ({said(largest)}, image "
             f"{series.index(largest)} of {len(series)}); bigslide reads a TIFF's first image, so this file "
-            "would be read as its smaller picture (a macro or label photograph?). Save the slide on its "
-            "own (bfconvert -series N, or QuPath's File > Export images > OME TIFF)"
+            f"would be read {what}. Save the slide on its own, largest level first (bfconvert -series N, "
+            "or QuPath's File > Export images > OME TIFF)"
         )
 
 

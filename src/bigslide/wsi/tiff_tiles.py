@@ -85,3 +85,15 @@ def rgba_on_white(rgba: np.ndarray, *, premultiplied: bool) -> np.ndarray:
     if not premultiplied:
         rgb = (rgb * alpha + 127) // 255
     return (rgb + (255 - alpha)).clip(0, 255).astype(np.uint8)
+
+
+def as_rgb(block: np.ndarray, alpha: str | None) -> np.ndarray:
+    """(h, w, 3) of a decoded block: grey (with or without alpha) repeated, RGB as it is, RGBA laid on
+    white when its fourth sample is `alpha` ("premultiplied" or "straight"; None: not alpha, dropped)."""
+    if block.ndim == 2:
+        return np.repeat(block[..., None], 3, axis=2)
+    if block.shape[2] < 3:
+        return np.repeat(block[..., :1], 3, axis=2)
+    if block.shape[2] == 4 and alpha is not None:
+        return rgba_on_white(block, premultiplied=alpha == "premultiplied")
+    return np.ascontiguousarray(block[..., :3])
