@@ -139,6 +139,22 @@ def test_a_tiff_whose_levels_are_written_coarse_first_is_refused_not_read_coarse
         open_slide(path)
 
 
+def test_an_ome_tiff_whose_levels_are_out_of_size_order_is_refused(tmp_path: Path) -> None:
+    """Sub-resolutions written 4x then 2x: the code takes a lower level number for a finer level."""
+    path = tmp_path / "unordered.ome.tif"
+    image = textured_image(1024, 1024)
+    with tifffile.TiffWriter(path, ome=True) as tif:
+        tif.write(image, tile=(128, 128), photometric="rgb", subifds=2, metadata={"axes": "YXS"})
+        for step in (4, 2):
+            tif.write(image[::step, ::step], tile=(128, 128), photometric="rgb", subfiletype=1)
+    with pytest.raises(
+        SlideError,
+        match=r"unordered\.ome\.tif: its pyramid levels are not in size order "
+        r"\(1024 x 1024, 256 x 256, 512 x 512 px\)",
+    ):
+        open_slide(path)
+
+
 def test_an_svs_of_a_small_region_is_read_though_its_macro_photograph_is_larger(tmp_path: Path) -> None:
     path = tmp_path / "region.svs"
     scan = textured_image(256, 256)

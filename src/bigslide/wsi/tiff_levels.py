@@ -3,6 +3,7 @@ arrays' chunks, whether every tile lies inside the file, and the pixel size it s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -48,6 +49,14 @@ def level_arrays(path: Path, handle: Any) -> list[Any]:
     if axes not in ("YXS", "YX"):
         raise SlideError(f"{path}: image axes {axes!r} are not supported (expected RGB)")
     check_colours(path, handle)
+    sides = [(int(a.shape[1]), int(a.shape[0])) for a in arrays]
+    if any(w1 > w0 or h1 > h0 for (w0, h0), (w1, h1) in itertools.pairwise(sides)):
+        # every reader of the levels takes a finer level for a lower number (napari's multiscale too)
+        said = ", ".join(f"{w} x {h}" for w, h in sides)
+        raise SlideError(
+            f"{path}: its pyramid levels are not in size order ({said} px); save it again with its "
+            "levels largest first (bfconvert, or QuPath's File > Export images > OME TIFF)"
+        )
     return arrays
 
 
