@@ -198,6 +198,22 @@ def dicom_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def test_a_damaged_level_file_leaves_the_other_levels_readable(series: Path, tmp_path: Path) -> None:
+    """OpenSlide refuses every read of a handle after one error: a level-0 file cut short took the sound
+    levels (and so the tile grid, made on a coarse one) with it."""
+    cut = tmp_path / "cut"
+    shutil.copytree(series, cut)
+    level0 = max(cut.glob("*.dcm"), key=lambda f: f.stat().st_size)
+    data = level0.read_bytes()
+    level0.write_bytes(data[: len(data) * 2 // 3])
+    with open_slide(series) as sound:
+        expected = sound.read_level(1)
+    with open_slide(cut) as slide:
+        with pytest.raises(SlideError, match=r"cut: cannot read level 0"):
+            slide.read_level(0)
+        np.testing.assert_array_equal(slide.read_level(1), expected)
+
+
 def test_a_slide_table_takes_dicom_folders_and_files(dicom_csv: Path, tmp_path: Path) -> None:
     table = SlideTable.from_csv(dicom_csv)
     assert [e.path.relative_to(dicom_csv.parent).as_posix() for e in table.entries] == [

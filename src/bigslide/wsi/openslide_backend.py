@@ -42,8 +42,8 @@ def is_dicom_wsi(path: Path) -> bool:
 class OpenSlideLevel:
     """One level of an OpenSlide slide as a (h, w, 3) uint8 array that reads on slicing."""
 
-    def __init__(self, handle: Any, level: int, lock: threading.Lock) -> None:
-        self._handle, self._level, self._lock = handle, level, lock
+    def __init__(self, handle: OpenSlideHandle, level: int) -> None:
+        self._handle, self._level = handle, level
         w, h = handle.level_dimensions[level]
         self.shape = (int(h), int(w), 3)
         self.ndim = 3
@@ -58,8 +58,7 @@ class OpenSlideLevel:
         if y1 <= y0 or x1 <= x0:
             return np.zeros((max(y1 - y0, 0), max(x1 - x0, 0), 3), np.uint8)
         location = (round(x0 * self._downsample), round(y0 * self._downsample))
-        with self._lock:  # one C handle: OpenSlide is thread-safe, but keep reads ordered per slide
-            rgba = self._handle.read_region(location, self._level, (x1 - x0, y1 - y0))
+        rgba = self._handle.read_region(location, self._level, (x1 - x0, y1 - y0))
         return rgba_on_white(np.asarray(rgba), premultiplied=True)  # OpenSlide's RGBA is premultiplied
 
 
@@ -69,16 +68,33 @@ class OpenSlideHandle:
     def __init__(self, path: Path) -> None:
         import openslide
 
+        self._path = path
         self._slide = openslide.OpenSlide(str(path))
-        lock = threading.Lock()
+        self._lock = threading.Lock()  # one C handle: OpenSlide is thread-safe, but keep reads ordered
         self.level_count = int(self._slide.level_count)
-        self.levels = [OpenSlideLevel(self._slide, lv, lock) for lv in range(self.level_count)]
+        self.level_dimensions = self._slide.level_dimensions
+        self.level_downsamples = self._slide.level_downsamples
+        self.levels = [OpenSlideLevel(self, lv) for lv in range(self.level_count)]
         props = self._slide.properties
         self.properties = {
             "tiffslide.mpp-x": props.get("openslide.mpp-x"),
             "tiffslide.mpp-y": props.get("openslide.mpp-y"),
             "tiffslide.series-axes": "YXS",
         }
+
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Any:
+        """OpenSlide's read. After an error (a damaged tile, a file cut short) OpenSlide refuses every
+        later read of the handle with the same error, so the slide is opened again for the next read:
+        one bad tile does not take the slide's sound tiles with it."""
+        import openslide
+
+        with self._lock:
+            try:
+                return self._slide.read_region(location, level, size)
+            except openslide.OpenSlideError:
+                self._slide.close()
+                self._slide = openslide.OpenSlide(str(self._path))
+                raise
 
     def close(self) -> None:
         self._slide.close()
