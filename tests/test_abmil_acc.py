@@ -187,6 +187,33 @@ def test_without_rng_replay_the_dropout_gradient_is_wrong() -> None:
     assert _worst_relative_error(truth, _take_grads(encoder, head)) > 1e-2
 
 
+class UnlistedRandomness(SmallConvNet):
+    """Draws random numbers through no layer `has_stochastic_layers` knows: functional dropout and RReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rrelu = nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(self.rrelu(super().forward(x)), 0.3, self.training)
+
+
+def test_an_encoder_drawing_random_numbers_through_unlisted_layers_gets_the_full_bag_gradient() -> None:
+    torch.manual_seed(0)
+    encoder = UnlistedRandomness().double().train()
+    head = make_aggregator("abmil", encoder.dim, 3, hidden=16).double().train()
+    bag, target = torch.rand(BAG, 3, 16, 16, dtype=torch.float64), torch.tensor([2])
+    assert not has_stochastic_layers(encoder)  # seen drawing in pass 1 instead
+    torch.manual_seed(7)
+    full_bag_backward(encoder, head, bag, target, encode_chunk_size=CHUNK)
+    after_truth = torch.rand(3)
+    truth = _take_grads(encoder, head)
+    torch.manual_seed(7)
+    bag_backward(encoder, head, bag, target, chunk_size=CHUNK, forward_chunk_size=FORWARD_CHUNK)
+    torch.testing.assert_close(torch.rand(3), after_truth)
+    assert _worst_relative_error(truth, _take_grads(encoder, head)) <= TOLERANCE[torch.float64]
+
+
 def test_gradients_accumulate_like_backward() -> None:
     encoder, head, bag, target = _setup("groupnorm_no_bn", "abmil_gated", torch.float64)
     bag_backward(encoder, head, bag, target, chunk_size=CHUNK)

@@ -95,6 +95,13 @@ def _restore_rng(state: _RngState, device: torch.device) -> None:
         torch.cuda.set_rng_state(state.cuda, device)
 
 
+def _rng_moved(state: _RngState, device: torch.device) -> bool:
+    """Whether random numbers were drawn since `state` was captured."""
+    if not torch.equal(state.cpu, torch.get_rng_state()):
+        return True
+    return state.cuda is not None and not torch.equal(state.cuda, torch.cuda.get_rng_state(device))
+
+
 def compute_device(module: nn.Module, fallback: torch.device) -> torch.device:
     """Where `module` computes: the device of its first parameter or buffer, else `fallback`."""
     for tensor in itertools.chain(module.parameters(), module.buffers()):
@@ -177,7 +184,8 @@ def replay_backward(
     once, under `autocast`. `chunk_size`: inputs per replayed (with-grad) encoder call; sets the peak
     memory. `forward_chunk_size`: inputs per no-grad call in pass 1 (may be larger: nothing is kept);
     ignored when the encoder is stochastic or `batch_stats`. `stochastic`: whether the encoder draws
-    random numbers; None detects dropout/drop-path layers. `backward(loss)` runs the head's backward
+    random numbers; None detects dropout/drop-path layers, and any other draw in pass 1 (which is then
+    redone in replay-sized chunks). `backward(loss)` runs the head's backward
     (e.g. a stepper's, for loss scaling); dL/dZ inherits its scale, so the encoder's gradient does too.
     `inputs` may stay on the host (they are pinned when `device` is CUDA): each pass moves one chunk at
     a time to `device` (default: the encoder's), where Z and the head live; `colour` (the inputs' stain
@@ -190,6 +198,7 @@ def replay_backward(
     n = inputs.shape[0]
     device = device or compute_device(encoder, inputs.device)
     inputs = pinned(inputs, device)
+    observe = stochastic is None
     if stochastic is None:
         stochastic = has_stochastic_layers(encoder)
     same_chunks = stochastic or batch_stats or not forward_chunk_size
@@ -197,6 +206,15 @@ def replay_backward(
 
     # Pass 1: every output, no activations kept.
     rng_states: list[_RngState] = []
+    if not stochastic:
+        before = _capture_rng(device)
+        Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device, colour=colour)
+        if observe and _rng_moved(before, device):
+            # it drew random numbers through no layer `has_stochastic_layers` knows (functional dropout,
+            # RReLU, patch dropout): its replay must draw the same ones, so pass 1 is redone chunk by
+            # chunk from the same state, each chunk's RNG state kept
+            _restore_rng(before, device)
+            stochastic = True
     if stochastic:
         parts = []
         for start in range(0, n, chunk_size):
@@ -205,8 +223,6 @@ def replay_backward(
             rows = _rows(colour, start, start + chunk_size)
             parts.append(encode_chunks(encoder, chunk, chunk_size, autocast, device=device, colour=rows))
         Z = torch.cat(parts)
-    else:
-        Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device, colour=colour)
 
     # Pass 2: the head once, on all outputs.
     Z.requires_grad_(True)
