@@ -5,7 +5,9 @@ that predicts without any of them (no hub, no cache, no `model.weights` file).""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -287,6 +289,25 @@ def lazy():  # sized by the first tiles it sees: the run's, not some other size
     return nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.Flatten(), nn.LazyLinear(6))
 
 
+def stated_norm(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)):  # its normalisation from model.backbone_args
+    module = nn.Sequential(nn.Conv2d(3, 2, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    module.pretrained_cfg = {"mean": mean, "std": std}
+    return module
+
+
+class Float64(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3)
+
+    def forward(self, x):
+        return self.conv(x).mean(dim=(2, 3)).double()
+
+
+def by_side():  # its width depends on the side of what it encodes: 2 x (side / 8) ** 2
+    return nn.Sequential(nn.Conv2d(3, 2, 8, stride=8), nn.Flatten())
+
+
 class OnlySmall(nn.Module):  # takes tiles of at most 48 px, and says its width
     num_features = 4
 
@@ -361,7 +382,10 @@ def test_a_plain_module_trains_and_predicts(
     assert pred.probs.sum() == pytest.approx(1.0, abs=1e-5)
 
 
-@pytest.mark.parametrize("form", ["safetensors", "state_dict_key", "model_key", "ddp_prefix"])
+WEIGHT_FORMS = ["safetensors", "state_dict_key", "model_key", "ddp_prefix", "backbone_prefix", "lightning"]
+
+
+@pytest.mark.parametrize("form", [*WEIGHT_FORMS, "bigslide_checkpoint", "dino_teacher"])
 def test_weights_load_as_other_tools_save_them(form: str, tmp_path: Path) -> None:
     torch.manual_seed(3)
     source = timm.create_model("test_resnet", num_classes=0)
@@ -374,6 +398,13 @@ def test_weights_load_as_other_tools_save_them(form: str, tmp_path: Path) -> Non
             "state_dict_key": {"state_dict": state, "epoch": 3},
             "model_key": {"model": state, "optimizer": {}},
             "ddp_prefix": {f"module.{k}": v for k, v in state.items()},
+            "backbone_prefix": {f"backbone.{k}": v for k, v in state.items()},
+            # a Lightning module holding it as model.backbone, beside its head
+            "lightning": {
+                "state_dict": {**{f"model.backbone.{k}": v for k, v in state.items()}, "head.w": 0}
+            },
+            "bigslide_checkpoint": {"model": {f"encoder.backbone.{k}": v for k, v in state.items()}},
+            "dino_teacher": {"teacher": {f"backbone.{k}": v for k, v in state.items()}, "student": {}},
         }[form]
         torch.save(saved, path)
     encoder = create_encoder("test_resnet", weights=path)
@@ -504,3 +535,80 @@ def test_a_plain_module_is_measured_on_the_runs_own_tiles(plain_modules: str) ->
         r"choose a data\.tile_size",
     ):
         create_encoder(f"{plain_modules}:OnlySmall", tile_side=64)
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "words"),
+    [
+        ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375), r"0\.\.255.*divide them by 255"),
+        ((0.5, 0.5, 0.5, 0.5), (0.2, 0.2, 0.2, 0.2), r"3 values each"),
+        ((0.5, 0.5, 0.5), (0.0, 0.2, 0.2), r"a std must be positive"),
+    ],
+)
+def test_a_normalisation_that_cannot_be_for_rgb_in_unit_range_is_named(
+    mean: tuple[float, ...], std: tuple[float, ...], words: str, plain_modules: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"model\.backbone: my_encoders:stated_norm states mean .*{words}"):
+        create_encoder(f"{plain_modules}:stated_norm", mean=mean, std=std)
+    assert create_encoder(f"{plain_modules}:stated_norm", mean=(0.5,), std=(0.2,)).dim == 2  # one for all
+
+
+def test_float64_features_are_named(plain_modules: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"my_encoders:Float64 returns float64 features; end it with \.float"
+    ):
+        create_encoder(f"{plain_modules}:Float64")
+
+
+def test_patchgd_measures_a_plain_module_on_its_patches(plain_modules: str) -> None:
+    from bigslide.methods.patchgd import _patch_encoder
+
+    encoder = _patch_encoder(ModelSpec(backbone=f"{plain_modules}:by_side"), 3, 32)
+    assert encoder(torch.rand(2, 3, 32, 32)).shape == (2, 3)  # 2 x 4 x 4 values projected, not 2 x 28 x 28
+
+
+def test_a_class_of_the_script_itself_is_warned_about_and_named_when_it_cannot_be_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys.modules["__main__"], "ScriptEncoder", lambda: nn.Flatten(), raising=False)
+    with pytest.warns(
+        UserWarning, match=r"__main__:ScriptEncoder is defined in this script.*move it into a module"
+    ):
+        assert create_encoder("__main__:ScriptEncoder", tile_side=4).dim == 48
+    monkeypatch.delattr(sys.modules["__main__"], "ScriptEncoder")
+    with pytest.raises(ConfigError, match=r"__main__:ScriptEncoder: AttributeError.*move it into a module"):
+        create_encoder("__main__:ScriptEncoder")
+
+
+def test_a_projected_hub_encoder_loads_its_weights_when_its_config_names_no_classifier(
+    hub_cache: Path,
+) -> None:
+    """PatchGD's projection (timm's num_classes) beside published weights that hold none: timm leaves it
+    out only when the configuration names the classifier, which put_in_cache's, like some labs', does not."""
+    encoder = create_encoder(f"hf-hub:{HUB_ID}", pretrained=True, out_dim=8)
+    torch.manual_seed(1)
+    published = timm.create_model("test_resnet", num_classes=0)
+    assert torch.equal(encoder.backbone.conv1[0].weight, published.conv1[0].weight)
+    assert encoder(torch.rand(2, 3, 32, 32)).shape == (2, 8)
+
+
+def test_hub_errors_name_the_cache_folder_and_an_architecture_timm_lacks(hub_cache: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(hub_cache))} here.*download bigslide-test/absent"
+    ):
+        create_encoder("hf-hub:bigslide-test/absent", pretrained=True)
+    put_in_cache(hub_cache, "lab/newer", "not_in_this_timm", {}, timm.create_model("test_resnet"))
+    with pytest.raises(
+        ConfigError,
+        match=r"hf-hub:lab/newer: its config.json names the architecture 'not_in_this_timm', which timm",
+    ):
+        create_encoder("hf-hub:lab/newer")
+
+
+def test_a_timm_model_of_one_input_size_timm_cannot_resize_names_the_tile_size() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"test_maxvit is built for 160 px inputs and fails on the 32 px tiles.*img_size: 32",
+    ):
+        create_encoder("test_maxvit", tile_side=32)
+    assert create_encoder("test_maxvit", tile_side=32, img_size=32)(torch.rand(2, 3, 32, 32)).shape[0] == 2

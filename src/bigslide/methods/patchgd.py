@@ -31,6 +31,7 @@ Z-block maps: `predict` returns `zblock_maps` on the patch grid; cell (r, c) cov
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import TYPE_CHECKING, ClassVar
@@ -290,7 +291,9 @@ def _encode(encoder: nn.Module, patches: torch.Tensor) -> torch.Tensor:
 
 def _patch_encoder(spec: ModelSpec, latent_dim: int, patch_size: int) -> Encoder:
     """The spec's encoder projecting each patch to `latent_dim`; models with a fixed input size (ViTs) are
-    built for `patch_size` so their position embeddings fit."""
+    built for `patch_size` so their position embeddings fit, and a plain module's width is measured on
+    patches, whose side it may depend on."""
+    spec = dataclasses.replace(spec, tile_side=patch_size)
     try:
         return spec.encoder(latent_dim, img_size=patch_size)
     except TypeError:  # the model takes any input size and has no img_size argument

@@ -25,6 +25,8 @@ from torch import nn
 
 from bigslide.errors import ConfigError
 from bigslide.nn.backbone_args import HUB_PREFIXES
+from bigslide.nn.timm_checks import check_tile_side, hub_classifier, unknown_to_timm
+from bigslide.nn.weights_file import load_weights
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -137,12 +139,12 @@ def create_encoder(
     """An encoder by name (see the module's notes for the three kinds of name).
 
     `pretrained=True` uses the hub's weights (timm's, or the `hf-hub:` repository's); `weights` loads a
-    local state dict instead (a `.safetensors` file, or a torch file of the state dict itself or holding
-    it under "state_dict" or "model"). `out_dim` adds a linear projection to that size (timm's
-    `num_classes`), e.g. PatchGD's latent size. `recipe`: a hub encoder's `hub_recipe`, saved in a
-    checkpoint: the model is built from it without the hub (its weights come from the checkpoint).
+    local state dict instead (`weights_file`: other tools' files, wrappers and prefixes). `out_dim` adds
+    a linear projection to that size (timm's `num_classes`), e.g. PatchGD's latent size. `recipe`: a hub
+    encoder's `hub_recipe`, saved in a checkpoint: the model is built from it without the hub (its
+    weights come from the checkpoint).
     `tile_side`: the side of the tiles it will encode, which a plain module's output is measured on
-    (None: PROBE_SIDE).
+    (None: PROBE_SIDE) and a timm model of one input size is tried on.
     """
     dim = None
     if recipe is not None:
@@ -156,19 +158,25 @@ def create_encoder(
         weights = None  # loaded into the module itself, before any projection
         mean, std = _normalisation(backbone)
     else:
-        if name.startswith(HUB_PREFIXES):
-            hub_recipe(name)  # the hub's configuration, or a ConfigError saying why it cannot be read
+        hub = hub_recipe(name)  # the hub's configuration, or a ConfigError saying why it cannot be read
+        if hub is not None and out_dim:
+            timm_kwargs = {**hub_classifier(hub), **timm_kwargs}
         try:
             backbone = _timm_model(
                 name, pretrained=pretrained and weights is None, num_classes=out_dim or 0, **timm_kwargs
             )
         except RuntimeError as err:  # timm raises RuntimeError for unknown names and misfit weights
-            raise ConfigError(f"model.backbone: {_misfit(name, err) or err}") from None
+            raise ConfigError(
+                f"model.backbone: {_misfit(name, err) or unknown_to_timm(name, hub, err)}"
+            ) from None
         except OSError as err:  # the hub's weights neither in the local cache nor reachable
-            raise ConfigError(f"model.pretrained: {name}: {_hub_error(err)}") from None
+            raise ConfigError(f"model.pretrained: {name}: {_hub_error(err, name)}") from None
         mean, std = _normalisation(backbone)
+    _check_normalisation(name, mean, std)
+    if tile_side is not None and not _is_import_path(name):
+        check_tile_side(backbone, name, tile_side)
     if weights is not None:
-        _load_weights(backbone, Path(weights), name)
+        load_weights(backbone, Path(weights), name)
     if _returns_tokens(backbone):
         if out_dim:
             backbone.reset_classifier(0)  # type: ignore[operator]  # projected after the pooling instead
@@ -202,6 +210,20 @@ def _normalisation(backbone: nn.Module) -> tuple[tuple[float, ...], tuple[float,
     return tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
 
 
+def _check_normalisation(name: str, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """A `ConfigError` where the mean/std a model states cannot normalise RGB in [0, 1] (bigslide's
+    tiles): 0..255 values (mmcv's, Caffe's), other than 1 or 3 channels, a std that is not positive."""
+    stated = f"model.backbone: {name} states mean {list(mean)}, std {list(std)} (its pretrained_cfg)"
+    if len(mean) not in (1, 3) or len(std) not in (1, 3):
+        raise ConfigError(f"{stated}: tiles are RGB, so 3 values each (or 1 for every channel)")
+    if min(std) <= 0:
+        raise ConfigError(f"{stated}: a std must be positive")
+    if max(*mean, *std) > 1:
+        raise ConfigError(
+            f"{stated}: values for pixels in 0..255, but encoders get RGB in [0, 1]: divide them by 255"
+        )
+
+
 def _timm_model(name: str, **kwargs: Any) -> nn.Module:
     """timm's model; one with a fixed input size (a ViT) built to take tiles of any size
     (`dynamic_img_size`: its position embeddings resampled to the tile's grid of patches, unchanged at
@@ -229,7 +251,7 @@ def hub_recipe(name: str) -> dict[str, Any] | None:
     try:
         cfg, architecture, model_args = load_model_config_from_hf(repo)
     except Exception as err:  # huggingface_hub's errors: offline and not cached, no such repository
-        raise ConfigError(f"model.backbone: {name}: {_not_timm(repo) or _hub_error(err)}") from None
+        raise ConfigError(f"model.backbone: {name}: {_not_timm(repo) or _hub_error(err, name)}") from None
     return {
         "architecture": architecture,
         "model_args": dict(model_args or {}),
@@ -263,11 +285,15 @@ def _not_timm(repo: str) -> str | None:
     )
 
 
-def _hub_error(err: BaseException) -> str:
+def _hub_error(err: BaseException, name: str) -> str:
+    from huggingface_hub import constants
+
+    repo = name.split(":", 1)[1] if name.startswith(HUB_PREFIXES) else "ORG/NAME"
     return (
         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (the model is read from the "
-        "Hugging Face cache, HF_HOME or ~/.cache/huggingface, when there is no network: download it there "
-        "once, e.g. `huggingface-cli download ORG/NAME`, on a machine that can)"
+        f"Hugging Face cache, {constants.HF_HUB_CACHE} here (HF_HOME, else ~/.cache/huggingface), when "
+        f"there is no network: download it there once, e.g. `huggingface-cli download {repo}`, on a machine "
+        "that can)"
     )
 
 
@@ -282,13 +308,26 @@ def _plain_module(
     arguments by default) with `weights` loaded, a feature map averaged to features, a linear projection
     to `out_dim` when asked, and its feature width, measured on blank tiles (`_measured_width`)."""
     module_name, _, attr = name.partition(":")
+    # a script's own class: its checkpoint builds it only inside that script, not in predict or napari
+    script = (
+        "; one defined in a script (__main__) is not: move it into a module"
+        if module_name == "__main__"
+        else ""
+    )
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise ConfigError(
             f"model.backbone: {name}: {type(err).__name__}: {err} (a plain module is named "
-            "'package.module:factory', importable where bigslide runs)"
+            f"'package.module:factory', importable where bigslide runs{script})"
         ) from None
+    if script:
+        warnings.warn(
+            f"model.backbone: {name} is defined in this script: `bigslide predict`, `heatmap` and napari "
+            "cannot import it to build the checkpoint's encoder; move it into a module",
+            UserWarning,
+            stacklevel=3,
+        )
     try:
         made = factory(**kwargs)
     except TypeError as err:
@@ -300,7 +339,7 @@ def _plain_module(
     if not isinstance(made, nn.Module):
         raise ConfigError(f"model.backbone: {name} returned a {type(made).__name__}, not a torch nn.Module")
     if weights is not None:
-        _load_weights(made, Path(weights), name)
+        load_weights(made, Path(weights), name)
     if _returns_tokens(made):
         made = TokenPool(made)
     stated = getattr(made, "num_features", None)
@@ -331,7 +370,7 @@ def _measured_width(module: nn.Module, name: str, stated: int | None, side: int 
         if stated is not None and side is None:
             return stated, False
         cure = (
-            "choose a data.tile_size it takes"
+            "choose a data.tile_size (PatchGD: method.params.patch_size) it takes"
             if side is not None
             else "give the module a `num_features` attribute (its output width) if it needs another tile size"
         )
@@ -348,6 +387,8 @@ def _measured_width(module: nn.Module, name: str, stated: int | None, side: int 
             "encoder returns (tiles, features) or a (tiles, channels, height, width) feature map: for tokens "
             "or a model output object, end it with the pooling you want (e.g. the class token)"
         )
+    if out.dtype == torch.float64:  # the MIL heads and projections are float32
+        raise ConfigError(f"model.backbone: {name} returns float64 features; end it with .float()")
     if stated is not None and stated != out.shape[1]:
         # a timm model made with its classifier states its features' width but returns class scores
         warnings.warn(
@@ -357,59 +398,3 @@ def _measured_width(module: nn.Module, name: str, stated: int | None, side: int 
             stacklevel=4,
         )
     return int(out.shape[1]), out.ndim == 4
-
-
-def _load_weights(backbone: nn.Module, path: Path, name: str) -> None:
-    """`path`'s state dict into `backbone`; a `ConfigError` naming the file when it does not fit."""
-    if not path.is_file():
-        raise ConfigError(f"model.weights: no such file {path}")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state: Any = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        detail = f"{type(err).__name__}: {err}"
-        raise ConfigError(f"model.weights: {path} is not a state dict ({detail})") from None
-    for key in ("state_dict", "model"):  # a training script's checkpoint around the state dict
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict):
-        raise ConfigError(f"model.weights: {path} holds a {type(state).__name__}, not a state dict")
-    if state and all(k.startswith("module.") for k in state):  # saved from DistributedDataParallel
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-    # the file's classifier (ImageNet's 1,000 classes, another task's) is never the encoder's: left out
-    heads = _classifier_names(backbone)
-    state = {k: v for k, v in state.items() if not _under(k, heads)}
-    own = backbone.state_dict()
-    misfit = [
-        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
-        for k, v in state.items()
-        if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape
-    ]
-    if misfit:
-        raise ConfigError(
-            f"model.weights: {path} does not fit {name}: shapes differ for {', '.join(misfit[:5])}"
-        )
-    missing, unexpected = backbone.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not _under(k, heads)]
-    if missing or unexpected:
-        raise ConfigError(
-            f"model.weights: {path} does not fit {name}: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
-        )
-
-
-def _classifier_names(model: nn.Module) -> tuple[str, ...]:
-    """The modules of `model` that are its classifier: as its timm configuration names them (`head.fc` for
-    ConvNeXt, whose `head.norm` is not), else `fc`, `head` and `classifier`."""
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    named = cfg.get("classifier") if isinstance(cfg, dict) else None
-    names = (named,) if isinstance(named, str) else tuple(named or ())
-    return names or ("fc", "head", "classifier")
-
-
-def _under(key: str, modules: tuple[str, ...]) -> bool:
-    return any(key == m or key.startswith(f"{m}.") for m in modules)
