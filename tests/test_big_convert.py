@@ -138,3 +138,9 @@ def test_make_big_rejects_what_it_cannot_convert() -> None:
         make_big(model, 1, 2**20)
     with pytest.raises(ConfigError, match="budget"):
         model(torch.rand(2, 3, 32, 32))  # 256 KiB cannot hold layer1's weights and their gradients
+
+
+def test_a_stem_without_batchnorm_asks_for_another_backbone_not_fewer_stages() -> None:
+    """The stem is always converted: with a GroupNorm in it, no number of stages keeps it native."""
+    with pytest.raises(ConfigError, match=r"bn1 \(GroupNorm\) .* stem of Conv2d, BatchNorm2d"):
+        make_big(timm.create_model("resnet50_gn", num_classes=0), 0, 2**20)

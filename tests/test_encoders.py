@@ -202,7 +202,7 @@ def test_layers_a_model_card_passes_to_timm_are_backbone_args_and_travel_with_th
     with pytest.raises(ConfigError, match=r"model.backbone_args.act_layer: torch.nn.Silu names no object"):
         TrainConfig.from_dict({"model": {"backbone_args": {**CARD_ARGS, "act_layer": "torch.nn.Silu"}}})
 
-    with pytest.raises(ConfigError, match=r"model.backbone_args: test_vit does not take them .*mlp_layers"):
+    with pytest.raises(ConfigError, match=r"model.backbone_args: test_vit failed with them .*mlp_layers"):
         ModelSpec(backbone="test_vit", backbone_args={"mlp_layers": "timm.layers.SwiGLUPacked"}).encoder()
 
     config = small_config(slide_csv, tmp_path / "run", "hf-hub:lab/card")

@@ -143,7 +143,10 @@ class ModelSpec:
         except TypeError as err:
             if kwargs or not self.backbone_args:
                 raise  # the method's own arguments: it may build the encoder again without them
-            raise ConfigError(f"model.backbone_args: {self.backbone} does not take them ({err})") from None
+            raise ConfigError(
+                f"model.backbone_args: {self.backbone} failed with them (TypeError: {err}): an argument it "
+                "does not take, or a value of the wrong type"
+            ) from None
 
 
 P = TypeVar("P", bound=MethodParams)

@@ -36,9 +36,15 @@ def _convert(module: nn.Module, budget_bytes: int, path: str) -> nn.Module:
     for name, child in module.named_children():
         setattr(module, name, _convert(child, budget_bytes, f"{path}.{name}"))
     if any(p is not None for p in module._parameters.values()):
+        # the stem is always converted: fewer stages cannot keep one of its layers native
+        cure = (
+            "Big-Layers need a stem of Conv2d, BatchNorm2d, ReLU and MaxPool2d (resnet18, resnet50, "
+            "resnet18d…): choose such a backbone"
+            if path.split(".")[0] in _STEM
+            else "lower method.params.stages so it stays native"
+        )
         raise ConfigError(
-            f"model.backbone: {path} ({kind.__name__}) has parameters but no Big-Layer version; "
-            "lower `stages` so it stays native"
+            f"model.backbone: {path} ({kind.__name__}) has parameters but no Big-Layer version; {cure}"
         )
     return module
 
