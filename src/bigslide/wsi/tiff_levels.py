@@ -81,7 +81,9 @@ def check_colours(path: Path, handle: Any) -> None:
         raise SlideError(
             f"{path}: its pixels are {said}, not grey or RGB; save the slide as RGB (or greyscale) first"
         )
-    if photometric == 1 and samples > 2:  # grey and alpha is two; more are channels (extra samples)
+    # grey and alpha is two samples; three flagged grey are read as RGB, as tiffslide reads them (writers
+    # mislabel RGB so); more are channels, whose first three are no red, green and blue
+    if photometric == 1 and samples > 3:
         raise SlideError(
             f"{path}: an image of {samples} channels (a fluorescence or multispectral image?), not grey or "
             "RGB; bigslide reads brightfield RGB slides"
