@@ -489,3 +489,30 @@ def test_pressing_draw_puts_its_words_on_screen_before_napari_makes_the_outline_
     before = order.painted_before_the_first_layer()
     assert any(text.startswith("Drawing 'tumor' on slide_000") for text in before), order.seen
     assert box.layer().mode == "add_polygon"
+
+
+def test_an_outline_picked_with_the_select_tool_takes_the_class_chosen_then_and_is_saved_with_it(
+    viewer: Any, dock: Any, tiny_set: Path, tmp_path: Path
+) -> None:
+    """A pathologist who drew an outline in the wrong class picks it (select tool) and chooses the right
+    class: the outline takes it, in its colour, and Save writes it, not the class it was drawn with."""
+    import shutil
+
+    copied = shutil.copytree(tiny_set.parent, tmp_path / "set", ignore=shutil.ignore_patterns("annotations"))
+    _slides, panel, layer = annotated_panel(viewer, dock, Path(copied) / tiny_set.name)
+    box = panel.annotate
+    layer.mode = "select"
+    layer.selected_data = {0}  # the tumor outline
+    box.class_box.setCurrentText("normal")
+    assert list(layer.features["class"]) == ["normal", NOT_LESION]
+    layer.selected_data = {0}
+    box.class_box.setCurrentText(NOT_LESION)  # as the last outline was drawn: chosen again from the list
+    box.class_box.activated.emit(box.class_box.currentIndex())
+    assert list(layer.features["class"]) == [NOT_LESION, NOT_LESION]
+    classes = [box.class_box.itemText(i) for i in range(box.class_box.count())]
+    expected = np.array([*class_colour(NOT_LESION, classes), 255]) / 255
+    np.testing.assert_allclose(layer.edge_color[0], expected, atol=1 / 255)
+    assert "now 'Not lesion'" in box.status.text()
+    saved = box.save()
+    assert saved is not None
+    assert [a.name for a in read_annotations(saved)] == [NOT_LESION, NOT_LESION]

@@ -202,3 +202,28 @@ def test_the_first_heatmap_gets_its_colour_bar_with_every_end_label_in_view(
     qtbot.waitUntil(lambda: legend.visible)
     assert legend.position == "top_left"  # napari's notifications rise at the bottom right
     assert layer.name in legend.text
+
+
+def test_a_label_or_split_typed_against_its_case_refuses_start_naming_the_slides(
+    dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any]
+) -> None:
+    """Slides of one patient (the table's case column) must agree: a label or split typed over one of them
+    refuses Start, naming the slides, instead of a run that stops a few seconds in on its own copy's row."""
+    rows = [line.split(",") for line in tiny_set.read_text().splitlines()[1:]]
+    cased = tmp_path / "cases.csv"
+    lines = ["slide,label,split,case"]
+    lines += [f"{tiny_set.parent / r[0]},{r[1]},,{r[1]}-patient" for r in rows]
+    cased.write_text("\n".join(lines) + "\n")
+    widget = train_panel(dock, cased, tmp_path / "runs", "abmil_acc")
+    slides = dock("Slides")
+    runs_before = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
+    other = "normal" if slides.session.rows[0].label == "tumor" else "tumor"
+    slides.set_label(0, other)  # typed over one slide of its case
+    assert slides.session.rows[0].label == other
+    assert widget.start() is None
+    status = widget.status.text()
+    assert status.startswith("Not started:"), status
+    assert "case '" in status, status
+    assert slides.session.rows[0].path.name in status, status
+    assert "Slides panel" in status
+    assert list((tmp_path / "runs").glob("*")) == runs_before  # no run folder left behind

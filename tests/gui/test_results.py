@@ -343,3 +343,22 @@ def test_a_map_for_a_slide_closed_meanwhile_says_so(viewer: Any, dock: Any) -> N
     viewer.layers.remove(slide)  # closed while its map was computed
     panel.show_prediction(object(), slide)
     assert panel.result.text() == f"{slide.name} was closed before its map was ready: no map drawn."
+
+
+def test_a_slide_stating_no_pixel_size_is_refused_naming_the_slides_panel_field(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, make_slide: Any
+) -> None:
+    """The Results panel says where to type the scanner's µm/px, not the config key of the command line."""
+    checkpoint = tiny_checkpoint(tiny_set, tmp_path / "run", "abmil_acc", {"hidden": 32, "attention_dim": 16})
+    with open_slide(tiny_set.parent / "slide_000.svs") as source:
+        pixels = np.asarray(source.read_region((0, 0), 0, source.dimensions))[..., :3]
+    written = make_slide(pixels, flavour="tiff", mpp=None, name="unstated-results")
+    viewer.open(written.path, plugin="bigslide")
+    panel = dock("Results")
+    panel.checkpoint.setText(str(checkpoint))
+    panel.device.setCurrentText("cpu")
+    assert panel.run() is not None
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=60_000)
+    text = panel.result.text()
+    assert "'slide µm/px if unstated'" in text, text
+    assert "data.slide_mpp" not in text

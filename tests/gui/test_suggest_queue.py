@@ -161,3 +161,30 @@ def test_several_lesion_classes_get_a_key_each() -> None:
         "carcinoma": "C",
         "sarcoma": "R",
     }
+
+
+def test_keys_on_the_canvas_after_the_results_panel_is_closed_save_nothing_and_stop_the_queue(
+    viewer: Any, dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, notifications: list[Any]
+) -> None:
+    """napari keeps a closed panel alive, unparented: the queue's keys must not go on saving answers that
+    nobody sees; the key is refused in words and the keys are given back."""
+    from bigslide.explain.suggest import Suggestion
+
+    copied = shutil.copytree(tiny_set.parent, tmp_path / "set", ignore=shutil.ignore_patterns("annotations"))
+    tiny_set = Path(copied) / tiny_set.name
+    slides = dock("Slides")
+    slides.load_csv(tiny_set)
+    panel = dock("Results")
+    box = panel.suggest
+    slide = (tiny_set.parent / "slide_000.svs").resolve()
+    places = [
+        Suggestion(slide, (64.0 * k, 64.0, 64.0 * k + 96, 160.0), "uncertain", "moves", 0.5) for k in (1, 2)
+    ]
+    box.show_queue(places)
+    canvas = viewer.window._qt_viewer.canvas.native
+    viewer.window.remove_dock_widget(panel)  # the x on its title bar
+    qtbot.keyClick(canvas, Qt.Key.Key_L)
+    assert saved_files(tiny_set) == {}
+    assert box.current() is None  # the queue stopped
+    assert not {"L", "N", "S"} & {str(k) for k in viewer.keymap}
+    assert any("saved nothing" in str(n.message) for n in notifications)

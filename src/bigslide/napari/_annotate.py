@@ -133,6 +133,8 @@ class AnnotateBox(QGroupBox):
         self.save_button.clicked.connect(lambda: self.save())
         self.load_button.clicked.connect(lambda: self.load())
         self.class_box.currentTextChanged.connect(self._on_class)
+        # chosen again as it stands (an outline picked to take the class shown): no change signal
+        self.class_box.activated.connect(lambda _index: self._on_class(self.class_box.currentText()))
         buttons = QHBoxLayout()
         for button in (self.draw_button, self.save_button, self.load_button):
             buttons.addWidget(button)
@@ -158,12 +160,25 @@ class AnnotateBox(QGroupBox):
     def _on_class(self, name: str) -> None:
         slide = self.slide_layer()
         layer = annotation_layer(self.viewer, slide.metadata["path"]) if slide is not None else None
-        if layer is not None and name:
-            # napari gives the selected shapes the current colour: the outline just drawn (still selected)
-            # keeps its own class's colour when the class of the next one is chosen
-            layer.selected_data = set()
+        if layer is None or not name:
+            return
+        colour = hex_colour(class_colour(name, self._classes()))
+        picked = sorted(layer.selected_data) if layer.mode in ("select", "direct") else []
+        if picked:
+            # outlines picked with the select tool: choosing a class relabels them, as a person means it
+            # (left alone, they would be saved and taught with the class they were drawn with)
+            features = layer.features.copy()
+            features.iloc[picked, features.columns.get_loc(CLASS)] = name
+            layer.features = features
+            layer.current_edge_color = colour  # napari colours the selected shapes
             layer.feature_defaults = {CLASS: name}
-            layer.current_edge_color = hex_colour(class_colour(name, self._classes()))
+            self.status.setText(f"{counted(len(picked), 'outline')} now '{name}'; press Save to keep it.")
+            return
+        # napari gives the selected shapes the current colour: the outline just drawn (still selected)
+        # keeps its own class's colour when the class of the next one is chosen
+        layer.selected_data = set()
+        layer.feature_defaults = {CLASS: name}
+        layer.current_edge_color = colour
 
     def _classes(self) -> list[str]:
         return [self.class_box.itemText(i) for i in range(self.class_box.count())]

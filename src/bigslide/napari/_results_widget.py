@@ -34,6 +34,7 @@ from bigslide.napari._prediction_line import prediction_line
 from bigslide.napari._qt import later, path_row, percent_slider, scrolled, set_items
 from bigslide.napari._retrain import RetrainBox
 from bigslide.napari._roles import find_layer, layers_with_role, slide_layers
+from bigslide.napari._run import in_panel_words
 from bigslide.napari._suggest_queue import SuggestBox
 from bigslide.napari._toasts import show_error
 
@@ -215,7 +216,10 @@ class ResultsWidget(HeatmapExports, Panel):
             _ignore_errors=True,
         )
         worker.returned.connect(lambda prediction: self.show_prediction(prediction, slide))
-        worker.errored.connect(lambda err: self._fail(f"Inference failed on {slide.name}: {err}"))
+        # the engine's words name config keys (data.slide_mpp); the panel names its fields instead
+        worker.errored.connect(
+            lambda err: self._fail(in_panel_words(f"Inference failed on {slide.name}: {err}"))
+        )
         worker.finished.connect(self._on_finished)
         self.worker = worker
         self.run_button.setEnabled(False)

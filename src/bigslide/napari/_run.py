@@ -19,6 +19,7 @@ from bigslide.errors import DataError, TrainingError
 if TYPE_CHECKING:
     import napari
 
+    from bigslide.data.table import SlideEntry, SlideTable
     from bigslide.engine.events import Event
     from bigslide.napari._session import Session
 
@@ -63,10 +64,44 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
             "no slide is left for validation, so nothing would say whether the model learns: set one "
             "slide's Split to 'val' in the Slides panel, or leave at least three on 'auto'"
         )
+    problems += case_problems(table)
     if session.slide_mpp is None:
         unstated = [e.path.name for e in table.entries if stated_mpp.get(e.path.resolve()) is False]
         if unstated:
             problems.append(f"{', '.join(unstated)}: the file states no pixel size; enter {FALLBACK_FIELD}")
+    return problems
+
+
+def case_problems(table: SlideTable) -> list[str]:
+    """Slides of one case (the table's case column) that disagree on what the task learns or on their
+    split, named as the Slides table shows them: the run reads its copy of the table back and would stop
+    a few seconds in, naming a row of that copy, a file the user never wrote."""
+    from bigslide.data.table import TASK_COLUMNS
+
+    columns = TASK_COLUMNS[table.task]
+    cases: dict[str, list[SlideEntry]] = {}
+    for entry in table.entries:
+        if entry.case is not None:
+            cases.setdefault(entry.case, []).append(entry)
+    problems = []
+    for case, entries in cases.items():
+        first = entries[0]
+        other = next((e for e in entries if e.outcome(table.task) != first.outcome(table.task)), None)
+        if other is not None:
+            said = [
+                ", ".join(f"{c} {v}" for c, v in zip(columns, e.outcome(table.task))) for e in (first, other)
+            ]
+            problems.append(
+                f"case '{case}': {first.path.name} has {said[0]} but {other.path.name} {said[1]}; a case's "
+                f"slides must agree: give them one {' and '.join(columns)} in the Slides panel"
+            )
+        other = next((e for e in entries if e.split != first.split), None)
+        if other is not None:
+            problems.append(
+                f"case '{case}': {first.path.name} is in split {first.split or 'auto'} but "
+                f"{other.path.name} in {other.split or 'auto'}; a case's slides must be on one side: give "
+                "them one Split in the Slides panel"
+            )
     return problems
 
 

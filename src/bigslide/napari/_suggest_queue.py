@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from napari.qt.threading import create_worker
 from qtpy.QtCore import QEvent, QObject, Qt
 from qtpy.QtGui import QKeyEvent
-from qtpy.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from qtpy.QtWidgets import (
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from bigslide.explain.suggest import (
     HIGH,
@@ -32,7 +41,8 @@ from bigslide.napari._layers import polygons_to_shapes, regions_layer_kwargs
 from bigslide.napari._number import NumberField
 from bigslide.napari._placement import placement_of, show_area
 from bigslide.napari._roles import remove_layers, slide_layers
-from bigslide.napari._toasts import show_error
+from bigslide.napari._run import in_panel_words
+from bigslide.napari._toasts import show_error, show_warning
 from bigslide.tiling.annotations import NOT_LESION, annotations_path, class_colour
 from bigslide.words import counted
 
@@ -171,7 +181,7 @@ class SuggestBox(QGroupBox):
             _ignore_errors=True,
         )
         worker.returned.connect(self.show_queue)
-        worker.errored.connect(lambda err: self._fail(f"No place to suggest: {err}"))
+        worker.errored.connect(lambda err: self._fail(in_panel_words(f"No place to suggest: {err}")))
         worker.finished.connect(self._on_finished)
         self.worker = worker
         self.suggest_button.setEnabled(False)
@@ -202,7 +212,7 @@ class SuggestBox(QGroupBox):
         self.keys = {**answer_keys(lesions), NOT_LESION: "N", SKIP: "S"}
         self._make_buttons([*lesions, NOT_LESION, SKIP])
         for answer, key in self.keys.items():
-            on_key = lambda _viewer, a=answer: self.answer(a)  # noqa: E731 - napari binds the viewer to it
+            on_key = lambda _viewer, a=answer: self._on_canvas_key(a)  # noqa: E731 - napari binds the viewer
             self.unbound[key] = self.viewer.bind_key(key, on_key, overwrite=True)
         slides = len({s.slide for s in suggestions})
         note = flat_attention(suggestions)
@@ -300,6 +310,18 @@ class SuggestBox(QGroupBox):
             self.show_place()
         return saved
 
+    def _on_canvas_key(self, answer: str) -> None:
+        """A key on the canvas answers only while the queue is on screen, never unseen (a closed panel)."""
+        top = self.window() or self  # a closed panel is its own window; a floating dock's parent is napari's
+        if (top.parentWidget() is not None or isinstance(top, QMainWindow)) and self.isVisibleTo(top):
+            self.answer(answer)
+            return
+        self.end()
+        show_warning(
+            "Where to look next is not on screen (its panel was closed or hidden): that key saved "
+            "nothing and the queue was stopped; press Suggest places again to go on."
+        )
+
     def _save(self, s: Suggestion, answer: str) -> Path | None:
         from bigslide.errors import BigslideError
 
@@ -357,9 +379,10 @@ class SuggestBox(QGroupBox):
         self.queue, self.index = [], 0
 
     def eventFilter(self, watched: QObject | None, event: QEvent | None) -> bool:  # noqa: N802 - Qt override
-        if self.keys and isinstance(event, QKeyEvent) and event.type() == QEvent.Type.KeyPress:
+        keys = getattr(self, "keys", None)  # a closed panel's filter may see keys while it is torn down
+        if keys and isinstance(event, QKeyEvent) and event.type() == QEvent.Type.KeyPress:
             plain = not event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
-            answer = next((a for a, k in self.keys.items() if k == event.text().upper()), None)
+            answer = next((a for a, k in keys.items() if k == event.text().upper()), None)
             if plain and answer is not None:
                 self.answer(answer)
                 return True
