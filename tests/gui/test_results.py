@@ -362,3 +362,32 @@ def test_a_slide_stating_no_pixel_size_is_refused_naming_the_slides_panel_field(
     text = panel.result.text()
     assert "'slide µm/px if unstated'" in text, text
     assert "data.slide_mpp" not in text
+
+
+@pytest.mark.parametrize(
+    ("tumour", "shown"), [(0.5454, "tumor 0.5454"), (0.5512, "tumor 0.55"), (0.30, "tumor 0.30")]
+)
+def test_probabilities_never_read_on_the_wrong_side_of_the_threshold(tumour: float, shown: str) -> None:
+    """At two decimals 0.5454 reads 0.55, above a threshold of 0.5462 it is below: the line then
+    contradicted its own call ("normal (normal 0.45, tumor 0.55)", "decision: P(tumor) >= 0.5462")."""
+    from types import SimpleNamespace
+
+    from bigslide.engine.decision import Decision
+    from bigslide.napari._prediction_line import prediction_line
+
+    decision = Decision(threshold=0.5462, source="validation", balanced_accuracy=1.0, epoch=2)
+    label = "tumor" if tumour >= decision.threshold else "normal"
+    prediction = SimpleNamespace(
+        task="classification",
+        classes=["normal", "tumor"],
+        probs=[1 - tumour, tumour],
+        label=label,
+        epochs=3,
+        thinned=1,
+        decision=decision,
+        read_mpp=1.0,
+    )
+    line = prediction_line(prediction, "slide_001", None, None)
+    assert f"<b>{label}</b> (normal " in line
+    assert f"{shown})" in line
+    assert "P(tumor) >= 0.5462" in line

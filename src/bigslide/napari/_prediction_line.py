@@ -21,7 +21,8 @@ def prediction_line(prediction: Any, slide: str, scanned_mpp: float | None, row:
     """`slide`'s prediction in rich text: its call and probabilities (or its context), the epochs trained,
     the decision rule, the Slides table's `row` beside it, and notes on a preview or a coarse scan."""
     if prediction.task == "classification":
-        detail = ", ".join(f"{c} {p:.2f}" for c, p in zip(prediction.classes, prediction.probs))
+        digits = _digits(prediction)
+        detail = ", ".join(f"{c} {p:.{digits}f}" for c, p in zip(prediction.classes, prediction.probs))
     else:
         detail = prediction.context()
     trained = f" after {prediction.epochs} epoch{'s' * (prediction.epochs != 1)}" if prediction.epochs else ""
@@ -36,6 +37,16 @@ def prediction_line(prediction: Any, slide: str, scanned_mpp: float | None, row:
     scan = coarser_scan(scanned_mpp, prediction.read_mpp)
     scan = f"<br><i>This slide was {scan}.</i>" if scan else ""
     return f"{slide}{trained}: <b>{prediction.label}</b> ({detail}){decision}{coarse}{scan}"
+
+
+def _digits(prediction: Any) -> int:
+    """Decimals the probabilities are shown with: 2, or 4 where P(class 1) at 2 would read on the other
+    side of the decision's threshold ("normal (normal 0.45, tumor 0.55)" beside "P(tumor) >= 0.5462")."""
+    decision = prediction.decision
+    if decision is None or decision.source == "argmax" or len(prediction.probs) != 2:
+        return 2
+    p = float(prediction.probs[1])
+    return 4 if (round(p, 2) >= decision.threshold) != (p >= decision.threshold) else 2
 
 
 def _against_table(prediction: Any, row: SlideRow | None) -> str:
