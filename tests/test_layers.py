@@ -95,6 +95,7 @@ def test_prediction_reads_the_checkpoint_first_and_calls_up_only_to_hand_work_do
     # the command line read (a run's folder standing for its checkpoint), then the checkpoint
     rooms = [
         "bigslide.cli.main",
+        "bigslide.cli.train",  # the flags predict shares with train (--slide-mpp)
         "bigslide.plan.arguments",
         "bigslide.engine.run_folder",
         "bigslide.cli.predict",
