@@ -381,6 +381,8 @@ def _bad_file(kind: str, folder: Path, good: Path) -> Path:
             ends = max(o + n for o, n in zip(level0.dataoffsets, level0.databytecounts))
             following = min(page.offset for page in tif.pages[1:] if page.offset > ends)
         path.write_bytes(data[:following])
+    elif kind == "header_only":  # a TIFF header whose first page offset is 0: no image at all
+        path.write_bytes(b"II*\x00" + bytes(2000))
     elif kind == "grey16":
         tifffile.imwrite(path, np.zeros((64, 64), np.uint16), tile=(16, 16))
     return path
@@ -396,6 +398,7 @@ def _bad_file(kind: str, folder: Path, good: Path) -> Path:
         "truncated_header",
         "truncated_half",
         "cut_before_its_pyramid",
+        "header_only",
         "grey16",
     ],
 )
@@ -407,6 +410,8 @@ def test_bad_files_raise_slide_error_naming_path(tmp_path: Path, svs_slide: Writ
     assert "this environment has" not in str(info.value)  # the readers' versions fit: the file is at fault
     if kind == "cut_before_its_pyramid":
         assert "the file is cut short" in str(info.value)
+    if kind == "header_only":
+        assert "holds no image" in str(info.value)
 
 
 def test_a_cut_file_is_said_once_without_tifffiles_log(

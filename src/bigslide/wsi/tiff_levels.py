@@ -181,6 +181,10 @@ def check_complete(path: Path, handle: Any) -> None:
     lies past the end of the file (a truncated copy: the pages lost are often the pyramid's levels)."""
     size = path.stat().st_size
     tif = handle.ts_tifffile
+    if not len(tif.pages):
+        raise SlideError(
+            f"{path}: it begins as a TIFF file but holds no image (damaged, or its writing never finished)"
+        )
     following = _next_page_offset(tif)
     if following >= size:
         raise SlideError(
