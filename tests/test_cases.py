@@ -167,3 +167,25 @@ def test_a_case_that_fails_says_its_error_once(tmp_path: Path) -> None:
     )
     with path.open() as f:
         assert [(r["case"], r["error"]) for r in csv.DictReader(f)] == [("p1", error)]
+
+
+def test_a_slide_moved_into_another_case_is_predicted_again_with_its_new_case(
+    cases_csv: Path, trained: Path, tmp_path: Path
+) -> None:
+    """A rerun kept each slide's row of its old case: the grown case's prediction was still its old one."""
+    out = tmp_path / "p"
+    args = ["--checkpoint", str(trained), "--no-heatmaps", "--quiet"]
+    assert main(["predict", "--slides", str(cases_csv), "--out", str(out), *args]) == 0
+    with cases_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    first = rows[0]
+    moved = next(r for r in rows if r["case"] != first["case"] and r["label"] == first["label"])
+    moved["case"], moved["split"] = first["case"], first["split"]
+    table = cases_csv.parent / "moved.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main(["predict", "--slides", str(table), "--out", str(out), *args]) == 0
+    assert main(["predict", "--slides", str(table), "--out", str(tmp_path / "fresh"), *args]) == 0
+    assert (out / "predictions.csv").read_text() == (tmp_path / "fresh" / "predictions.csv").read_text()

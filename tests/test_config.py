@@ -29,6 +29,26 @@ def test_relative_csv_is_resolved_against_the_config_folder(tmp_path: Path) -> N
     assert TrainConfig.from_yaml(path).data.csv == str((tmp_path / "slides.csv").resolve())
 
 
+def test_paths_starting_with_a_tilde_are_in_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-written config naming ~/... was read (and its run folder made) under a folder named ~."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "data: {csv: ~/slides.csv, features: ~/features}\n"
+        "model: {weights: ~/uni.safetensors, init_from: ~/first/last.pt}\n"
+        "run: {out_dir: ~/runs/second}\n"
+    )
+    config = TrainConfig.from_yaml(path)
+    home = tmp_path / "home"
+    assert config.data.csv == str(home / "slides.csv")
+    assert config.data.features == str(home / "features")
+    assert config.model.weights == str(home / "uni.safetensors")
+    assert config.model.init_from == str(home / "first" / "last.pt")
+    assert config.run.out_dir == str(home / "runs" / "second")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

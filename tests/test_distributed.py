@@ -191,3 +191,45 @@ def test_ranks_validate_and_score_their_shares_and_rank_0_reports_what_one_proce
         assert [r["epoch"] for r in single if "val" in r] == [r["epoch"] for r in ddp if "val" in r] == [0]
         assert ddp[0]["val"] == single[0]["val"], name  # the two validation slides, on two of the ranks
         assert ddp[-1]["test"] == single[-1]["test"], name
+
+
+@pytest.mark.slow
+def test_training_metrics_of_two_ranks_count_each_training_slide_once(
+    slide_csv: Path, tmp_path: Path
+) -> None:
+    """metrics.json's train figures were rank 0's share alone, padding included: with three training slides,
+    two of them (one also trained on rank 1). They are now every rank's, each slide once: one process's."""
+    import csv
+    import json
+    import os
+
+    with slide_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    train_rows = [r for r in rows if r["split"] == "train"]
+    if len(train_rows) % 2 == 0:  # an odd count: the shares are padded
+        rows.remove(train_rows[0])
+    table = slide_csv.parent / "odd.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    records = {}
+    for name, ranks in (("single", 1), ("ddp", 2)):
+        config = config_for(table, tmp_path / name, accumulate=1, max_steps=100)
+        config.optim.lr = 1e-12  # both runs score the same weights
+        config.run.tensorboard = False
+        cfg = config.to_yaml(tmp_path / f"{name}.yaml")
+        prefix = [sys.executable]
+        if ranks > 1:
+            prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+        done = subprocess.run(
+            [*prefix, "-m", "bigslide", "train", str(cfg), "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        records[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert records["ddp"][0]["train"] == records["single"][0]["train"]

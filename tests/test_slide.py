@@ -753,3 +753,13 @@ def test_pixels_that_are_no_grey_or_rgb_colours_are_refused_by_name(
     with pytest.raises(SlideError, match=said) as info:
         open_slide(path)
     assert str(path) in str(info.value)
+
+
+def test_a_path_starting_with_a_tilde_opens_from_the_home_folder(
+    svs_slide: WrittenSlide, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables read ~/... as the home folder; open_slide (and so predict_slide) said no such slide file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "scan.svs").symlink_to(svs_slide.path)
+    with open_slide("~/scan.svs") as slide:
+        assert slide.dimensions == svs_slide.levels[0].shape[1::-1]

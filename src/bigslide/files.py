@@ -104,3 +104,9 @@ def link_or_copy(source: Path, target: Path) -> Path:
         except OSError:  # another file system, or one without links
             shutil.copyfile(source, tmp)
     return target
+
+
+def expand_home(path: str | None) -> str | None:
+    """`path` with a leading `~` made the user's home folder, as a shell would: a config written by hand
+    naming `~/slides.csv` was otherwise read as a folder named `~` in the working folder (and one made)."""
+    return os.path.expanduser(path) if isinstance(path, str) and path.startswith("~") else path

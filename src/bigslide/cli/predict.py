@@ -188,10 +188,11 @@ def predict_to(
         "repeats": repeats,
         "slide_mpp": fallback_mpp,
     }
+    row_settings = slide_rows.settings_by_row(table, settings)
     todo = [
         i
         for i, e in enumerate(table.entries)
-        if overwrite or not slide_rows.kept(out, e.path, settings, heatmaps=heatmaps)
+        if overwrite or not slide_rows.kept(out, e.path, row_settings[i], heatmaps=heatmaps)
     ]
     skipped = len(table) - len(todo)
     todo = rank_share(table, todo, ranks.rank, ranks.world)
@@ -229,10 +230,8 @@ def predict_to(
         writer = ThreadPoolExecutor(1, thread_name_prefix="bigslide-write")
         try:
             for outcome in outcomes:
-                name = names[Path(outcome.result.slide)]
-                writes.append(
-                    (outcome, writer.submit(_write, out, outcome, settings, heatmaps, slides, name))
-                )
+                name, as_set = names[Path(outcome.result.slide)], row_settings[outcome.index]
+                writes.append((outcome, writer.submit(_write, out, outcome, as_set, heatmaps, slides, name)))
                 settle(WRITES_AHEAD)
                 if stop.is_set():
                     stopped = True

@@ -94,6 +94,18 @@ def read_row(out: Path, slide: Path) -> dict[str, Any] | None:
     return row if isinstance(row, dict) and row.get("slide") == str(slide) else None
 
 
+def settings_by_row(table: SlideTable, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each row's settings: a slide of a case of several also keeps its case's slides, since the case's
+    prediction is made from all of them (a slide moved into or out of a case makes its rows stale)."""
+    by_row: list[dict[str, Any]] = [settings] * len(table.entries)
+    for rows in table.cases().values():
+        if len(rows) > 1:
+            case = {**settings, "case_slides": [str(table.entries[r].path) for r in rows]}
+            for r in rows:
+                by_row[r] = case
+    return by_row
+
+
 def kept(out: Path, slide: Path, settings: dict[str, Any], *, heatmaps: bool) -> bool:
     """Whether an earlier run's outputs for `slide` stand for this run: a prediction (not an error) with
     the same settings, and its heatmaps on disk when this run wants them."""

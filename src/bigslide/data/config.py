@@ -7,6 +7,7 @@ from typing import Literal
 
 from bigslide.coerce import check_ranges
 from bigslide.errors import ConfigError
+from bigslide.files import expand_home
 from bigslide.tiling.pixel_classes import PEN_FLATNESS, TissueSettings
 from bigslide.wsi.resolution import DEFAULT_MPP, check_mpp, magnification_to_mpp
 
@@ -293,6 +294,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        self.csv, self.features = expand_home(self.csv), expand_home(self.features)
         # resolved here so the stored config (and so every checkpoint) names the resolution it used
         if self.magnification is not None:
             from_magnification = magnification_to_mpp(self.magnification)

@@ -71,7 +71,7 @@ def load_checkpoint(path: str | Path, *, require: Sequence[str] = ()) -> dict[st
 
     `require` names keys the caller needs besides the ones every checkpoint has (e.g. `RESUME_KEYS`).
     """
-    path = Path(path)
+    path = Path(path).expanduser()  # as a table's slide paths are: ~ is the home folder
     if path.is_dir():
         raise TrainingError(
             f"{path}: a folder, not a checkpoint (a run keeps its latest as {LAST} in its folder)"

@@ -16,6 +16,7 @@ import yaml
 from bigslide.coerce import build_dataclass, check_ranges
 from bigslide.data.config import DataConfig
 from bigslide.errors import ConfigError
+from bigslide.files import expand_home
 
 __all__ = ["DataConfig", "MethodConfig", "ModelConfig", "OptimConfig", "RunConfig", "TrainConfig"]
 
@@ -46,6 +47,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_backbone_name(self.backbone)
+        self.weights, self.init_from = expand_home(self.weights), expand_home(self.init_from)
         if not isinstance(self.backbone_args, dict):
             raise ConfigError(
                 "model.backbone_args: expected a mapping of argument names to values, got "
@@ -167,6 +169,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "run")
+        self.out_dir = expand_home(self.out_dir) or self.out_dir
         if self.deterministic and self.cudnn_benchmark == "on":
             raise ConfigError(
                 "run.cudnn_benchmark: on picks cuDNN algorithms by timing them, which run.deterministic "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -112,6 +112,33 @@ class DistContext:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self.owns_group = False
+
+
+@dataclass
+class EpochOutputs:
+    """A rank's training targets and outputs over an epoch, by item, scored as one process scores them."""
+
+    items: list[int] = field(default_factory=list)
+    targets: list[Any] = field(default_factory=list)
+    outputs: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, items: Sequence[int], targets: list[Any], outputs: np.ndarray) -> None:
+        self.items.extend(int(i) for i in items)
+        self.targets.extend(targets)
+        self.outputs.extend(outputs)
+
+    def everyone(self, ranks: DistContext) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's targets and outputs on rank 0, each item once (rank 0's alone are half an epoch, and
+        shares are padded by wrapping: the few items trained on two ranks would count twice); this rank's
+        own on the others."""
+        parts = ranks.gather((self.items, self.targets, self.outputs), "scoring the epoch's training")
+        if not ranks.active or parts is None:
+            return np.array(self.targets), np.array(self.outputs)
+        first: dict[int, tuple[Any, np.ndarray]] = {}
+        for items, targets, outputs in parts:
+            for i, y, p in zip(items, targets, outputs, strict=True):
+                first.setdefault(i, (y, p))
+        return np.array([y for y, _ in first.values()]), np.array([p for _, p in first.values()])
 
 
 def from_environment(device: str, *, timeout_s: float = 1800.0) -> DistContext:

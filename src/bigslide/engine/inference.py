@@ -366,7 +366,7 @@ def predict_slide(
 ) -> SlidePrediction:
     """One slide: class probabilities and heatmaps ("attention", or PatchGD's "norm"/"pca"/"evidence");
     `max_tiles` makes a quicker preview of a large slide (see `predict_slides`)."""
-    entry = SlideEntry(Path(slide).resolve(), "", None, Path(regions) if regions else None)
+    entry = SlideEntry(Path(slide).expanduser().resolve(), "", None, Path(regions) if regions else None)
     table = SlideTable([entry], ["?"])
     preds, _ = predict_slides(
         checkpoint,

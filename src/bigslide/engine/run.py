@@ -34,7 +34,7 @@ from bigslide.engine.checkpoint import (
 )
 from bigslide.engine.config import TrainConfig
 from bigslide.engine.decision import Decision, choose_threshold
-from bigslide.engine.distributed import DistContext
+from bigslide.engine.distributed import DistContext, EpochOutputs
 from bigslide.engine.events import CheckpointSaved, Event, Loss, Message, Metrics, Progress
 from bigslide.engine.inference import DatasetPredictions, predict_dataset, preview_maps
 from bigslide.engine.logfile import LossLog
@@ -183,8 +183,7 @@ class Run:
         if self.planned != epoch:  # else its first batches were read while the last epoch validated
             self.data.train.set_epoch(epoch)
             self.loader.plan(batches[state["batch"] : state["batch"] + self.total - state["step"]])
-        seen_y: list[Any] = []
-        seen_p: list[np.ndarray] = []
+        seen = EpochOutputs()  # the epoch's training outputs, each rank's (torchrun) scored together
         while state["batch"] < len(batches) and state["step"] < self.total:
             samples = self.take(batches[state["batch"]])
             for i in sorted(set(self.loader.bad) - self.reported):
@@ -193,10 +192,10 @@ class Run:
             if not samples:  # every item of the batch is a bad slide, left out
                 state["batch"] += 1
                 continue
+            items = [i for i in batches[state["batch"]] if i not in self.loader.bad]
             batch = collate(samples, method.device, uint8=method.takes_uint8)
             loss = self.step(batch)
-            seen_y.extend(batch.y.tolist())
-            seen_p.extend(method.outputs(loss.logits).cpu().numpy())
+            seen.add(items, batch.y.tolist(), method.outputs(loss.logits).cpu().numpy())
             yield Loss(state["step"], loss.loss)
             yield Progress(state["step"], self.total, epoch)
             epoch_ends = state["batch"] >= len(batches) or state["step"] >= self.total  # saved below
@@ -210,9 +209,10 @@ class Run:
             self.loader.plan(self.batches(epoch + 1)[: self.total - state["step"]], ahead=NEXT_EPOCH_AHEAD)
             self.planned = epoch + 1
         record: dict[str, Any] = {"epoch": epoch, "step": state["step"]}
-        record["train"] = endpoint_metrics(self.endpoint, np.array(seen_y), np.array(seen_p))
+        targets, outputs = seen.everyone(self.ranks)
+        record["train"] = endpoint_metrics(self.endpoint, targets, outputs)
         yield Metrics(epoch, "train", record["train"])
-        outputs, split = np.array(seen_p), "train"
+        split = "train"
         repeats, val = config.data.inference_repeats, self.val
         # the board's heatmap is validation's own read of the first slide when that reads every tile
         sampled = isinstance(val, BagDataset) and repeats > 0 and val.bag_size > 0

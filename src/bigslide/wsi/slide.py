@@ -304,7 +304,7 @@ def open_slide(path: str | Path, *, backend: Backend = "auto") -> Slide:
     from bigslide.wsi.openslide_backend import OPENSLIDE_SUFFIXES, OpenSlideHandle, openslide_available
     from bigslide.wsi.plain_image import PlainImageHandle, plain_image_format
 
-    path = Path(path)
+    path = Path(path).expanduser()  # as a table's slide paths are: ~ is the home folder
     if not path.exists():
         raise SlideError(f"{path}: no such slide file")
     if opens_as_dicom(path):
