@@ -187,3 +187,15 @@ def test_a_spreadsheet_workbook_given_as_a_table_is_named(slide_dir: Path) -> No
         DataError, match=r"slides\.csv: not a text CSV file \(a spreadsheet workbook\? save it as CSV\)"
     ):
         SlideTable.from_csv(book)
+
+
+def test_a_case_labelled_in_two_spellings_is_said_as_a_spelling(slide_dir: Path) -> None:
+    """'Tumor ' beside 'tumor' in one case was said as a case whose slides disagree, hiding the spelling."""
+    csv = write(
+        slide_dir / "t.csv", "slide,label,case\ns/a.svs,tumor,p1\ns/b.svs,Tumor ,p1\ns/c.svs,normal,p2\n"
+    )
+    with pytest.raises(DataError, match=r"'tumor' at row\(s\) 2; 'Tumor' at row\(s\) 3 differ only in"):
+        SlideTable.from_csv(csv)
+    at_odds = write(slide_dir / "u.csv", "slide,label,case\ns/a.svs,tumor,p1\ns/b.svs,normal,p1\n")
+    with pytest.raises(DataError, match=r"u\.csv, row 3: case 'p1' has label normal here but label tumor"):
+        SlideTable.from_csv(at_odds)

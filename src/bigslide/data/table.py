@@ -201,6 +201,7 @@ class SlideTable:
         case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
         case_splits: dict[str, tuple[int, str | None]] = {}
         label_rows: dict[str, list[int]] = {}
+        disagree: str | None = None  # the first case whose slides disagree, said after the spelling check
         for row_no, row in enumerate(rows, start=2):
             if separator == ";":  # a spreadsheet's decimal comma: 12,5 is 12.5
                 row = {k: v.replace(",", ".") if k in NUMBER_COLUMNS else v for k, v in row.items()}
@@ -236,8 +237,8 @@ class SlideTable:
                     )
             if entry.case is not None and labels_required:
                 first_row, outcome = case_rows.setdefault(entry.case, (row_no, entry.outcome(task)))
-                if outcome != entry.outcome(task):
-                    raise DataError(
+                if outcome != entry.outcome(task) and disagree is None:
+                    disagree = (
                         f"{where}: case {entry.case!r} has {_said(entry.outcome(task), task)} here but "
                         f"{_said(outcome, task)} at row {first_row}; a case's slides must agree"
                     )
@@ -246,8 +247,10 @@ class SlideTable:
                 label_rows.setdefault(entry.label, []).append(row_no)
         if not entries:
             raise DataError(f"{path}: the slide table has no rows")
-        if task == "classification":
+        if task == "classification":  # first: 'Tumor' against 'tumor' is a spelling, not a case at odds
             check_label_spelling(label_rows, f"{path}: ", "row")
+        if disagree is not None:
+            raise DataError(disagree)
         return cls(entries, list(classes) if classes else [], task)
 
     def to_csv(self, path: str | Path) -> Path:
