@@ -199,3 +199,13 @@ def test_a_case_labelled_in_two_spellings_is_said_as_a_spelling(slide_dir: Path)
     at_odds = write(slide_dir / "u.csv", "slide,label,case\ns/a.svs,tumor,p1\ns/b.svs,normal,p1\n")
     with pytest.raises(DataError, match=r"u\.csv, row 3: case 'p1' has label normal here but label tumor"):
         SlideTable.from_csv(at_odds)
+
+
+def test_prediction_takes_a_table_whose_case_lies_in_two_splits(slide_dir: Path) -> None:
+    """Splits are training's: predicting another lab's table was refused for a case split across them."""
+    text = "slide,label,case,split\ns/a.svs,tumor,p1,train\ns/b.svs,tumor,p1,test\ns/c.svs,normal,p2,val\n"
+    csv = write(slide_dir / "t.csv", text)
+    table = SlideTable.to_predict(csv, classes=["normal", "tumor"], task="classification")
+    assert [e.case for e in table.entries] == ["p1", "p1", "p2"]
+    with pytest.raises(DataError, match=r"t\.csv, row 3: case 'p1' is in split 'test' here but in 'train'"):
+        SlideTable.from_csv(csv)

@@ -228,7 +228,7 @@ class SlideTable:
             entry.annotations = _resolve(path, row["annotations"]) if row.get("annotations") else None
             if entry.annotations is not None and check_files and not entry.annotations.is_file():
                 raise DataError(f"{where}: annotations file not found: {entry.annotations}")
-            if entry.case is not None:
+            if entry.case is not None and labels_required:  # prediction reads no split: left as written
                 first_row, split = case_splits.setdefault(entry.case, (row_no, entry.split))
                 if split != entry.split:
                     raise DataError(
