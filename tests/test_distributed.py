@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -162,28 +163,8 @@ def test_ranks_validate_and_score_their_shares_and_rank_0_reports_what_one_proce
     """Each rank predicts its share of the validation and test slides; rank 0 gathers them and computes the
     metrics and the decision threshold: metrics.json equal to one process's on the same weights, with 2 and
     with 3 ranks."""
-    import json
-    import os
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each rank: the same sums everywhere
-    records = {}
-    for name, ranks in (("single", 1), ("ddp", 2), ("ddp3", 3)):  # 3 ranks: one has no validation slide
-        config = config_for(slide_csv, tmp_path / name, accumulate=1, max_steps=2)
-        config.optim.lr = 1e-12  # no weight moves visibly: both runs validate the same model
-        config.run.tensorboard = False
-        cfg = config.to_yaml(tmp_path / f"{name}.yaml")
-        prefix = [sys.executable]
-        if ranks > 1:
-            prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-        done = subprocess.run(
-            [*prefix, "-m", "bigslide", "train", str(cfg), "--quiet"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        records[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    # 3 ranks: one has no validation slide
+    records = _metrics_of_runs(slide_csv, tmp_path, {"single": 1, "ddp": 2, "ddp3": 3}, max_steps=2)
     single = records["single"]
     assert {"accuracy", "auc", "chosen_threshold"} <= set(single[0]["val"])
     for name in ("ddp", "ddp3"):
@@ -200,8 +181,6 @@ def test_training_metrics_of_two_ranks_count_each_training_slide_once(
     """metrics.json's train figures were rank 0's share alone, padding included: with three training slides,
     two of them (one also trained on rank 1). They are now every rank's, each slide once: one process's."""
     import csv
-    import json
-    import os
 
     with slide_csv.open() as f:
         rows = list(csv.DictReader(f))
@@ -213,11 +192,23 @@ def test_training_metrics_of_two_ranks_count_each_training_slide_once(
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    records = _metrics_of_runs(table, tmp_path, {"single": 1, "ddp": 2}, max_steps=100)
+    assert records["ddp"][0]["train"] == records["single"][0]["train"]
+
+
+def _metrics_of_runs(
+    table: Path, tmp_path: Path, runs: dict[str, int], max_steps: int
+) -> dict[str, list[dict[str, Any]]]:
+    """metrics.json of `bigslide train` on `table` for each run name, on its number of ranks (torchrun
+    beyond one), at a learning rate that moves no weight visibly: every run scores the same model."""
+    import json
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each rank: the same sums everywhere
     records = {}
-    for name, ranks in (("single", 1), ("ddp", 2)):
-        config = config_for(table, tmp_path / name, accumulate=1, max_steps=100)
-        config.optim.lr = 1e-12  # both runs score the same weights
+    for name, ranks in runs.items():
+        config = config_for(table, tmp_path / name, accumulate=1, max_steps=max_steps)
+        config.optim.lr = 1e-12
         config.run.tensorboard = False
         cfg = config.to_yaml(tmp_path / f"{name}.yaml")
         prefix = [sys.executable]
@@ -232,4 +223,4 @@ def test_training_metrics_of_two_ranks_count_each_training_slide_once(
         )
         assert done.returncode == 0, done.stderr[-3000:]
         records[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    assert records["ddp"][0]["train"] == records["single"][0]["train"]
+    return records

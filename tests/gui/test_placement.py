@@ -19,8 +19,10 @@ from PIL import Image
 from bigslide.explain.heatmap import ScoreGrid
 from bigslide.napari._placement import placement_of
 from bigslide.napari._roles import slide_layers
-from bigslide.wsi.slide import open_slide
-from tests.gui.test_results import tiny_checkpoint  # imports torch before any viewer exists (Mesa/triton)
+from tests.gui.test_results import (  # imports torch before any viewer exists (Mesa/triton)
+    tiny_checkpoint,
+    unstated_copy,
+)
 
 CELL = 48  # level-0 px per heatmap cell
 
@@ -146,9 +148,7 @@ def test_a_heatmap_from_a_checkpoint_lands_on_an_unstated_slide(
 ) -> None:
     """The reported case: a slide with no µm/px given 0.5 in the panel, its attention from Results."""
     checkpoint = tiny_checkpoint(tiny_set, tmp_path / "run", "abmil_acc", {"hidden": 32, "attention_dim": 16})
-    with open_slide(tiny_set.parent / "slide_000.svs") as source:
-        pixels = np.asarray(source.read_region((0, 0), 0, source.dimensions))[..., :3]
-    written = make_slide(pixels, flavour="tiff", mpp=None, name="tcga-like")
+    written = unstated_copy(tiny_set, make_slide, "tcga-like")
     dock("Slides").slide_mpp.setValue(0.5)
     [slide] = viewer.open(written.path, plugin="bigslide")
     panel = dock("Results")

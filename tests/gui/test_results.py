@@ -163,6 +163,13 @@ def test_display_controls_and_exports(viewer: Any, dock: Any, tmp_path: Path) ->
     assert len(tiles) == np.isfinite(scores.scores).sum() == len(grid)
 
 
+def unstated_copy(tiny_set: Path, make_slide: Any, name: str) -> Any:
+    """The tiny set's first slide written again as a TIFF that states no pixel size (`make_slide`'s)."""
+    with open_slide(tiny_set.parent / "slide_000.svs") as source:
+        pixels = np.asarray(source.read_region((0, 0), 0, source.dimensions))[..., :3]
+    return make_slide(pixels, flavour="tiff", mpp=None, name=name)
+
+
 def tiny_checkpoint(tiny_set: Path, out: Path, method: str, params: dict[str, Any]) -> Path:
     config = TrainConfig(
         data=DataConfig(csv=str(tiny_set), tile_size=32, bag_size=8, image_size=64, augment=False),
@@ -350,9 +357,7 @@ def test_a_slide_stating_no_pixel_size_is_refused_naming_the_slides_panel_field(
 ) -> None:
     """The Results panel says where to type the scanner's µm/px, not the config key of the command line."""
     checkpoint = tiny_checkpoint(tiny_set, tmp_path / "run", "abmil_acc", {"hidden": 32, "attention_dim": 16})
-    with open_slide(tiny_set.parent / "slide_000.svs") as source:
-        pixels = np.asarray(source.read_region((0, 0), 0, source.dimensions))[..., :3]
-    written = make_slide(pixels, flavour="tiff", mpp=None, name="unstated-results")
+    written = unstated_copy(tiny_set, make_slide, "unstated-results")
     viewer.open(written.path, plugin="bigslide")
     panel = dock("Results")
     panel.checkpoint.setText(str(checkpoint))
