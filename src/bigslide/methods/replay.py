@@ -207,9 +207,9 @@ def replay_backward(
     # Pass 1: every output, no activations kept.
     rng_states: list[_RngState] = []
     if not stochastic:
-        before = _capture_rng(device)
+        before = _capture_rng(device) if observe else None  # stated not stochastic: nothing to watch
         Z = encode_chunks(encoder, inputs, first_chunk, autocast, device=device, colour=colour)
-        if observe and _rng_moved(before, device):
+        if before is not None and _rng_moved(before, device):
             # it drew random numbers through no layer `has_stochastic_layers` knows (functional dropout,
             # RReLU, patch dropout): its replay must draw the same ones, so pass 1 is redone chunk by
             # chunk from the same state, each chunk's RNG state kept
