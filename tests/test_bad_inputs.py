@@ -6,6 +6,7 @@ last checkpoint is untouched by the failure.
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import shutil
@@ -311,6 +312,30 @@ def test_bad_input_is_one_line_naming_the_culprit_and_loses_nothing(
 
 
 # -- inputs that work, with a warning --------------------------------------------------------------------
+def test_predict_reads_a_slide_stating_no_pixel_size_at_its_table_rows(
+    base: Base, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bigslide predict` on a table whose mpp column gives a file's pixel size: predicted with its maps,
+    on decode workers, with no --slide-mpp; the same table without it names the slide."""
+    with open_slide(base.slide(0)) as slide:
+        pixels, mpp = slide.read_level(0), slide.mpp
+    assert mpp is not None
+    path = write_pyramid(tmp_path / "nompp.tif", downsample_pyramid(pixels, 2), mpp=None, flavour="tiff")
+    ckpt = str(base.run / "checkpoints" / "last.pt")
+    for given, code in ((f"{mpp[0]:g}", 0), ("", 1)):  # 1: a slide failed, named in its row
+        table = write_csv(tmp_path, [(path, "tumor", given)], header="slide,label,mpp")
+        out = tmp_path / f"out-{code}"
+        argv = ["predict", "--slides", str(table), "--checkpoint", ckpt, "--out", str(out), "--workers", "1"]
+        assert main([*argv, "--quiet"]) == code
+        err = capsys.readouterr().err
+        rows = list(csv.DictReader((out / "predictions.csv").open()))
+        if code == 0:
+            assert rows[0]["error"] == "", rows
+            assert (out / "heatmaps" / "nompp.attention.png").is_file()
+        else:
+            assert "nompp.tif: the file states no pixel size" in err + rows[0]["error"]
+
+
 def test_slide_without_mpp_is_an_error_naming_it_unless_a_pixel_size_is_given(
     base: Base, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -260,7 +260,7 @@ def _recording(run: Any, parts: list[int]) -> Any:
 
     def recorded(task: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
         if task[0] == "read":
-            parts.append(len(task[6]))
+            parts.append(len(task[7]))  # the coords of ("read", number, buffer, path, mpps x2, plan, coords…)
         return run(task, *args, **kwargs)
 
     return recorded

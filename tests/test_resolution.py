@@ -176,6 +176,56 @@ def test_a_slide_without_mpp_predicts_with_a_given_pixel_size(
     reference.slides.close()
 
 
+@pytest.mark.parametrize("workers", [0, 1], ids=["this_process", "decode_worker"])
+def test_a_tables_mpp_column_reads_each_file_stating_none_at_its_rows_pixel_size(
+    scans: dict[float, Path], tmp_path: Path, workers: int
+) -> None:
+    """A cohort of files that state no pixel size, scanned at two magnifications: one data.slide_mpp
+    cannot serve both, each row's mpp does, in this process and in the decode workers alike."""
+    from bigslide.data.processes import DecodeProcesses
+
+    unstated = {}
+    for mpp in (0.25, 0.5):
+        with open_slide(scans[mpp]) as slide:
+            level = slide.read_level(0)
+        unstated[mpp] = write_pyramid(tmp_path / f"scan_{mpp}.tif", [level], mpp=None, flavour="tiff")
+    csv = tmp_path / "slides.csv"
+    csv.write_text(f"slide;label;µm/px\n{unstated[0.25].name};tumor;0,25\n{unstated[0.5].name};tumor;0.5\n")
+    table = SlideTable.from_csv(csv)
+    assert [e.mpp for e in table.entries] == [0.25, 0.5]
+    processes = DecodeProcesses(workers) if workers else None
+    try:
+        slides = SlideCache(slide_mpp=1.0, workers=processes)  # the fallback: right for neither
+        bags = BagDataset(table, tile_size=32, target_mpp=0.5, bag_size=0, min_tissue=0.3, slides=slides)
+        sizes = [grid.plan.size_level0 for grid in bags.grids]
+        assert sizes == [64, 32]  # 16 µm tiles on each scan
+        read = [bags[i].x.numpy().astype(np.float64) for i in range(2)]
+        slides.close()
+    finally:
+        if processes is not None:
+            processes.close()
+    reference = BagDataset(table_of(scans[0.5]), tile_size=32, target_mpp=0.5, bag_size=0, min_tissue=0.3)
+    truth = reference[0].x.numpy().astype(np.float64)
+    reference.slides.close()
+    np.testing.assert_array_equal(read[1], truth)  # read as stated, the same tiles
+    assert read[0].shape == truth.shape
+    assert np.abs(read[0] - truth).mean() < 6  # resampled from the finer scan: the same tissue
+
+
+def test_a_tables_mpp_at_odds_with_the_files_is_refused_naming_both(scans: dict[float, Path]) -> None:
+    from bigslide.errors import SlideError
+
+    slides = SlideCache()
+    slides.state({scans[0.25]: 0.252})  # a calibration rounded otherwise: the file's is read
+    assert slides.mpp(scans[0.25]) == (0.25, 0.25)
+    slides.state({scans[0.25]: 0.5})  # a 40x scan listed as 20x
+    with pytest.raises(
+        SlideError, match=r"scan_025\.svs: the slide table gives 0\.5 µm/px, but the file states 0\.25;"
+    ):
+        slides.mpp(scans[0.25])
+    slides.close()
+
+
 def test_a_slide_of_pixels_that_are_not_square_is_refused_by_name(tmp_path: Path) -> None:
     """Read at its x pixel size alone, a 0.5 x 0.25 µm slide's tiles covered twice as much width as height."""
     import tifffile

@@ -147,11 +147,23 @@ def test_column_names_are_read_whatever_their_case(slide_dir: Path) -> None:
         SlideTable.from_csv(both)
 
 
-def test_a_pixel_size_column_is_said_to_be_unread(slide_dir: Path) -> None:
-    """Each slide's µm/px comes from its file: a table's own column would otherwise seem to be used."""
-    csv = write(slide_dir / "t.csv", "slide,label,MPP\ns/a.svs,tumor,0.25\n")
-    with pytest.warns(UserWarning, match=r"t\.csv: column 'MPP' is not read: .*data\.slide_mpp"):
-        SlideTable.from_csv(csv)
+def test_a_pixel_size_column_is_read_and_written_back(slide_dir: Path) -> None:
+    """Each row's µm/px (under any of its usual names), for files that state none; a magnification written
+    there instead is named."""
+    csv = write(slide_dir / "t.csv", "slide,label,MPP\ns/a.svs,tumor,0.25\ns/b.svs,normal,\n")
+    table = SlideTable.from_csv(csv)
+    assert [e.mpp for e in table.entries] == [0.25, None]
+    again = SlideTable.from_csv(table.to_csv(slide_dir / "again.csv"))
+    assert [e.mpp for e in again.entries] == [0.25, None]
+    assert "mpp" in again.columns
+    magnification = write(slide_dir / "m.csv", "slide,label,microns_per_pixel\ns/a.svs,tumor,40\n")
+    with pytest.raises(
+        DataError, match=r"m\.csv, row 2: mpp is the slide's µm per pixel .*0\.25 at 40x.*got 40"
+    ):
+        SlideTable.from_csv(magnification)
+    words = write(slide_dir / "w.csv", "slide,label,mpp\ns/a.svs,tumor,40x\n")
+    with pytest.raises(DataError, match=r"w\.csv, row 2: mpp must be a number, got '40x'"):
+        SlideTable.from_csv(words)
 
 
 def test_a_table_whose_columns_are_not_found_names_what_was_read(slide_dir: Path) -> None:

@@ -11,6 +11,7 @@ from bigslide.data.table import SlideTable
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
 from tests.conftest import textured_tissue
+from tests.gui.test_typed_numbers import type_into
 
 
 def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
@@ -117,6 +118,38 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     assert panel.session.rows[0].tiles == expected > 0
 
     assert replayed_run(viewer, panel.session, tmp_path / "run").data.slide_mpp == 0.25
+
+
+def test_a_tables_mpp_column_sizes_and_tiles_a_slide_whose_file_states_none(
+    viewer: Any, dock: Any, qtbot: Any, make_slide: Any, slide_image: Any, tmp_path: Path
+) -> None:
+    """A table listing each slide's scanner µm/px: the slide takes its row's size on the canvas, in the tile
+    count and in the run, whatever fallback is typed for other slides."""
+    pink = textured_tissue(slide_image.shape[:2])
+    unstated = make_slide(pink, flavour="tiff", mpp=None, name="no-mpp")
+    [layer] = viewer.open(unstated.path, plugin="bigslide")
+    panel = dock("Slides")
+    table = tmp_path / "slides.csv"
+    table.write_text(f"slide,label,µm/px\n{unstated.path},tumor,0.25\n")
+    panel.load_csv(table)
+    qtbot.wait(50)
+    assert layer.scale == pytest.approx((0.25, 0.25))  # in µm on the canvas
+    assert panel.table.item(0, panel.column("µm/px")).text() == "0.25 (table)"
+    type_into(qtbot, panel.slide_mpp, "0.5")  # the fallback, for other slides
+    assert layer.scale == pytest.approx((0.25, 0.25))
+    panel.tile_size.setValue(64)
+    panel.count_tiles()
+    qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
+    with open_slide(unstated.path) as slide:
+        slide.mpp = (0.25, 0.25)
+        expected = len(
+            TileGrid.from_slide(
+                slide, 64, target_mpp=panel.session.target_mpp, min_tissue=panel.session.min_tissue
+            )
+        )
+    assert panel.session.rows[0].tiles == expected > 0
+    replayed_run(viewer, panel.session, tmp_path / "run")
+    assert [e.mpp for e in SlideTable.from_csv(tmp_path / "run" / "slides.csv").entries] == [0.25]
 
 
 def test_pen_marks_box_on_by_default_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(

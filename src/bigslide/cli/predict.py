@@ -202,6 +202,8 @@ def predict_to(
     n_workers = default_workers() if workers is None else workers
     processes = DecodeProcesses(n_workers, buffers=n_workers + 1) if n_workers and todo else None
     slides = SlideCache(slide_mpp=fallback_mpp, workers=processes) if processes is not None else None
+    if slides is not None:
+        slides.state(table.entries)
     outcomes = predict_cohort(
         trained,
         table,

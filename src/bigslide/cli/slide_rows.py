@@ -95,14 +95,19 @@ def read_row(out: Path, slide: Path) -> dict[str, Any] | None:
 
 
 def settings_by_row(table: SlideTable, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each row's settings: a slide of a case of several also keeps its case's slides, since the case's
-    prediction is made from all of them (a slide moved into or out of a case makes its rows stale)."""
-    by_row: list[dict[str, Any]] = [settings] * len(table.entries)
+    """Each row's settings: a row giving its slide's µm/px (`mpp`) has it as its `slide_mpp`; a slide of a
+    case of several also keeps its case's slides and theirs, since the case's prediction is made from all
+    of them (a slide moved into or out of a case makes its rows stale)."""
+    entries = table.entries
+    by_row = [settings if e.mpp is None else {**settings, "slide_mpp": e.mpp} for e in entries]
     for rows in table.cases().values():
         if len(rows) > 1:
-            case = {**settings, "case_slides": [str(table.entries[r].path) for r in rows]}
+            slides = [str(entries[r].path) for r in rows]
+            mpps = [entries[r].mpp for r in rows]
             for r in rows:
-                by_row[r] = case
+                by_row[r] = {**by_row[r], "case_slides": slides}
+                if any(m is not None for m in mpps):
+                    by_row[r]["case_mpps"] = mpps
     return by_row
 
 

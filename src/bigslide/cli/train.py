@@ -16,7 +16,9 @@ from bigslide.errors import ConfigError
 if TYPE_CHECKING:
     from bigslide.engine.config import TrainConfig
 
-SLIDE_MPP_HELP = "level-0 µm per pixel of slides whose files state none (data.slide_mpp)"
+SLIDE_MPP_HELP = (
+    "level-0 µm per pixel of slides whose files state none and table rows give no mpp (data.slide_mpp)"
+)
 TARGET_MPP_HELP = "µm per pixel tiles and images are read at (data.target_mpp; 0.5 = 20x)"
 AMBIGUOUS_MPP = (
     "--mpp is ambiguous and no longer taken: give --slide-mpp (level-0 µm/px of slides whose files state "

@@ -78,7 +78,10 @@ class DataConfig:
     )
     slide_mpp: float | None = field(
         default=None,
-        metadata={"help": "level-0 µm per pixel of slides whose files state none (else they are an error)"},
+        metadata={
+            "help": "level-0 µm per pixel of slides whose files state none and whose table rows give no mpp "
+            "(else they are an error)"
+        },
     )
     workers: int | None = field(
         default=None,

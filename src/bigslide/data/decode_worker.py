@@ -123,6 +123,7 @@ def _read(
     buffer: torch.Tensor | None,
     path: Path,
     slide_mpp: float | None,
+    table_mpp: float | None,
     plan: ReadPlan,
     coords: np.ndarray,
     offset: int,
@@ -133,7 +134,10 @@ def _read(
         _BUFFERS[number] = buffer
     buffer = _BUFFERS[number]
     shape = (total, plan.size, plan.size, 3)
-    with process_slides(slide_mpp).opened(path) as slide:
+    slides = process_slides(slide_mpp)
+    if table_mpp is not None:
+        slides.state({path: table_mpp})
+    with slides.opened(path) as slide:
         read_squares(slide, plan, coords, into=_squares(buffer, shape)[offset : offset + len(coords)])
 
 

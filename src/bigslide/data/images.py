@@ -86,6 +86,7 @@ class SlideImageDataset(Dataset[Sample]):
         self.seed = seed
         self.epoch = 0
         self.slides = slides or SlideCache()
+        self.slides.state(table.entries)
         self._boxes: dict[int, tuple[int, int, int]] = {}  # level-0 (x, y, side) each image is read from
         self._images: dict[int, torch.Tensor] = {}  # up to IMAGE_CACHE_BYTES of them, kept for later epochs
         self._image_bytes = 0

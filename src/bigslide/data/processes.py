@@ -97,9 +97,17 @@ class DecodeProcesses:
         with self._lock:
             return [w.process.pid for w in self._all if w.process.pid is not None]
 
-    def read(self, path: Path, slide_mpp: float | None, plan: ReadPlan, coords: np.ndarray) -> np.ndarray:
-        """`read_squares` of the slide at `path`, done in a worker process: a view of a shared buffer that
-        is reused once nothing refers to it (keep a copy to hold the squares for long, e.g. in a cache)."""
+    def read(
+        self,
+        path: Path,
+        slide_mpp: float | None,
+        plan: ReadPlan,
+        coords: np.ndarray,
+        table_mpp: float | None = None,
+    ) -> np.ndarray:
+        """`read_squares` of the slide at `path` (`open_with_mpp`'s µm/px), done in a worker process: a view
+        of a shared buffer that is reused once nothing refers to it (keep a copy to hold the squares for
+        long, e.g. in a cache)."""
         shape = (len(coords), plan.size, plan.size, 3)
         coords = np.asarray(coords)
         with self._reads:  # waits while `buffers` reads are under way
@@ -111,7 +119,18 @@ class DecodeProcesses:
                 split = 1 if background else self._split(len(coords))
                 parts = np.array_split(np.arange(len(coords)), split)
                 tasks = [
-                    ("read", number, buffer, Path(path), slide_mpp, plan, coords[p], int(p[0]), len(coords))
+                    (
+                        "read",
+                        number,
+                        buffer,
+                        Path(path),
+                        slide_mpp,
+                        table_mpp,
+                        plan,
+                        coords[p],
+                        int(p[0]),
+                        len(coords),
+                    )
                     for p in parts
                     if len(p)
                 ]
@@ -264,7 +283,7 @@ def read_slide_squares(
     if pool is None and isinstance(slides.workers, DecodeProcesses):
         pool = slides.workers
     if isinstance(pool, DecodeProcesses):
-        return pool.read(path, slides.slide_mpp, plan, coords)
+        return pool.read(path, slides.slide_mpp, plan, coords, slides.stated.get(Path(path)))
     with slides.opened(path) as slide:
         return read_squares(slide, plan, coords, pool)
 

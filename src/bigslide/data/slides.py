@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from bigslide.data.table import SlideEntry
 from bigslide.data.tile_cache import TileCache
-from bigslide.errors import RegionError
+from bigslide.errors import RegionError, SlideError
 from bigslide.files import open_files_limit
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings
@@ -55,13 +55,27 @@ class Workers(Protocol):
     def call(self, fn: Callable[..., T], *args: Any, what: str) -> T: ...
 
 
-def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
-    """Open a slide to read at a physical resolution: a file that states no pixel size gets
-    `fallback_mpp` (data.slide_mpp), else it is an error naming the slide."""
+TABLE_AGREEMENT = 0.05
+"""A slide table's µm/px for a file that states its own must be within this share of the file's."""
+
+
+def open_with_mpp(
+    path: str | Path, fallback_mpp: float | None = None, table_mpp: float | None = None
+) -> Slide:
+    """Open a slide to read at a physical resolution: a file that states no pixel size gets `table_mpp`
+    (its row's mpp in the slide table), else `fallback_mpp` (data.slide_mpp), else it is an error naming
+    the slide. A file that states one is read at it, and a table's mpp at odds with it is an error: one of
+    the two is wrong, and a slide read at the wrong scale shows the model tiles of another magnification."""
     slide = open_slide(path)
-    if slide.mpp is None and fallback_mpp is not None:
-        slide.mpp = (fallback_mpp, fallback_mpp)
     try:
+        if slide.mpp is None:
+            given = table_mpp if table_mpp is not None else fallback_mpp
+            slide.mpp = (given, given) if given is not None else None
+        elif table_mpp is not None and abs(slide.mpp[0] / table_mpp - 1) > TABLE_AGREEMENT:
+            raise SlideError(
+                f"{path}: the slide table gives {table_mpp:g} µm/px, but the file states {slide.mpp[0]:.4g}; "
+                "correct the table's mpp, or leave it empty to read the slide at its file's"
+            )
         slide_mpp(slide)
     except Exception:
         slide.close()
@@ -71,10 +85,10 @@ def open_with_mpp(path: str | Path, fallback_mpp: float | None = None) -> Slide:
 
 class SlideCache:
     """`slide_mpp` (data.slide_mpp, `--slide-mpp`) is the level-0 pixel size given to slides whose files
-    state none; without it such a slide is an error naming it (it cannot be read at a physical
-    resolution). `tiles`: where grids and tissue masks are kept between runs (None: made by every run).
-    `workers`: the processes that decode pixels (None: this process). Safe to use from the loader's
-    threads."""
+    state none, unless their table rows give one (`state`); without either such a slide is an error naming
+    it (it cannot be read at a physical resolution). `tiles`: where grids and tissue masks are kept
+    between runs (None: made by every run). `workers`: the processes that decode pixels (None: this
+    process). Safe to use from the loader's threads."""
 
     def __init__(
         self,
@@ -92,7 +106,27 @@ class SlideCache:
         self._open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [slide, users], oldest first
         self._mpp: dict[Path, tuple[float, float] | None] = {}
         self._grids: dict[tuple, TileGrid] = {}
+        self.stated: dict[Path, float] = {}  # slide table rows' µm/px (their `mpp` column)
         self._lock = threading.Lock()
+
+    def state(self, entries: Iterable[SlideEntry] | Mapping[Path, float]) -> None:
+        """Read these slides at their table rows' µm/px (`SlideEntry.mpp`, where given): a slide already
+        open at another is opened again when next read."""
+        given = entries if isinstance(entries, Mapping) else {e.path: e.mpp for e in entries if e.mpp}
+        with self._lock:
+            for path, mpp in given.items():
+                path = Path(path)
+                if self.stated.get(path) == mpp:
+                    continue
+                self.stated[path] = mpp
+                self._mpp.pop(path, None)
+                held = self._open.get(path)
+                if held is not None and not held[1]:
+                    self._open.pop(path)[0].close()
+
+    def fallback(self, path: Path) -> float | None:
+        """The µm/px the slide is read at if its file states none: its row's, else `slide_mpp`."""
+        return self.stated.get(Path(path), self.slide_mpp)
 
     @contextmanager
     def opened(self, path: Path) -> Iterator[Slide]:
@@ -101,7 +135,7 @@ class SlideCache:
         with self._lock:
             held = self._open.pop(path, None)
             if held is None:
-                held = [open_with_mpp(path, self.slide_mpp), 0]
+                held = [open_with_mpp(path, self.slide_mpp, self.stated.get(path)), 0]
                 self._mpp[path] = held[0].mpp
             held[1] += 1
             self._open[path] = held  # the most recently used goes last
@@ -131,7 +165,19 @@ class SlideCache:
         if self.workers is None:
             return fn(self, *args)
         folder = self.tiles.folder if self.tiles is not None else None
-        return self.workers.call(_with_process_slides, fn, self.slide_mpp, folder, args, what=what)
+        stated = self._stated_for(args)
+        return self.workers.call(_with_process_slides, fn, self.slide_mpp, stated, folder, args, what=what)
+
+    def _stated_for(self, args: tuple[Any, ...]) -> dict[Path, float]:
+        """The table rows' µm/px a worker needs for `args`: of the slides they name (paths, entries,
+        predictions), else all of them."""
+        if not self.stated:
+            return {}
+        named = {Path(a) for a in args if isinstance(a, (str, Path))}
+        named |= {Path(a.path) for a in args if isinstance(a, SlideEntry)}
+        named |= {Path(a.slide) for a in args if isinstance(getattr(a, "slide", None), (str, Path))}
+        wanted = {p: v for p, v in self.stated.items() if p in named}
+        return wanted if named else dict(self.stated)
 
     def map(
         self, fn: Callable[..., T], items: Sequence[tuple[Any, ...]], what: Callable[[tuple[Any, ...]], str]
@@ -182,11 +228,17 @@ class SlideCache:
             "min_tissue": min_tissue,
             "tissue": tissue,
         }
-        keys = [(entry.path, entry.regions, *settings.items()) for entry in entries]
+        self.state(entries)
+        keys = [
+            (entry.path, entry.regions, self.stated.get(Path(entry.path)), *settings.items())
+            for entry in entries
+        ]
         todo = {key: entry for entry, key in zip(entries, keys) if key not in self._grids}
         if self.tiles is not None and self.workers is not None:  # kept grids are read here: no pixel
             for key, entry in list(todo.items()):
-                kept = self.tiles.kept_grid(Path(entry.path), entry.regions, settings, self.slide_mpp)
+                kept = self.tiles.kept_grid(
+                    Path(entry.path), entry.regions, settings, self.fallback(entry.path)
+                )
                 if kept is not None:
                     self._mpp.setdefault(Path(entry.path), kept.slide_mpp)
                     self._grids[key] = kept
@@ -210,7 +262,7 @@ class SlideCache:
         path = Path(entry.path)
         hits = self.tiles.hits
         build = lambda: self._build_grid(entry, settings)  # noqa: E731
-        grid = self.tiles.grid(path, entry.regions, settings, self.slide_mpp, build)
+        grid = self.tiles.grid(path, entry.regions, settings, self.fallback(path), build)
         return grid, self.tiles.hits > hits
 
     def _build_grid(self, entry: SlideEntry, settings: dict[str, Any]) -> TileGrid:
@@ -239,7 +291,9 @@ class SlideCache:
             with self.opened(path) as slide:
                 return tissue_mask(slide, settings=tissue)
 
-        return build() if self.tiles is None else self.tiles.mask(Path(path), tissue, self.slide_mpp, build)
+        return (
+            build() if self.tiles is None else self.tiles.mask(Path(path), tissue, self.fallback(path), build)
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -270,9 +324,15 @@ def process_slides(slide_mpp: float | None, tiles: Path | None = None) -> SlideC
 
 
 def _with_process_slides(
-    fn: Callable[..., T], slide_mpp: float | None, tiles: Path | None, args: tuple[Any, ...]
+    fn: Callable[..., T],
+    slide_mpp: float | None,
+    stated: dict[Path, float],
+    tiles: Path | None,
+    args: tuple[Any, ...],
 ) -> T:
-    return fn(process_slides(slide_mpp, tiles), *args)
+    slides = process_slides(slide_mpp, tiles)
+    slides.state(stated)
+    return fn(slides, *args)
 
 
 def tile_slide(

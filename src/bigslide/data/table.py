@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from bigslide.data.table_text import NUMBER_COLUMNS, SEPARATORS, read_table_text
 from bigslide.errors import DataError
 from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file, looks_like_dicom_folder, starts_as_tiff
 from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
+from bigslide.wsi.tiff_levels import COARSEST_MPP, FINEST_MPP
 
 SPLITS = ("train", "val", "test")
 TASKS = ("classification", "survival", "regression")
@@ -27,7 +27,8 @@ TASK_COLUMNS = {"classification": ("label",), "survival": ("time", "event"), "re
 class SlideEntry:
     """One row of the slide table. `case` groups a patient's slides (None: the slide is its own case);
     `time`/`event` are the survival endpoint (event 1 = observed, 0 = censored), `target` a number;
-    `annotations` a QuPath GeoJSON of teaching annotations (`bigslide.tiling.annotations`)."""
+    `annotations` a QuPath GeoJSON of teaching annotations (`bigslide.tiling.annotations`); `mpp` the
+    slide's level-0 µm per pixel, for a file that states none (`bigslide.data.slides.open_with_mpp`)."""
 
     path: Path
     label: str
@@ -38,6 +39,7 @@ class SlideEntry:
     event: int | None = None
     target: float | None = None
     annotations: Path | None = None
+    mpp: float | None = None
 
     @property
     def case_id(self) -> str:
@@ -143,10 +145,11 @@ class SlideTable:
 
     @property
     def columns(self) -> list[str]:
-        """The columns this table writes: slide, the task's, split, regions, and case and annotations when
-        any row has one."""
+        """The columns this table writes: slide, the task's, split, regions, and case, mpp and annotations
+        when any row has one."""
         cols = ["slide", *TASK_COLUMNS[self.task], "split", "regions"]
         cols += ["case"] if any(e.case is not None for e in self.entries) else []
+        cols += ["mpp"] if any(e.mpp is not None for e in self.entries) else []
         return cols + (["annotations"] if self.annotated() else [])
 
     def annotated(self) -> bool:
@@ -175,8 +178,9 @@ class SlideTable:
         task: str = "classification",
     ) -> SlideTable:
         """Read `slide` plus the task's columns (`label`; `time,event`; `target`) and the optional
-        `split`, `regions`, `case` and `annotations`. Relative paths are relative to the CSV's folder.
-        A slide is a file, or a folder holding one DICOM whole-slide series.
+        `split`, `regions`, `case`, `annotations` and `mpp` (also `µm/px` and other spellings). Relative
+        paths are relative to the CSV's folder. A slide is a file, or a folder holding one DICOM
+        whole-slide series.
 
         With `classes` given, a label outside them is an error naming the row. For prediction
         (`labels_required=False`) the task's columns may be missing or empty.
@@ -185,7 +189,6 @@ class SlideTable:
         if task not in TASKS:
             raise DataError(f"data.task: {task!r} is not one of {list(TASKS)}")
         columns, rows, separator = read_table_text(path)
-        _warn_unread_pixel_size(path, columns)
         wanted = TASK_COLUMNS[task]
         missing = ({"slide", *wanted} if labels_required else {"slide"}) - set(columns)
         if missing:
@@ -225,6 +228,7 @@ class SlideTable:
             entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
             if entry.regions is not None and check_files and not entry.regions.is_file():
                 raise DataError(f"{where}: regions file not found: {entry.regions}")
+            entry.mpp = _pixel_size(row["mpp"], where) if row.get("mpp") else None
             entry.annotations = _resolve(path, row["annotations"]) if row.get("annotations") else None
             if entry.annotations is not None and check_files and not entry.annotations.is_file():
                 raise DataError(f"{where}: annotations file not found: {entry.annotations}")
@@ -272,6 +276,7 @@ class SlideTable:
                     "split": e.split or "",
                     "regions": _relative(e.regions, base) if e.regions else "",
                     "case": e.case or "",
+                    "mpp": "" if e.mpp is None else f"{e.mpp:g}",
                     "annotations": _relative(e.annotations, base) if e.annotations else "",
                 }
                 writer.writerow([values[c] for c in columns])
@@ -306,20 +311,15 @@ class SlideTable:
         return self.like(entries)
 
 
-PIXEL_SIZE_COLUMNS = ("mpp", "mpp_x", "mpp-x", "µm/px", "um/px", "microns_per_pixel", "um_per_pixel")
-
-
-def _warn_unread_pixel_size(path: Path, columns: list[str]) -> None:
-    """A pixel size per slide in the table is not read: each slide's comes from its file, and files that
-    state none take data.slide_mpp. Said, so that a table's value is never thought used when it is not."""
-    said = [c for c in columns if c.strip().lower() in PIXEL_SIZE_COLUMNS]
-    if said:
-        warnings.warn(
-            f"{path}: column {said[0]!r} is not read: each slide's µm/px comes from its file; for files that "
-            "state none, give data.slide_mpp (--slide-mpp, or the Slides panel's 'slide µm/px if unstated')",
-            UserWarning,
-            stacklevel=3,
+def _pixel_size(value: str, where: str) -> float:
+    """A row's mpp: µm per pixel of a scanner's level 0 (0.25 at 40x), not a magnification."""
+    mpp = _number(value, "mpp", where)
+    if not FINEST_MPP <= mpp <= COARSEST_MPP:
+        raise DataError(
+            f"{where}: mpp is the slide's µm per pixel ({FINEST_MPP:g} to {COARSEST_MPP:g}; 0.25 at 40x, "
+            f"0.5 at 20x), got {value}"
         )
+    return mpp
 
 
 def _check_slide_folder(slide: Path, where: str) -> None:

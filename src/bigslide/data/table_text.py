@@ -8,9 +8,11 @@ from pathlib import Path
 from bigslide.errors import DataError
 
 SEPARATORS = {",": "commas", ";": "semicolons", "\t": "tabs"}
-NUMBER_COLUMNS = ("time", "event", "target")
+NUMBER_COLUMNS = ("time", "event", "target", "mpp")
 KNOWN_COLUMNS = frozenset({"slide", "split", "regions", "case", "annotations", *NUMBER_COLUMNS, "label"})
 """Column names read whatever their letters' case."""
+PIXEL_SIZE_COLUMNS = ("mpp", "mpp_x", "mpp-x", "µm/px", "um/px", "microns_per_pixel", "um_per_pixel")
+"""Names a slide's level-0 µm per pixel goes by in tables; each is read as `mpp`."""
 
 
 def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
@@ -51,4 +53,6 @@ def read_table_text(path: Path) -> tuple[list[str], list[dict[str, str]], str]:
 
 def _column_name(name: str) -> str:
     name = name.strip()
+    if name.lower() in PIXEL_SIZE_COLUMNS:
+        return "mpp"
     return name.lower() if name.lower() in KNOWN_COLUMNS else name

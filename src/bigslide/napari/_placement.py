@@ -1,5 +1,6 @@
 """Where each layer over a slide goes: the slide layer's `Placement`, kept by every overlay when the
-slide's µm/px changes (the user's fallback) or the slide moves; slides side by side at their physical size.
+slide's µm/px changes (the user's fallback, or its slide table row's) or the slide moves; slides side by
+side at their physical size.
 
 Every layer is in µm, so napari never mixes units (it then stops using them for every layer). A slide
 whose file states no µm/px and that has no fallback yet is drawn at `PROVISIONAL_MPP` and marked as
@@ -10,6 +11,7 @@ physical size and the slides to its right move to keep their gap.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -175,15 +177,34 @@ def _shift_right_of(viewer: napari.Viewer, slide_layer: Any, before: Span) -> No
 
 _FOLLOWED: weakref.WeakSet[Any] = weakref.WeakSet()
 _FALLBACKS: weakref.WeakKeyDictionary[Any, float | None] = weakref.WeakKeyDictionary()
+_ROW_MPPS: weakref.WeakKeyDictionary[Any, dict[Path, float]] = weakref.WeakKeyDictionary()
 
 
 def set_fallback_mpp(viewer: napari.Viewer, fallback: float | None) -> None:
     """The µm/px given for slides whose files state none: applied to the open ones and to those opened
-    from now on."""
+    from now on (a slide whose table row gives its own keeps that)."""
     keep_in_place(viewer)
     _FALLBACKS[viewer] = fallback
     for layer in slide_layers(viewer):
-        set_slide_mpp(viewer, layer, fallback)
+        set_slide_mpp(viewer, layer, _given_mpp(viewer, layer))
+
+
+def set_row_mpps(viewer: napari.Viewer, given: dict[Path, float]) -> None:
+    """Slide table rows' µm/px (their `mpp` column) for slides whose files state none, by resolved path:
+    applied as `set_fallback_mpp`, before the fallback."""
+    keep_in_place(viewer)
+    if _ROW_MPPS.get(viewer) == given:
+        return
+    _ROW_MPPS[viewer] = dict(given)
+    for layer in slide_layers(viewer):
+        set_slide_mpp(viewer, layer, _given_mpp(viewer, layer))
+
+
+def _given_mpp(viewer: Any, slide_layer: Any) -> float | None:
+    """The µm/px given for a slide whose file states none: its table row's, else the fallback."""
+    path = slide_layer.metadata.get("path")
+    row = _ROW_MPPS.get(viewer, {}).get(Path(path).resolve()) if path else None
+    return row if row is not None else _FALLBACKS.get(viewer)
 
 
 def keep_current_viewer_in_place() -> None:
@@ -212,7 +233,7 @@ def keep_in_place(viewer: napari.Viewer) -> None:
             return
         role = layer.metadata.get(ROLE)
         if role == "slide":
-            fallback = _FALLBACKS.get(view)
+            fallback = _given_mpp(view, layer)
             if fallback and not layer.metadata.get("stated_mpp"):
                 _apply_mpp(view, layer, (float(fallback), float(fallback)))  # placed below, beside the others
             if waits_for_mpp(layer):

@@ -209,7 +209,7 @@ class ResultsWidget(HeatmapExports, Panel):
             slide.metadata["path"],
             regions=regions,
             device=self.device.currentText(),
-            slide_mpp=self.session.slide_mpp,
+            slide_mpp=self.session.fallback_mpp(slide.metadata["path"]),
             max_tiles=PREVIEW_TILES if preview else None,
             session=self.session,
             _start_thread=False,

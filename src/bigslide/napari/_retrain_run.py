@@ -56,7 +56,9 @@ def retrain_run(
     first = _annotated_predictions(checkpoint, annotated, predict)
     # the chosen slide is most often annotated: its map is drawn already
     chosen = next((p for p in first if Path(p.slide).resolve() == Path(slide).resolve()), None)
-    yield BEFORE, chosen if chosen is not None else predict_slide(checkpoint, slide, **predict)
+    if chosen is None:  # read at its own row's µm/px where the table gives one
+        chosen = predict_slide(checkpoint, slide, **{**predict, "slide_mpp": session.fallback_mpp(slide)})
+    yield BEFORE, chosen
     before = outline_shares(first, drawn)
     if before_drawn is not None:
         before_drawn.wait(DRAWING_WAIT_S)

@@ -66,7 +66,9 @@ def check_before_start(session: Session, stated_mpp: dict[Path, bool], *, seed: 
         )
     problems += case_problems(table)
     if session.slide_mpp is None:
-        unstated = [e.path.name for e in table.entries if stated_mpp.get(e.path.resolve()) is False]
+        unstated = [
+            e.path.name for e in table.entries if e.mpp is None and stated_mpp.get(e.path.resolve()) is False
+        ]
         if unstated:
             problems.append(f"{', '.join(unstated)}: the file states no pixel size; enter {FALLBACK_FIELD}")
     return problems

@@ -48,6 +48,7 @@ class SlideRow:
     annotated: int | None = None  # tiles inside them, once counted
     damaged: str | None = None  # why some of its tiles will not decode (seen while drawing it)
     untiled: str | None = None  # why it could not be tiled (seen while counting its tiles)
+    mpp: float | None = None  # level-0 µm/px from its slide table row, for a file that states none
 
 
 class Session:
@@ -118,7 +119,18 @@ class Session:
         first read starts: on the thread of the work that reads, never the viewer's."""
         from bigslide.data.slides import SlideCache
 
-        return SlideCache(slide_mpp=self.slide_mpp, workers=_StartedOnFirstCall(self))
+        slides = SlideCache(slide_mpp=self.slide_mpp, workers=_StartedOnFirstCall(self))
+        slides.state(self.row_mpps())
+        return slides
+
+    def fallback_mpp(self, path: str | Path) -> float | None:
+        """The µm/px the slide at `path` is read at if its file states none: its row's, else the fallback."""
+        row = self.row(path)
+        return row.mpp if row is not None and row.mpp is not None else self.slide_mpp
+
+    def row_mpps(self) -> dict[Path, float]:
+        """The level-0 µm/px the rows' slide table gave (files that state none are read at it)."""
+        return {r.path: r.mpp for r in self.rows if r.mpp is not None}
 
     def set_problem(self, field: str, refusal: str | None) -> None:
         """Record (or clear, with None) the refusal of a number typed into a panel field: no run starts
@@ -208,6 +220,7 @@ class Session:
             )
             row.case, row.time, row.event, row.target = entry.case, entry.time, entry.event, entry.target
             row.annotations = entry.annotations or row.annotations
+            row.mpp = entry.mpp
         self.changed.emit()
         return len(table.entries)
 
@@ -244,6 +257,7 @@ class Session:
                 r.event,
                 r.target,
                 r.annotations,
+                r.mpp,
             )
             for r in self.rows
         ]
@@ -297,7 +311,7 @@ def scale_bar_of(viewer: napari.Viewer) -> Any:
 
 def _wire(viewer: napari.Viewer, session: Session) -> None:
     from bigslide.napari._glyphs import warm_glyphs
-    from bigslide.napari._placement import set_fallback_mpp
+    from bigslide.napari._placement import set_fallback_mpp, set_row_mpps
     from bigslide.napari._qt import window_part
     from bigslide.napari._reader import prefer_this_reader
     from bigslide.napari._tile_errors import on_damaged
@@ -323,8 +337,15 @@ def _wire(viewer: napari.Viewer, session: Session) -> None:
         if view is not None:
             set_fallback_mpp(view, mpp)
 
+    def apply_rows() -> None:
+        view = ref()
+        if view is not None:
+            set_row_mpps(view, {p.resolve(): v for p, v in session.row_mpps().items()})
+
+    apply_rows()
     apply(session.slide_mpp)
     session.slide_mpp_changed.connect(apply)
+    session.changed.connect(apply_rows)
 
 
 class _StartedOnFirstCall:

@@ -36,6 +36,7 @@ SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
 MPP_TIPS = {
     "file": "Level-0 µm per pixel stated by the file",
     "typed": "The file states none: the 'slide µm/px if unstated' value below",
+    "table": "The file states none: its slide table row's mpp",
     "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
     "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
     "closed": "Read from the file when the slide is opened or trained on",
@@ -176,8 +177,9 @@ class SlidesTable(Panel):
         return {name: cells[name] for name in self.columns}
 
     def _mpp_state(self, row: SlideRow) -> tuple[str, str]:
-        """(what the µm/px cell shows, why) for a row: the file's, the fallback typed below, missing (the
-        slide is drawn at a provisional size), or not known until the slide is read (not open here)."""
+        """(what the µm/px cell shows, why) for a row: the file's, its table row's, the fallback typed below,
+        missing (the slide is drawn at a provisional size), or not known until the slide is read (not open
+        here)."""
         from bigslide.napari._roles import slide_layers
 
         layer = next((s for s in slide_layers(self.viewer) if Path(s.metadata["path"]) == row.path), None)
@@ -186,6 +188,8 @@ class SlidesTable(Panel):
         stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
         if stated:
             return f"{float(stated[0]):g}", "file"
+        if mpp and row.mpp is not None:
+            return f"{float(mpp[0]):g} (table)", "table"
         if mpp:
             return f"{float(mpp[0]):g} (typed)", "typed"
         return "missing", "missing"
