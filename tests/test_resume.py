@@ -49,9 +49,10 @@ def start(config: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=TIMEOUT)
-    return proc.returncode, err
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """(exit status, stderr, stdout)."""
+    out, err = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, err, out
 
 
 def wait_for_steps(proc: subprocess.Popen[str], losses: Path, steps: int) -> None:
@@ -70,7 +71,7 @@ def wait_for_steps(proc: subprocess.Popen[str], losses: Path, steps: int) -> Non
 @pytest.fixture(scope="module")
 def reference(config_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, int, float]]:
     out = tmp_path_factory.mktemp("reference")
-    code, err = finish(start(config_path, out))
+    code, err, _ = finish(start(config_path, out))
     assert code == 0, err
     rows = read_losses(out / "losses.csv")
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
@@ -93,17 +94,20 @@ def test_stopped_run_resumes_with_the_same_losses(
     proc = start(config_path, out)
     wait_for_steps(proc, losses, stop_after)
     proc.send_signal(how)
-    returncode, err = finish(proc)
+    returncode, err, said = finish(proc)
     assert returncode == code, err
     if how != signal.SIGKILL:
         assert err.strip().splitlines()[-1] == "bigslide: stopped; the last checkpoint is kept"
+        # the way to interrupt at once is the signal that asked to stop, sent again
+        again = "Ctrl-C again" if how == signal.SIGINT else "a second SIGTERM"
+        assert f"stopping after this step ({again} to interrupt at once)" in said
 
     saved = load_checkpoint(out / "checkpoints" / "last.pt")["position"]["step"]
     assert stop_after - 1 <= saved < len(reference)  # stopped mid-run, at a checkpoint of step >= 1
     logged = len(read_losses(losses))
     assert logged >= saved  # a killed run may have logged steps past its checkpoint
 
-    returncode, err = finish(start(config_path, out, "--resume"))
+    returncode, err, _ = finish(start(config_path, out, "--resume"))
     assert returncode == 0, err
     resumed = read_losses(losses)
     assert [r[:2] for r in resumed] == [r[:2] for r in reference]

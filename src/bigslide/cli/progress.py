@@ -111,7 +111,8 @@ def stop_requests() -> Iterator[threading.Event]:
         if requested.is_set():
             raise KeyboardInterrupt
         requested.set()
-        tqdm.write("stopping after this step (Ctrl-C again to interrupt at once)")
+        again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM"
+        tqdm.write(f"stopping after this step ({again} to interrupt at once)")
 
     previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
