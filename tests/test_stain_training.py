@@ -162,3 +162,41 @@ def test_every_method_maps_its_pixels(method: str, monkeypatch: pytest.MonkeyPat
     predict_sample(built, plain)
     assert sum(rows for rows, _ in mapped) >= rows_per_item
     assert not any(r for _, r in mapped)
+
+
+@pytest.mark.parametrize("augment", [False, True], ids=["normalised", "normalised_and_perturbed"])
+def test_a_case_over_two_labs_normalises_each_slide_from_its_own_stain(
+    sets: dict[str, Path], augment: bool
+) -> None:
+    """A case whose slides were stained in two labs: each slide's tiles in the case's bag get the map that
+    slide alone would get (its own stain fit; the case's one perturbation), not one fit for the mixture."""
+    from bigslide.data.bags import BagDataset
+    from bigslide.data.colour import row_colour
+
+    pair = [SlideTable.from_csv(sets[lab]).entries[0] for lab in "AB"]
+    table = SlideTable([replace(e, case="c1", split="train") for e in pair], ["normal", "tumor"])
+    reference = BUNDLED_REFERENCES["reinhard"]
+    bags = BagDataset(
+        table, tile_size=32, bag_size=0, stain_normalise="reinhard", stain_augment=float(augment)
+    )
+    case = bags[0]
+    assert case.stain is not None
+    assert len(case.stain.parts) == 2
+    assert case.stain.source is None
+    colour = row_colour([case], reference)
+    assert colour is not None
+    mapped = colour(case.x.float() / 255)
+    for part, fit in zip(case.parts, case.stain.parts):
+        alone = replace(case, x=case.x[part.tiles], parts=(), stain=SampleStain(fit, case.stain.jitter))
+        truth = row_colour([alone], reference)
+        assert truth is not None
+        torch.testing.assert_close(mapped[part.tiles], truth(alone.x.float() / 255))
+    # the two labs' renders of one tissue (the tiles at the same place) come closer normalised than scanned
+    assert case.coords is not None
+    at = [{tuple(case.coords[t]): t for t in part.tiles} for part in case.parts]
+    both = sorted(set(at[0]) & set(at[1]))
+    a, b = (torch.as_tensor([at[k][c] for c in both]) for k in (0, 1))
+    assert len(both) > 20
+    raw = (case.x[a].float() - case.x[b].float()).abs().mean() / 255
+    if not augment:
+        assert (mapped[a] - mapped[b]).abs().mean() < 0.6 * raw  # 0.42 here

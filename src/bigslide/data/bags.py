@@ -43,7 +43,8 @@ class BagDataset(Dataset[Sample]):
     Sampling depends on (seed, epoch, i) only, so runs are reproducible and resumable; call
     `set_epoch` each epoch for fresh bags. `stain_augment` > 0: a stain perturbation of that strength
     per slide, drawn from (seed, epoch, i); `stain_normalise`: each sample carries its slide's stain
-    fit (made once per slide), which the method maps onto its reference (`bigslide.data.colour`).
+    fit (made once per slide; a case's bag, each of its slides'), which the method maps onto its reference
+    (`bigslide.data.colour`).
     `skip_bad`: a slide that cannot be tiled (or has no tile with tissue) is left out of the table, and
     named in `left_out`, instead of being an error.
     `instance_classes`: label each tile from its slide's teaching annotations (`Sample.instance_labels`),
@@ -68,13 +69,6 @@ class BagDataset(Dataset[Sample]):
         skip_bad: bool = False,
         instance_classes: list[str] | None = None,
     ) -> None:
-        several = table.case_of_several()
-        if stain_normalise != "none" and several is not None:  # refused before any slide is read
-            raise DataError(
-                f"case {several[0]!r} has {several[1]} slides: stain normalisation is "
-                "fitted slide by slide and a case's bag mixes its slides; set data.stain_normalise: none "
-                "(data.stain_augment draws one perturbation per case)"
-            )
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
         self.tile_size = tile_size
         self.target_mpp = target_mpp
@@ -85,7 +79,7 @@ class BagDataset(Dataset[Sample]):
         self.slides = slides or SlideCache()
         self.stain_augment = stain_augment
         self.stain_normalise = stain_normalise
-        self._stain_fits: dict[int, StainFit] = {}
+        self._stain_fits: dict[int, StainFit] = {}  # by table row: each slide's own stain
         self.min_tissue = min_tissue
         self.tissue = tissue
         self.grids: list[TileGrid] = []
@@ -146,6 +140,7 @@ class BagDataset(Dataset[Sample]):
         squares: list[np.ndarray] = []
         coords: list[np.ndarray] = []
         parts: list[SlidePart] = []
+        read: list[int] = []  # the rows of the slides the bag holds tiles of
         for k, row in enumerate(rows):
             grid = self.grids[row]
             mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
@@ -155,6 +150,7 @@ class BagDataset(Dataset[Sample]):
                 done = int(sum(len(c) for c in coords))
                 parts.append(SlidePart(str(path), np.arange(done, done + len(mine)), grid.tile_size_level0))
                 coords.append(grid.coords[mine])
+                read.append(row)
         # one slide: the worker's buffer as it is; several: one array (the reads' buffers are let go)
         x = torch.from_numpy(squares[0] if len(squares) == 1 else np.concatenate(squares))
         view = draw_view(x, np.random.default_rng([self.seed, self.epoch, i, 7919])) if self.augment else None
@@ -166,34 +162,40 @@ class BagDataset(Dataset[Sample]):
             coords=np.concatenate(coords),
             tile_size_level0=self.grids[rows[0]].tile_size_level0,
             parts=tuple(parts) if len(rows) > 1 else (),
-            stain=self.sample_stain(i),
+            stain=self.sample_stain(i, read),
             view=view,
             instance_labels=None if self.annotated is None else self.annotated.labels(rows)[indices],
         )
 
-    def sample_stain(self, i: int) -> SampleStain | None:
-        """Item i's stain fit (normalisation, one slide) and this epoch's perturbation (augmentation, one
-        draw per case), if asked for."""
+    def sample_stain(self, i: int, rows: list[int] | None = None) -> SampleStain | None:
+        """Item i's stain fits (normalisation: its slide's, or each of the `rows` its bag read from, those of
+        a case of several slides) and this epoch's perturbation (augmentation, one draw per case), if
+        asked for."""
         if self.stain_normalise == "none" and self.stain_augment <= 0:
             return None
-        source = None
-        if self.stain_normalise != "none":
-            if i not in self._stain_fits:
-                self._stain_fits[i] = fit_slide_stain(
-                    self.stain_normalise,
-                    self.table.entries[self.items[i][0]].path,
-                    tile_size=self.tile_size,
-                    target_mpp=self.target_mpp,
-                    min_tissue=self.min_tissue,
-                    tissue=self.tissue,
-                    slides=self.slides,
-                )
-            source = self._stain_fits[i]
+        rows = self.items[i] if rows is None else rows
+        fits = tuple(self._slide_stain(r) for r in rows) if self.stain_normalise != "none" else ()
         jitter = None
         if self.stain_augment > 0:
             rng = np.random.default_rng([self.seed, self.epoch, i, 4177])
             jitter = draw_stain_jitter(rng, self.stain_augment)
-        return SampleStain(source, jitter)
+        if len(self.items[i]) > 1:
+            return SampleStain(None, jitter, fits)
+        return SampleStain(fits[0] if fits else None, jitter)
+
+    def _slide_stain(self, row: int) -> StainFit:
+        """The stain of the slide of table row `row`, fitted once."""
+        if row not in self._stain_fits:
+            self._stain_fits[row] = fit_slide_stain(
+                self.stain_normalise,
+                self.table.entries[row].path,
+                tile_size=self.tile_size,
+                target_mpp=self.target_mpp,
+                min_tissue=self.min_tissue,
+                tissue=self.tissue,
+                slides=self.slides,
+            )
+        return self._stain_fits[row]
 
     def __getitem__(self, i: int) -> Sample:
         return self.read_bag(i, self.tile_indices(i))

@@ -23,6 +23,13 @@ from bigslide.data.stain_norm import LOG_EPS, LogAffine, StainFit, fit_stain, no
 from bigslide.data.transfer import send
 
 
+class _Part(Protocol):
+    """What `row_colour` reads of a `bigslide.data.sample.SlidePart`: the bag's tiles from one slide."""
+
+    @property
+    def tiles(self) -> np.ndarray: ...
+
+
 class _Stained(Protocol):
     """What `row_colour` reads of a `bigslide.data.sample.Sample` (which holds a `SampleStain`)."""
 
@@ -32,14 +39,20 @@ class _Stained(Protocol):
     stain: SampleStain | None
     view: SampleView | None
 
+    @property
+    def parts(self) -> Sequence[_Part]: ...
+
 
 @dataclass(frozen=True)
 class SampleStain:
     """What a sample's slide needs for its colour map: its stain (normalisation) and its perturbation
-    (augmentation: one draw per slide and epoch, the same for all its tiles)."""
+    (augmentation: one draw per slide and epoch, the same for all its tiles). A case's bag over several
+    slides gives each slide's stain in `parts`, in the order of the sample's `parts`: each slide is
+    normalised from its own stain, as it would be alone."""
 
     source: StainFit | None = None
     jitter: StainJitter | None = None
+    parts: tuple[StainFit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,8 @@ class _LogStage:
 class RowColour:
     """Maps of the rows of a batch's pixels: the augmentation view's turn and mirror (`oriented`), then
     (`__call__`) its tone, normalisation, the stain perturbation, hue and saturation; every part
-    optional. `index[r]` is row r's sample."""
+    optional. `index[r]` is row r's sample; `units[r]` its stain unit, the row of the stages' maps (the
+    sample, or its slide where a case's bag spans several; None: the sample)."""
 
     def __init__(
         self,
@@ -80,8 +94,10 @@ class RowColour:
         rgb: torch.Tensor | None,
         random: bool,
         views: _Views | None = None,
+        units: torch.Tensor | None = None,
     ) -> None:
         self.index = index
+        self.units = index if units is None else units
         self.stages = stages
         self.rgb = rgb
         self.random = random  # holds a random stain perturbation (features of these pixels are not reusable)
@@ -91,7 +107,8 @@ class RowColour:
         return int(self.index.shape[0])
 
     def __getitem__(self, rows: slice | torch.Tensor) -> RowColour:
-        return RowColour(self.index[rows], self.stages, self.rgb, self.random, self.views)
+        units = None if self.units is self.index else self.units[rows]
+        return RowColour(self.index[rows], self.stages, self.rgb, self.random, self.views, units)
 
     def oriented(self, x: torch.Tensor) -> torch.Tensor:
         """(R, 3, H, W) or (3, H, W) pixels, one per row, each turned and mirrored as its sample's view
@@ -111,11 +128,12 @@ class RowColour:
         n, c, h, w = rows.shape
         flat = rows.reshape(n, c, h * w).float()
         index = send(self.index, flat.device)
+        units = index if self.units is self.index else send(self.units, flat.device)
         if self.views is not None:
             tone = _rows(self.views.tone, index).unsqueeze(-1)
             flat = torch.addcmul(tone[:, 1:], flat, tone[:, :1]).clamp_(0, 1)
         for stage in self.stages:
-            flat = _log_affine(flat, stage, index)
+            flat = _log_affine(flat, stage, units)
         if self.rgb is not None:
             flat = torch.bmm(_rows(self.rgb, index).transpose(1, 2), flat)
         out = flat.clamp_(0, 1).reshape(n, c, h, w)
@@ -180,25 +198,63 @@ def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowCo
         return None
     sizes = [s.x.shape[0] if s.coords is not None else 1 for s in samples]
     index = torch.repeat_interleave(torch.arange(len(samples)), torch.as_tensor(sizes))
+    units, owner, sources = _units(samples, sizes, index) if reference is not None else (index, [], [])
     stages: list[_LogStage] = []
     if reference is not None:
         norms = []
-        for sample, stain in zip(samples, stains):
-            source = stain.source if stain is not None else None
-            if source is None or source.method != reference.method:  # no slide fit: fit this sample
-                source = fit_stain(reference.method, _pixels(sample), where=sample.slide)
+        for sample_no, (source, rows) in zip(owner, sources):
+            sample = samples[sample_no]
+            if source is None or source.method != reference.method:  # no slide fit: fit these pixels
+                source = fit_stain(reference.method, _pixels(sample, rows), where=sample.slide)
             norms.append(normalising_map(source, reference))
         stages.append(_stage(norms))
+    else:
+        owner = list(range(len(samples)))
     rgb = None
     if augment:
         used = [j if j is not None else NO_JITTER for j in jitters]
-        od = [LogAffine(j.log_matrix, j.log_shift) for j in used]
+        od = [LogAffine(used[s].log_matrix, used[s].log_shift) for s in owner]  # one draw per sample
         if stages and stages[0].mix is None:  # both in OD space: one stage
             stages[0] = _compose(stages[0], _stage(od))
         else:
             stages.append(_stage(od))
         rgb = torch.as_tensor(np.stack([j.rgb_matrix for j in used]), dtype=torch.float32)
-    return RowColour(index, stages, rgb, augment, views)
+    return RowColour(index, stages, rgb, augment, views, None if units is index else units)
+
+
+def _units(
+    samples: Sequence[_Stained], sizes: list[int], index: torch.Tensor
+) -> tuple[torch.Tensor, list[int], list[tuple[StainFit | None, np.ndarray | None]]]:
+    """The stain units of a batch: each sample, or each of its slides where its stain gives them
+    (`SampleStain.parts`). Returns each row's unit, each unit's sample, and each unit's stain fit (None:
+    fit its pixels) with its rows in the sample (None: all of them)."""
+    if not any(s.stain is not None and s.stain.parts for s in samples):
+        return (
+            index,
+            list(range(len(samples))),
+            [(s.stain.source if s.stain else None, None) for s in samples],
+        )
+    units = torch.empty_like(index)
+    owner: list[int] = []
+    sources: list[tuple[StainFit | None, np.ndarray | None]] = []
+    start = 0
+    for k, (sample, size) in enumerate(zip(samples, sizes)):
+        stain = sample.stain
+        if stain is not None and stain.parts:
+            if len(stain.parts) != len(sample.parts):
+                raise ValueError(
+                    f"{sample.slide}: {len(stain.parts)} stain fits for a bag of {len(sample.parts)} slides"
+                )
+            for fit, part in zip(stain.parts, sample.parts):
+                units[start + torch.as_tensor(part.tiles, dtype=torch.long)] = len(owner)
+                owner.append(k)
+                sources.append((fit, part.tiles))
+        else:
+            units[start : start + size] = len(owner)
+            owner.append(k)
+            sources.append((stain.source if stain is not None else None, None))
+        start += size
+    return units, owner, sources
 
 
 def _views(views: Sequence[SampleView | None]) -> _Views | None:
@@ -218,5 +274,6 @@ def _compose(first: _LogStage, second: _LogStage) -> _LogStage:
     return _LogStage(matrix, shift, None, None)
 
 
-def _pixels(sample: _Stained) -> np.ndarray:
-    return sample.x.movedim(-3, -1).reshape(-1, 3).cpu().numpy()
+def _pixels(sample: _Stained, rows: np.ndarray | None = None) -> np.ndarray:
+    x = sample.x if rows is None else sample.x[torch.as_tensor(rows, dtype=torch.long)]
+    return x.movedim(-3, -1).reshape(-1, 3).cpu().numpy()
