@@ -85,9 +85,42 @@ def test_case_tables_refuse_split_disagreement_and_image_methods(cases_csv: Path
     table = SlideTable.from_csv(cases_csv)
     with pytest.raises(DataError, match=r"case 'case_000' has 3 slides, and whole-image methods"):
         SlideImageDataset(table, image_size=64)
-    with pytest.raises(DataError, match=r"case 'case_000' has 3 slides, and bags of stored features"):
-        FeatureBagDataset(table, tmp_path / "features", tile_size=32)
     assert without_cases(table).case_of_several() is None
+
+
+def test_training_on_cases_from_stored_features_repeats_the_recomputing_run(
+    cases_csv: Path, tmp_path: Path
+) -> None:
+    """A case's bag of stored features is its slides' rows one after the other, the tiles its pixel bag
+    reads: the same losses and validation figures as encoding the pixels each step."""
+    from bigslide.engine import Loss, Metrics, TrainConfig, train
+
+    def run(out: Path, features: Path | None) -> list[object]:
+        config = TrainConfig()
+        config.data.csv, config.data.tile_size, config.data.bag_size = str(cases_csv), 32, 12
+        config.data.augment, config.data.workers = False, 0
+        config.data.features = None if features is None else str(features)
+        config.model.backbone = "test_resnet"
+        config.method.name = "frozen_abmil"
+        config.method.params = {"hidden": 16, "attention_dim": 8, "inference_chunk_size": 1}
+        config.optim.epochs, config.optim.lr = 2, 1e-2
+        config.run.out_dir, config.run.device = str(out), "cpu"
+        config.run.deterministic, config.run.tensorboard = True, False
+        return list(train(config))
+
+    stored = run(tmp_path / "stored", tmp_path / "features")
+    recomputed = run(tmp_path / "recomputed", None)
+    assert len(list((tmp_path / "features").glob("*.h5"))) == 12  # a file per slide
+
+    def figures(events: list[object]) -> tuple[list[float], list[dict[str, float]]]:
+        losses = [e.value for e in events if isinstance(e, Loss)]
+        return losses, [e.values for e in events if isinstance(e, Metrics) and e.split == "val"]
+
+    assert len(figures(stored)[0]) == 2 * 2  # two epochs of the two training cases
+    assert figures(stored) == figures(recomputed)
+    table = SlideTable.from_csv(cases_csv)
+    bags = FeatureBagDataset(table, tmp_path / "features", tile_size=32, bag_size=0)
+    assert bags.items == list(table.cases().values())
 
 
 @pytest.fixture(scope="module")

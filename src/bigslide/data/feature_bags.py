@@ -1,4 +1,5 @@
-"""Bags of stored tile features (`data.features`): item i = rows of slide i's feature file.
+"""Bags of stored tile features (`data.features`): item i = rows of case i's feature files (one per
+slide; without a case column each slide is its own case).
 
 The rows are sampled exactly as `BagDataset` samples tiles, from (seed, epoch, slide, repeat), so a bigslide
 file, whose rows are the slide's tile grid in order, gives the same tiles as reading the pixels would. The
@@ -24,7 +25,7 @@ from bigslide.data.feature_store import (
 )
 from bigslide.data.instance_labels import AnnotatedTiles
 from bigslide.data.processes import Pool
-from bigslide.data.sample import Sample
+from bigslide.data.sample import Sample, SlidePart
 from bigslide.data.slides import SlideCache
 from bigslide.data.table import SlideTable
 from bigslide.data.tile_cache import slide_bytes
@@ -35,7 +36,9 @@ from bigslide.wsi.resolution import DEFAULT_MPP
 
 
 class FeatureBagDataset(BagDataset):
-    """Bags of `bag_size` rows of each slide's feature file in `folder` (0 = every row), unaugmented.
+    """Bags of `bag_size` rows of each case's feature files in `folder` (0 = every row), its slides' files
+    one after the other as `BagDataset` takes their tiles, unaugmented. Files, grids and `path` are per
+    table row (slide); items are cases.
 
     `foreign_dim` > 0 also takes files of other tools (CLAM, TRIDENT) of that width: their rows are their
     own tiles, not this run's grid, and nothing is extracted for a slide without a file.
@@ -61,13 +64,7 @@ class FeatureBagDataset(BagDataset):
     ) -> None:
         # Not BagDataset.__init__: a slide's tile grid is needed only to extract or check bigslide's own
         # files, so it is made on demand (`grid`), and foreign files need none.
-        several = table.case_of_several()
-        if several is not None:
-            raise DataError(
-                f"case {several[0]!r} has {several[1]} slides, and bags of stored features "
-                "are read slide by slide: leave data.features unset to train on cases of several slides"
-            )
-        self.items = [[i] for i in range(len(table))]
+        self.items = list(table.cases().values())  # table rows of each case, in table order
         self.table = table
         self.folder = Path(folder)
         self.endpoint = endpoint or Endpoint(classes=list(table.classes))
@@ -145,21 +142,36 @@ class FeatureBagDataset(BagDataset):
         return file
 
     def tile_count(self, i: int) -> int:
-        return self.file(i).rows
+        """Rows of case i's files, over all its slides."""
+        return sum(self.file(row).rows for row in self.items[i])
 
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
-        """Rows `indices` (increasing) of slide i's features, with their tiles' level-0 corners."""
-        file = self.file(i)
-        entry = self.table.entries[i]
-        rows = file.read(None if len(indices) == file.rows else indices)
+        """Rows `indices` (increasing) of case i's features, its slides' files one after the other, with
+        their tiles' level-0 corners."""
+        rows = self.items[i]
+        files = [self.file(row) for row in rows]
+        starts = np.cumsum([0] + [f.rows for f in files])
+        features: list[np.ndarray] = []
+        coords: list[np.ndarray] = []
+        parts: list[SlidePart] = []
+        for k, (row, file) in enumerate(zip(rows, files, strict=True)):
+            mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
+            if len(mine) or len(rows) == 1:
+                done = int(sum(len(c) for c in coords))
+                path = str(self.table.entries[row].path)
+                parts.append(SlidePart(path, np.arange(done, done + len(mine)), file.tile_size_level0))
+                features.append(file.read(None if len(mine) == file.rows else mine))
+                coords.append(file.coords[mine])
+        entry = self.table.entries[rows[0]]
         return Sample(
-            x=torch.from_numpy(rows),
+            x=torch.from_numpy(features[0] if len(features) == 1 else np.concatenate(features)),
             y=self.endpoint.target(entry),
             slide=str(entry.path),
-            coords=file.coords[indices],
-            tile_size_level0=file.tile_size_level0,
+            coords=np.concatenate(coords),
+            tile_size_level0=files[0].tile_size_level0,
             features=True,
-            instance_labels=None if self.annotated is None else self.annotated.labels([i])[indices],
+            parts=tuple(parts) if len(rows) > 1 else (),
+            instance_labels=None if self.annotated is None else self.annotated.labels(rows)[indices],
         )
 
     def load(self, i: int, pool: Pool) -> Sample:
