@@ -212,10 +212,16 @@ def test_a_tables_mpp_column_reads_each_file_stating_none_at_its_rows_pixel_size
     assert np.abs(read[0] - truth).mean() < 6  # resampled from the finer scan: the same tissue
 
 
-def test_a_tables_mpp_at_odds_with_the_files_is_refused_naming_both(scans: dict[float, Path]) -> None:
+def test_a_tables_mpp_at_odds_with_the_files_is_refused_naming_both(
+    scans: dict[float, Path], tmp_path: Path
+) -> None:
     from bigslide.errors import SlideError
 
     slides = SlideCache()
+    link = tmp_path / "linked.svs"  # a table may name the file by another path than the one read
+    link.symlink_to(scans[0.5])
+    slides.state({link: 0.5})
+    assert slides.table_mpp(scans[0.5]) == 0.5
     slides.state({scans[0.25]: 0.252})  # a calibration rounded otherwise: the file's is read
     assert slides.mpp(scans[0.25]) == (0.25, 0.25)
     slides.state({scans[0.25]: 0.5})  # a 40x scan listed as 20x

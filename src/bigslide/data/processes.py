@@ -283,7 +283,7 @@ def read_slide_squares(
     if pool is None and isinstance(slides.workers, DecodeProcesses):
         pool = slides.workers
     if isinstance(pool, DecodeProcesses):
-        return pool.read(path, slides.slide_mpp, plan, coords, slides.stated.get(Path(path)))
+        return pool.read(path, slides.slide_mpp, plan, coords, slides.table_mpp(path))
     with slides.opened(path) as slide:
         return read_squares(slide, plan, coords, pool)
 

@@ -106,7 +106,7 @@ class SlideCache:
         self._open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [slide, users], oldest first
         self._mpp: dict[Path, tuple[float, float] | None] = {}
         self._grids: dict[tuple, TileGrid] = {}
-        self.stated: dict[Path, float] = {}  # slide table rows' µm/px (their `mpp` column)
+        self._stated: dict[Path, float] = {}  # slide table rows' µm/px (their `mpp` column), by resolved path
         self._lock = threading.Lock()
 
     def state(self, entries: Iterable[SlideEntry] | Mapping[Path, float]) -> None:
@@ -115,18 +115,23 @@ class SlideCache:
         given = entries if isinstance(entries, Mapping) else {e.path: e.mpp for e in entries if e.mpp}
         with self._lock:
             for path, mpp in given.items():
-                path = Path(path)
-                if self.stated.get(path) == mpp:
+                key = Path(path).resolve()
+                if self._stated.get(key) == mpp:
                     continue
-                self.stated[path] = mpp
-                self._mpp.pop(path, None)
-                held = self._open.get(path)
-                if held is not None and not held[1]:
-                    self._open.pop(path)[0].close()
+                self._stated[key] = mpp
+                for opened in [p for p in self._open if Path(p).resolve() == key]:
+                    self._mpp.pop(opened, None)
+                    if not self._open[opened][1]:
+                        self._open.pop(opened)[0].close()
+
+    def table_mpp(self, path: str | Path) -> float | None:
+        """The µm/px the slide's table row gives (`state`), if any."""
+        return self._stated.get(Path(path).resolve()) if self._stated else None
 
     def fallback(self, path: Path) -> float | None:
         """The µm/px the slide is read at if its file states none: its row's, else `slide_mpp`."""
-        return self.stated.get(Path(path), self.slide_mpp)
+        given = self.table_mpp(path)
+        return self.slide_mpp if given is None else given
 
     @contextmanager
     def opened(self, path: Path) -> Iterator[Slide]:
@@ -135,7 +140,7 @@ class SlideCache:
         with self._lock:
             held = self._open.pop(path, None)
             if held is None:
-                held = [open_with_mpp(path, self.slide_mpp, self.stated.get(path)), 0]
+                held = [open_with_mpp(path, self.slide_mpp, self.table_mpp(path)), 0]
                 self._mpp[path] = held[0].mpp
             held[1] += 1
             self._open[path] = held  # the most recently used goes last
@@ -171,13 +176,13 @@ class SlideCache:
     def _stated_for(self, args: tuple[Any, ...]) -> dict[Path, float]:
         """The table rows' µm/px a worker needs for `args`: of the slides they name (paths, entries,
         predictions), else all of them."""
-        if not self.stated:
+        if not self._stated:
             return {}
         named = {Path(a) for a in args if isinstance(a, (str, Path))}
         named |= {Path(a.path) for a in args if isinstance(a, SlideEntry)}
         named |= {Path(a.slide) for a in args if isinstance(getattr(a, "slide", None), (str, Path))}
-        wanted = {p: v for p, v in self.stated.items() if p in named}
-        return wanted if named else dict(self.stated)
+        wanted = {p.resolve(): self._stated.get(p.resolve()) for p in named}
+        return {p: v for p, v in wanted.items() if v is not None} if named else dict(self._stated)
 
     def map(
         self, fn: Callable[..., T], items: Sequence[tuple[Any, ...]], what: Callable[[tuple[Any, ...]], str]
@@ -230,8 +235,7 @@ class SlideCache:
         }
         self.state(entries)
         keys = [
-            (entry.path, entry.regions, self.stated.get(Path(entry.path)), *settings.items())
-            for entry in entries
+            (entry.path, entry.regions, self.table_mpp(entry.path), *settings.items()) for entry in entries
         ]
         todo = {key: entry for entry, key in zip(entries, keys) if key not in self._grids}
         if self.tiles is not None and self.workers is not None:  # kept grids are read here: no pixel
