@@ -104,8 +104,12 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     assert any("no-mpp" in m and "pixel size" in m for m in errors), errors  # names the slide and says why
     assert panel.session.rows[0].tiles is None
 
-    panel.slide_mpp.setValue(0.25)  # its scanner's µm/px; read at 0.5 µm/px: 128 level-0 px per tile
+    # its scanner's µm/px; read at 0.5 µm/px: 128 level-0 px per tile
+    type_into(qtbot, panel.slide_mpp, "0.25")
     assert panel.session.slide_mpp == 0.25
+    # the failure asked for this: the panel no longer says the slide cannot be tiled (test_toasts: its toast)
+    assert panel.session.rows[0].untiled is None
+    assert "pixel size" not in panel.status.text()
     panel.count_tiles()
     qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
     with open_slide(unstated.path) as slide:

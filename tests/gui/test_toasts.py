@@ -55,6 +55,30 @@ def test_the_missing_pixel_size_warning_goes_when_it_is_typed(
     assert shown_viewer.layers[0].metadata["mpp"] == (0.5, 0.5)
 
 
+def test_a_failed_count_goes_when_the_pixel_size_it_asked_for_is_typed(
+    shown_viewer: Any, qtbot: Any, tmp_path: Path
+) -> None:
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.synthetic.slides import synthesize_slide
+
+    pixels = synthesize_slide((640, 512), lesions=0, seed=3).rgb
+    path = write_pyramid(tmp_path / "unstated.tif", downsample_pyramid(pixels, 2), flavour="tiff", mpp=None)
+    _, slides = shown_viewer.window.add_plugin_dock_widget("bigslide", "Slides")
+    qtbot.waitUntil(lambda: slides.ready, timeout=120_000)
+    shown_viewer.open(path, plugin="bigslide")
+    slides.set_label(0, "tumor")
+    slides.count_tiles()
+    failed = "Counting tiles failed on 1 slide: unstated.tif: the file states no pixel size"
+    qtbot.waitUntil(lambda: any(t.startswith(failed) for t in _open_toasts()), timeout=30_000)
+    type_into(qtbot, slides.slide_mpp, "0.5")
+    qtbot.waitUntil(
+        lambda: not any(t.startswith("Counting tiles failed") for t in _open_toasts()), timeout=5_000
+    )
+    slides.count_tiles()
+    qtbot.waitUntil(slides.count_button.isEnabled, timeout=30_000)
+    assert slides.session.rows[0].tiles
+
+
 def test_a_finished_run_names_its_folder_not_the_whole_path() -> None:
     """The toast of a finished run stays one short line (napari cuts a long one off); the panel's status
     line keeps the whole path."""

@@ -16,7 +16,7 @@ from bigslide.napari._formats import SUFFIXES
 from bigslide.napari._number import NumberField
 from bigslide.napari._qt import connect_while_alive, scrolled
 from bigslide.napari._slides_table import SlidesTable
-from bigslide.napari._toasts import show_error, show_info
+from bigslide.napari._toasts import show_error, show_info, withdraw
 from bigslide.tiling.pixel_classes import PEN_FLATNESS
 from bigslide.words import counted
 
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from bigslide.data.slides import SlideCache
     from bigslide.napari._session import Session
     from bigslide.tiling.pixel_classes import TissueSettings
+
+
+COUNT_FAILURES = ("Counting tiles failed", "Not counted")
+"""How the status line and toast of a count that left slides uncounted begin."""
 
 
 class SlidesWidget(SlidesTable):
@@ -215,6 +219,11 @@ class SlidesWidget(SlidesTable):
         )
         for row in s.rows:
             row.tiles = None
+            row.untiled = None  # why it could not be tiled: seen again, if still so, by the next count
+        # what a failed count asked for may be what was just typed: its words no longer stand (the status
+        # line describes the table again)
+        for failure in COUNT_FAILURES:
+            withdraw(failure)
         self.refresh()
         s.tiling_changed.emit()  # the tile preview follows
 
