@@ -125,3 +125,32 @@ def test_slide_names_stay_readable_beside_long_labels_and_cases(
         assert grid.visualItemRect(name).width() >= shown, extra  # "slide_000.svs" whole
         case = grid.item(0, panels.slides.column("Case"))
         assert grid.visualItemRect(case).width() >= grid.fontMetrics().horizontalAdvance(case.text()), extra
+
+
+def test_panels_opened_one_by_one_are_tabs_of_one_dock_each_with_its_whole_height(
+    viewer: Any, qtbot: Any
+) -> None:
+    """Opened from the Plugins menu one after the other, the panels stacked in one column left the last
+    two rows high; as tabs of one dock, the one just opened shows, with the dock's height, its content
+    from the top."""
+    from qtpy.QtWidgets import QDockWidget
+
+    window = viewer.window._qt_window
+    window.setGeometry(SCREEN)
+    window.show()
+    qtbot.waitExposed(window)
+    panels = {}
+    for name in ("Slides", "Train", "Results"):
+        _, panels[name] = viewer.window.add_plugin_dock_widget("bigslide", name)
+        qtbot.waitUntil(lambda p=panels[name]: p.ready, timeout=120_000)
+        qtbot.waitUntil(lambda p=panels[name]: on_screen(p), timeout=5_000)  # the one just opened shows
+    docks = {name: panel.parent() for name, panel in panels.items()}
+    assert all(isinstance(d, QDockWidget) for d in docks.values())
+    assert set(window.tabifiedDockWidgets(docks["Results"])) == {docks["Slides"], docks["Train"]}
+    assert panels["Results"].height() > 0.6 * SCREEN.height()
+    assert not on_screen(panels["Slides"])  # behind its tab
+    docks["Slides"].raise_()
+    qtbot.waitUntil(lambda: on_screen(panels["Slides"]), timeout=5_000)
+    table = panels["Slides"].table
+    assert table.mapTo(panels["Slides"], QPoint(0, 0)).y() < 40  # at the top, not below an empty half
+    assert window.frameGeometry().height() <= SCREEN.height()

@@ -1,13 +1,15 @@
 """The base of every dock panel: shown at once, its content built once PyTorch and the engine are loaded
-(at once when they already are), so opening a panel never freezes the viewer while they import."""
+(at once when they already are), so opening a panel never freezes the viewer while they import; a panel
+docked beside another of bigslide's becomes a tab of that dock (`tab_beside_panels`)."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING
 
-from qtpy.QtCore import Qt, Signal
-from qtpy.QtWidgets import QLabel, QVBoxLayout, QWidget
+from qtpy.QtCore import Qt, QTimer, Signal
+from qtpy.QtWidgets import QDockWidget, QLabel, QMainWindow, QSizePolicy, QVBoxLayout, QWidget
 
 from bigslide.napari._warm import import_error, when_ready
 
@@ -25,12 +27,16 @@ class Panel(QWidget):
     `built` fires once they are."""
 
     built = Signal()
+    bigslide_dock = True  # what `tab_beside_panels` tabs with
 
     def __init__(self, napari_viewer: napari.Viewer) -> None:
         super().__init__()
         self.viewer = napari_viewer
         self.ready = False
         self.setMinimumWidth(PANEL_WIDTH)
+        # it takes its dock's height (its content scrolls): napari would otherwise add a stretch below the
+        # loading line, and the content, built after it, sat below the stretch, half the dock down
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
         self._outer = QVBoxLayout(self)
         self._outer.setContentsMargins(0, 0, 0, 0)
         self._loading = QLabel(LOADING)
@@ -39,6 +45,7 @@ class Panel(QWidget):
         self._outer.addWidget(self._loading)
         ref = weakref.ref(self)
         when_ready(lambda: _build(ref))
+        QTimer.singleShot(0, lambda: tab_beside_panels(ref()))  # napari docks it once this returns
 
     def build(self, body: QWidget) -> None:
         raise NotImplementedError
@@ -55,6 +62,39 @@ class Panel(QWidget):
         self._outer.addWidget(body)
         self.ready = True
         self.built.emit()
+
+
+def tab_beside_panels(panel: QWidget | None) -> None:
+    """Make `panel`'s dock a tab of the last dock of bigslide's in the same area of the window, and show it.
+
+    Panels opened one by one were stacked in one column, each given what the others' least heights left
+    (the Results panel two rows high at 1000 px); as tabs, like 'All panels (tabbed)', each gets the whole
+    column, and a tab can still be dragged out to dock it apart."""
+    try:
+        dock = panel.parent() if panel is not None else None
+    except RuntimeError:  # closed before its dock was made
+        return
+    window = dock.parent() if isinstance(dock, QDockWidget) else None
+    if not isinstance(dock, QDockWidget) or not isinstance(window, QMainWindow) or dock.isFloating():
+        return
+    area = window.dockWidgetArea(dock)
+    others = [
+        d
+        for d in window.findChildren(QDockWidget)
+        if d is not dock
+        and not d.isHidden()
+        and not d.isFloating()
+        and window.dockWidgetArea(d) == area
+        and getattr(d.widget(), "bigslide_dock", False)
+    ]
+    if others:
+        window.tabifyDockWidget(others[-1], dock)
+        QTimer.singleShot(0, lambda: _raise(dock))  # the tab just opened shows, once Qt made the tab bar
+
+
+def _raise(dock: QDockWidget) -> None:
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        dock.raise_()
 
 
 def _build(ref: weakref.ref[Panel]) -> None:

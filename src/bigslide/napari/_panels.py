@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 class BigslidePanels(QWidget):
     """Slides, Regions, Train and Results as tabs of one dock widget (they share the viewer's session)."""
 
+    bigslide_dock = True  # a panel opened apart joins it as a tab (`bigslide.napari._panel`)
+
     def __init__(self, napari_viewer: napari.Viewer) -> None:
         # each panel shows at once and fills in when PyTorch is loaded, one per event-loop turn
         super().__init__()
