@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from bigslide.errors import SlideError
+from bigslide.wsi.tiff_tiles import rgba_on_white
 
 SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 MAX_PIXELS = 400_000_000
@@ -102,9 +103,8 @@ def _decode(path: Path, kind: str) -> tuple[np.ndarray, Any, bool]:
         grey = image.mode in ("1", "L", "LA")
         try:
             if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
-                rgba = image.convert("RGBA")
-                white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                rgb = np.asarray(Image.alpha_composite(white, rgba).convert("RGB"))
+                # laid on white as a TIFF's alpha is: a PNG's alpha is straight
+                rgb = rgba_on_white(np.asarray(image.convert("RGBA")), premultiplied=False)
             else:
                 rgb = np.asarray(image.convert("RGB"))
         except Exception as exc:  # truncated or corrupt data: PIL raises OSError, SyntaxError...
