@@ -197,7 +197,7 @@ class SlideTable:
             raise DataError(
                 f"{path}: missing column(s) {', '.join(sorted(missing))} for data.task {task} "
                 f"(columns read, separated by {SEPARATORS[separator]}: {', '.join(columns) or 'none'}); "
-                f"expected slide,{','.join(wanted)}[,split][,regions][,case][,annotations]{hint}"
+                f"expected slide,{','.join(wanted)}[,split][,regions][,case][,mpp][,annotations]{hint}"
             )
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}

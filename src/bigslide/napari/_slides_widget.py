@@ -96,7 +96,7 @@ class SlidesWidget(SlidesTable):
         self.remove_button = QPushButton("Remove")
         self.count_button = QPushButton("Count tiles")
         self.load_button.setToolTip(
-            "Add slides from a CSV: slide,label (or time,event / target)[,split][,regions][,case]"
+            "Add slides from a CSV: slide,label (or time,event / target)[,split][,regions][,case][,mpp]"
         )
         self.count_button.setToolTip("Tiles kept after tissue and region filtering, per slide")
         self.load_button.clicked.connect(lambda: self.load_csv())
