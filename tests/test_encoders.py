@@ -26,7 +26,7 @@ from bigslide.engine.inference import load_trained, predict_slide
 from bigslide.errors import ConfigError
 from bigslide.methods.base import ModelSpec
 from bigslide.nn.backbone_args import backbone_arguments
-from bigslide.nn.backbones import create_encoder, hub_recipe
+from bigslide.nn.backbones import cached_hub_models, create_encoder, hub_recipe
 from bigslide.synthetic.slide_set import make_slide_set
 
 HUB_ID = "bigslide-test/tiny-encoder"
@@ -84,6 +84,8 @@ def test_a_hub_model_of_another_library_in_the_cache_is_named_as_such(hub_cache:
         r".*ViTModel.*package\.module:factory",
     ):
         create_encoder("hf-hub:owkin/phikon", pretrained=True)
+    # what can be chosen without a network: the cache's timm models, not the other library's
+    assert cached_hub_models() == [f"hf-hub:{HUB_ID}"]
 
 
 def small_config(csv: Path, out: Path, backbone: str, method: str = "abmil_acc") -> TrainConfig:

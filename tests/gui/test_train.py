@@ -328,3 +328,36 @@ def test_a_train_panel_opened_again_during_a_run_shows_it_and_its_stop_saves_it(
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["position"]["step"] >= 1
     qtbot.waitUntil(lambda: again.start_button.isEnabled(), timeout=10_000)
     assert "Stopped" in again.status.text()
+
+
+def test_a_timm_model_of_the_hugging_face_cache_is_offered_and_trains_with_its_published_weights(
+    dock: Any, qtbot: Any, tiny_set: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A pathology foundation model downloaded once into the Hugging Face cache is in the backbone list,
+    picked from it as a person does, and trains offline from its own weights."""
+    import timm
+    from huggingface_hub import constants
+    from qtpy.QtCore import QPoint, Qt
+
+    from bigslide.nn.backbones import hub_recipe
+    from tests.test_encoders import put_in_cache
+
+    cache = tmp_path / "hf" / "hub"
+    put_in_cache(
+        cache, "lab/tile-encoder", "test_resnet", {}, timm.create_model("test_resnet", num_classes=0)
+    )
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_recipe.cache_clear()
+    widget = train_panel(dock, tiny_set, tmp_path / "run", "abmil_acc")
+    listed = [widget.backbone.itemText(i) for i in range(widget.backbone.count())]
+    assert "hf-hub:lab/tile-encoder" in listed
+    widget.backbone.setCurrentIndex(listed.index("hf-hub:lab/tile-encoder"))  # picked from the list
+    box = widget.pretrained
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))
+    record = start(widget)
+    qtbot.waitUntil(lambda: "finished" in record.fired, timeout=120_000)
+    hub_recipe.cache_clear()
+    assert record.fired == ["returned", "finished"]
+    config = TrainConfig.from_yaml(widget.run_dir / "config.yaml")
+    assert (config.model.backbone, config.model.pretrained) == ("hf-hub:lab/tile-encoder", True)

@@ -103,8 +103,10 @@ class TrainForm(Panel):
         normalise.currentIndexChanged.connect(lambda _i: self._show_reference())
 
         defaults = OptimConfig()
+        from bigslide.nn.backbones import cached_hub_models
+
         self.backbone = combo_box(
-            BACKBONES,
+            [*BACKBONES, *cached_hub_models()],  # and the timm models of the Hugging Face cache
             editable=True,
             tip=(
                 "Any timm model name; hf-hub:ORG/NAME for a model in the Hugging Face cache; "

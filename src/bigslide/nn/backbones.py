@@ -262,6 +262,23 @@ def hub_recipe(name: str) -> dict[str, Any] | None:
     }
 
 
+def cached_hub_models() -> list[str]:
+    """`hf-hub:ORG/NAME` of every timm model in the local Hugging Face cache (a snapshot whose config.json
+    names a timm architecture), sorted: what a person can choose as model.backbone with no network."""
+    from huggingface_hub import constants
+
+    found = set()
+    for config in Path(constants.HF_HUB_CACHE).glob("models--*/snapshots/*/config.json"):
+        try:
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict) and "architecture" in cfg:
+            repo = config.parents[2].name.removeprefix("models--").replace("--", "/", 1)
+            found.add(f"hf-hub:{repo}")
+    return sorted(found)
+
+
 def _not_timm(repo: str) -> str | None:
     """Why a repository whose configuration is in the local cache cannot be built by timm (another
     library's model, e.g. a transformers ViT); None when it is not cached or timm's own."""
