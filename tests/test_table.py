@@ -221,3 +221,14 @@ def test_prediction_takes_a_table_whose_case_lies_in_two_splits(slide_dir: Path)
     assert [e.case for e in table.entries] == ["p1", "p1", "p2"]
     with pytest.raises(DataError, match=r"t\.csv, row 3: case 'p1' is in split 'test' here but in 'train'"):
         SlideTable.from_csv(csv)
+
+
+def test_a_table_written_on_windows_finds_its_slides_and_names_a_drive_path(slide_dir: Path) -> None:
+    """Folders separated by backslashes, as a spreadsheet on Windows writes them, are the same folders here;
+    a path on a Windows drive is named as such."""
+    csv = write(slide_dir / "t.csv", "slide,label,regions\ns\\a.svs,tumor,\n")
+    [entry] = SlideTable.from_csv(csv).entries
+    assert entry.path == (slide_dir / "s" / "a.svs").resolve()
+    drive = write(slide_dir / "d.csv", "slide,label\nD:\\scans\\a.svs,tumor\n")
+    with pytest.raises(DataError, match=r"d\.csv, row 2: slide file not found: .*a Windows path, D:"):
+        SlideTable.from_csv(drive)

@@ -6,7 +6,7 @@ import csv
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import numpy as np
 
@@ -325,7 +325,9 @@ def _pixel_size(value: str, where: str) -> float:
 def _check_slide_folder(slide: Path, where: str) -> None:
     """A slide that is not a file must be a folder of DICOM files (one whole-slide series)."""
     if not slide.is_dir():
-        raise DataError(f"{where}: slide file not found: {slide}")
+        windows = PureWindowsPath(slide.name).drive  # "C:\\slides\\a.svs", read here as one file name
+        hint = f" (a Windows path, {windows}: give the slide's path on this machine)" if windows else ""
+        raise DataError(f"{where}: slide file not found: {slide}{hint}")
     if not looks_like_dicom_folder(slide):
         raise DataError(
             f"{where}: {slide} is a folder without DICOM files (a slide is a file, or a folder holding "
@@ -370,6 +372,16 @@ def _said(outcome: tuple[object, ...], task: str) -> str:
 
 
 def _resolve(csv_path: Path, value: str) -> Path:
+    """A table's path: relative to the CSV's folder unless absolute. A table written on Windows separates
+    folders with backslashes: read as / where no file has the name as written."""
+    p = _as_written(csv_path, value)
+    if "\\" in value and not p.exists():
+        other = _as_written(csv_path, value.replace("\\", "/"))
+        return other if other.exists() or not PureWindowsPath(value).drive else p
+    return p
+
+
+def _as_written(csv_path: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else (csv_path.parent / p).resolve()
 
