@@ -232,3 +232,13 @@ def test_a_table_written_on_windows_finds_its_slides_and_names_a_drive_path(slid
     drive = write(slide_dir / "d.csv", "slide,label\nD:\\scans\\a.svs,tumor\n")
     with pytest.raises(DataError, match=r"d\.csv, row 2: slide file not found: .*a Windows path, D:"):
         SlideTable.from_csv(drive)
+
+
+def test_a_path_relative_to_the_working_folder_is_named_with_where_paths_are_read_from(
+    slide_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("tables")
+    csv = write(elsewhere / "t.csv", "slide,label\ns/a.svs,tumor\n")
+    monkeypatch.chdir(slide_dir)  # where s/a.svs is, but not beside the table
+    with pytest.raises(DataError, match=r"slide file not found: .*there is a s/a\.svs in the working folder"):
+        SlideTable.from_csv(csv)

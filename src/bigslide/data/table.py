@@ -213,7 +213,7 @@ class SlideTable:
                 raise DataError(f"{where}: empty slide path")
             slide = _resolve(path, row["slide"])
             if check_files and not slide.is_file():
-                _check_slide_folder(slide, where)
+                _check_slide_folder(slide, where, row["slide"])
             if slide in seen:
                 raise DataError(f"{where}: {slide.name} is listed twice (first at row {seen[slide]})")
             seen[slide] = row_no
@@ -322,11 +322,17 @@ def _pixel_size(value: str, where: str) -> float:
     return mpp
 
 
-def _check_slide_folder(slide: Path, where: str) -> None:
-    """A slide that is not a file must be a folder of DICOM files (one whole-slide series)."""
+def _check_slide_folder(slide: Path, where: str, written: str) -> None:
+    """A slide that is not a file must be a folder of DICOM files (one whole-slide series); one not found
+    is named with what may have been meant (`written`: the table's cell)."""
     if not slide.is_dir():
         windows = PureWindowsPath(slide.name).drive  # "C:\\slides\\a.svs", read here as one file name
         hint = f" (a Windows path, {windows}: give the slide's path on this machine)" if windows else ""
+        if not hint and Path(written).expanduser().exists():
+            hint = (
+                f" (there is a {written} in the working folder, {Path.cwd()}: a relative path is read from "
+                "the table's folder)"
+            )
         raise DataError(f"{where}: slide file not found: {slide}{hint}")
     if not looks_like_dicom_folder(slide):
         raise DataError(
