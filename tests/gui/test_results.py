@@ -311,6 +311,17 @@ def test_a_prediction_is_set_beside_the_label_the_slides_table_gives(
         session.update(path, label="tumor", split=split)
         panel.show_prediction(prediction, slide)
         assert f"Labelled <b>tumor</b> in the Slides table ({note}" in panel.result.text()
+    # the label of a case of several slides is the case's: the slide alone is said to be alone
+    session.update(path, case="p7")
+    panel.show_prediction(prediction, slide)
+    assert "Case 'p7'" not in panel.result.text()  # one slide: the case is the slide
+    other = tmp_path / "second.svs"
+    session.add(other)
+    session.update(other, label="tumor", case="p7")
+    panel.show_prediction(prediction, slide)
+    text = panel.result.text()
+    assert "Labelled <b>tumor</b> for case 'p7' in the Slides table" in text
+    assert "Case 'p7' has 2 slides: this is this slide alone" in text
 
 
 def test_a_predictions_words_are_on_screen_before_napari_makes_its_map(

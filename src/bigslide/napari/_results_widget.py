@@ -278,7 +278,12 @@ class ResultsWidget(HeatmapExports, Panel):
         self.prediction = prediction
         mpp = slide.metadata.get("mpp")
         row = self.session.row(slide.metadata["path"])
-        self.result.setText(prediction_line(prediction, slide.name, mpp[0] if mpp else None, row))
+        case_slides = (
+            sum(r.case == row.case for r in self.session.rows) if row is not None and row.case else 1
+        )
+        self.result.setText(
+            prediction_line(prediction, slide.name, mpp[0] if mpp else None, row, case_slides)
+        )
         grids = [(grid, map_name(slide, prediction, key)) for key, grid in prediction.grids.items()]
         self.pending_grids = list(reversed(grids))  # popped from the end: in the method's order
         # a timer of 0 ms may fire before the line is painted, and napari's making of the layer (a quarter
