@@ -155,6 +155,15 @@ def test_a_tables_mpp_column_sizes_and_tiles_a_slide_whose_file_states_none(
     replayed_run(viewer, panel.session, tmp_path / "run")
     assert [e.mpp for e in SlideTable.from_csv(tmp_path / "run" / "slides.csv").entries] == [0.25]
 
+    # a file that states its own µm/px, listed at another: the cell and the status line say so
+    stated = make_slide(pink, flavour="svs", mpp=0.25, name="stated")
+    viewer.open(stated.path, plugin="bigslide")
+    table.write_text(f"slide,label,µm/px\n{stated.path},normal,0.5\n")
+    panel.load_csv(table)
+    row = next(i for i, r in enumerate(panel.session.rows) if r.path.name == "stated.svs")
+    assert panel.table.item(row, panel.column("µm/px")).text() == "0.25 (table 0.5!)"
+    assert "stated.svs: the table's mpp is at odds with the file's µm/px" in panel.status.text()
+
 
 def test_pen_marks_box_on_by_default_leaves_out_a_violet_pen_on_the_glass_in_counts_and_runs(
     viewer: Any, dock: Any, qtbot: Any, tmp_path: Path

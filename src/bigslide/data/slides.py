@@ -29,7 +29,7 @@ from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.regions import Region, load_regions
 from bigslide.tiling.tissue import TissueMask, tissue_mask
-from bigslide.wsi.resolution import check_mpp, slide_mpp
+from bigslide.wsi.resolution import TABLE_AGREEMENT, check_mpp, slide_mpp
 from bigslide.wsi.slide import Slide, open_slide
 
 MAX_OPEN_SLIDES = 32
@@ -53,10 +53,6 @@ class Workers(Protocol):
     workers: int
 
     def call(self, fn: Callable[..., T], *args: Any, what: str) -> T: ...
-
-
-TABLE_AGREEMENT = 0.05
-"""A slide table's µm/px for a file that states its own must be within this share of the file's."""
 
 
 def open_with_mpp(

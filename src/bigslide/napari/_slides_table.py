@@ -26,6 +26,7 @@ from qtpy.QtWidgets import (
 from bigslide.napari._number import parse_number
 from bigslide.napari._panel import Panel
 from bigslide.words import counted
+from bigslide.wsi.resolution import TABLE_AGREEMENT
 
 if TYPE_CHECKING:
     from qtpy.QtWidgets import QLabel
@@ -37,6 +38,8 @@ MPP_TIPS = {
     "file": "Level-0 µm per pixel stated by the file",
     "typed": "The file states none: the 'slide µm/px if unstated' value below",
     "table": "The file states none: its slide table row's mpp",
+    "at odds": "The file states this µm/px and its slide table row's mpp another: counting, training and "
+    "prediction stop on it until the table is corrected or its mpp left empty",
     "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
     "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
     "closed": "Read from the file when the slide is opened or trained on",
@@ -186,6 +189,8 @@ class SlidesTable(Panel):
         if layer is None:
             return "", "closed"
         stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
+        if stated and row.mpp is not None and abs(float(stated[0]) / row.mpp - 1) > TABLE_AGREEMENT:
+            return f"{float(stated[0]):g} (table {row.mpp:g}!)", "at odds"
         if stated:
             return f"{float(stated[0]):g}", "file"
         if mpp and row.mpp is not None:
@@ -204,12 +209,18 @@ class SlidesTable(Panel):
             "survival": "each slide's time and event (1 observed, 0 censored) come from the table",
             "regression": "each slide's target comes from the table",
         }[self.session.task]
-        missing = [r.path.name for r in rows if self._mpp_state(r)[1] == "missing"]
+        states = [(r.path.name, self._mpp_state(r)[1]) for r in rows]
+        missing = [name for name, state in states if state == "missing"]
         unstated = (
             f" {', '.join(missing)}: no pixel size in the file; enter its scanner's µm/px below."
             if missing
             else ""
         )
+        odds = [name for name, state in states if state == "at odds"]
+        if odds:
+            unstated += (
+                f" {', '.join(odds)}: the table's mpp is at odds with the file's µm/px; correct the table."
+            )
         stops = "training stops on them unless bad slides are left out"
         broken = _listed(f"Damaged (some tiles will not decode; {stops})", [r for r in rows if r.damaged])
         unread = _listed(f"Not tiled (unreadable; {stops})", [r for r in rows if r.untiled])

@@ -27,6 +27,8 @@ DEFAULT_MPP = 0.5
 SQUARE_TOLERANCE = 0.01
 """Pixel sides stated within this share of each other are read as square (scanners round their
 calibration)."""
+TABLE_AGREEMENT = 0.05
+"""A slide table's µm/px for a file that states its own must be within this share of the file's."""
 
 
 def magnification_to_mpp(magnification: float) -> float:
