@@ -72,7 +72,9 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     hub_recipe.cache_clear()
 
 
-def test_a_hub_model_of_another_library_in_the_cache_is_named_as_such(hub_cache: Path) -> None:
+def test_a_hub_model_of_another_library_in_the_cache_is_named_as_such(
+    hub_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     snapshot = hub_cache / "models--owkin--phikon" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     (hub_cache / "models--owkin--phikon" / "refs").mkdir()
@@ -86,6 +88,12 @@ def test_a_hub_model_of_another_library_in_the_cache_is_named_as_such(hub_cache:
         create_encoder("hf-hub:owkin/phikon", pretrained=True)
     # what can be chosen without a network: the cache's timm models, not the other library's
     assert cached_hub_models() == [f"hf-hub:{HUB_ID}"]
+    from bigslide.cli.main import main
+
+    assert main(["encoders"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"hf-hub:{HUB_ID}"]
+    assert f"1 timm model in the Hugging Face cache, {hub_cache}" in err
 
 
 def small_config(csv: Path, out: Path, backbone: str, method: str = "abmil_acc") -> TrainConfig:

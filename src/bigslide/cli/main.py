@@ -198,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the training methods")
     p.set_defaults(func=cmd_methods)
+    p = sub.add_parser(
+        "encoders",
+        help="list the timm models in the local Hugging Face cache (model.backbone hf-hub:ORG/NAME)",
+    )
+    p.set_defaults(func=cmd_encoders)
 
     p = sub.add_parser("bench", help="benchmarks (side-by-side timings and memory)")
     bench = p.add_subparsers(dest="bench", required=True, metavar="NAME")
@@ -216,6 +221,24 @@ def _summary(module: str) -> str | None:
         return None
     doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text()))
     return doc.strip().splitlines()[0] if doc else None
+
+
+def cmd_encoders(args: argparse.Namespace) -> int:
+    from huggingface_hub import constants
+
+    from bigslide.nn.backbones import cached_hub_models
+
+    found = cached_hub_models()
+    for name in found:
+        print(name)
+    print(
+        f"{len(found)} timm model{'s' * (len(found) != 1)} in the Hugging Face cache, "
+        f"{constants.HF_HUB_CACHE} (HF_HOME, else ~/.cache/huggingface): give one as model.backbone "
+        "(--set model.backbone=hf-hub:ORG/NAME); put one there once with `huggingface-cli download "
+        "ORG/NAME` on a machine that can; any timm model name or package.module:factory works too",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
