@@ -34,6 +34,16 @@ def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
     return TrainConfig.from_yaml(folder / "config.yaml")
 
 
+def tiles_at(path: Path, mpp: float, session: Any) -> int:
+    """The 64 px tiles of the slide at `path` read as `mpp` µm/px, with the session's resolution and least
+    tissue: what the panel's count must say of it."""
+    with open_slide(path) as slide:
+        slide.mpp = (mpp, mpp)
+        return len(
+            TileGrid.from_slide(slide, 64, target_mpp=session.target_mpp, min_tissue=session.min_tissue)
+        )
+
+
 def test_training_set_sample_fills_the_table(viewer: Any, dock: Any, tmp_path: Path) -> None:
     panel = dock("Slides")
     layers = viewer.open_sample("bigslide", "training_set")
@@ -112,14 +122,7 @@ def test_a_slide_without_pixel_size_is_counted_once_its_um_per_px_is_given(
     assert "pixel size" not in panel.status.text()
     panel.count_tiles()
     qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
-    with open_slide(unstated.path) as slide:
-        slide.mpp = (0.25, 0.25)
-        expected = len(
-            TileGrid.from_slide(
-                slide, 64, target_mpp=panel.session.target_mpp, min_tissue=panel.session.min_tissue
-            )
-        )
-    assert panel.session.rows[0].tiles == expected > 0
+    assert panel.session.rows[0].tiles == tiles_at(unstated.path, 0.25, panel.session) > 0
 
     assert replayed_run(viewer, panel.session, tmp_path / "run").data.slide_mpp == 0.25
 
@@ -144,14 +147,7 @@ def test_a_tables_mpp_column_sizes_and_tiles_a_slide_whose_file_states_none(
     panel.tile_size.setValue(64)
     panel.count_tiles()
     qtbot.waitUntil(panel.count_button.isEnabled, timeout=30_000)
-    with open_slide(unstated.path) as slide:
-        slide.mpp = (0.25, 0.25)
-        expected = len(
-            TileGrid.from_slide(
-                slide, 64, target_mpp=panel.session.target_mpp, min_tissue=panel.session.min_tissue
-            )
-        )
-    assert panel.session.rows[0].tiles == expected > 0
+    assert panel.session.rows[0].tiles == tiles_at(unstated.path, 0.25, panel.session) > 0
     replayed_run(viewer, panel.session, tmp_path / "run")
     assert [e.mpp for e in SlideTable.from_csv(tmp_path / "run" / "slides.csv").entries] == [0.25]
 

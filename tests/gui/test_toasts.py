@@ -24,6 +24,19 @@ def shown_viewer(make_napari_viewer: Any) -> Any:
     return viewer
 
 
+def unstated_slide_open(viewer: Any, qtbot: Any, folder: Path) -> Any:
+    """The Slides panel of `viewer` with a slide that states no pixel size opened; the panel."""
+    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+    from bigslide.synthetic.slides import synthesize_slide
+
+    pixels = synthesize_slide((640, 512), lesions=0, seed=3).rgb
+    path = write_pyramid(folder / "unstated.tif", downsample_pyramid(pixels, 2), flavour="tiff", mpp=None)
+    _, slides = viewer.window.add_plugin_dock_widget("bigslide", "Slides")
+    qtbot.waitUntil(lambda: slides.ready, timeout=120_000)
+    viewer.open(path, plugin="bigslide")
+    return slides
+
+
 def test_a_new_notification_replaces_the_one_still_up(shown_viewer: Any, qtbot: Any) -> None:
     from bigslide.napari._toasts import show_error, show_warning, withdraw
 
@@ -41,14 +54,7 @@ def test_a_new_notification_replaces_the_one_still_up(shown_viewer: Any, qtbot: 
 def test_the_missing_pixel_size_warning_goes_when_it_is_typed(
     shown_viewer: Any, qtbot: Any, tmp_path: Path
 ) -> None:
-    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.synthetic.slides import synthesize_slide
-
-    pixels = synthesize_slide((640, 512), lesions=0, seed=3).rgb
-    path = write_pyramid(tmp_path / "unstated.tif", downsample_pyramid(pixels, 2), flavour="tiff", mpp=None)
-    _, slides = shown_viewer.window.add_plugin_dock_widget("bigslide", "Slides")
-    qtbot.waitUntil(lambda: slides.ready, timeout=120_000)
-    shown_viewer.open(path, plugin="bigslide")
+    slides = unstated_slide_open(shown_viewer, qtbot, tmp_path)
     qtbot.waitUntil(lambda: any("no pixel size" in t for t in _open_toasts()), timeout=10_000)
     type_into(qtbot, slides.slide_mpp, "0.5")
     qtbot.waitUntil(lambda: not any("no pixel size" in t for t in _open_toasts()), timeout=5_000)
@@ -58,14 +64,7 @@ def test_the_missing_pixel_size_warning_goes_when_it_is_typed(
 def test_a_failed_count_goes_when_the_pixel_size_it_asked_for_is_typed(
     shown_viewer: Any, qtbot: Any, tmp_path: Path
 ) -> None:
-    from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
-    from bigslide.synthetic.slides import synthesize_slide
-
-    pixels = synthesize_slide((640, 512), lesions=0, seed=3).rgb
-    path = write_pyramid(tmp_path / "unstated.tif", downsample_pyramid(pixels, 2), flavour="tiff", mpp=None)
-    _, slides = shown_viewer.window.add_plugin_dock_widget("bigslide", "Slides")
-    qtbot.waitUntil(lambda: slides.ready, timeout=120_000)
-    shown_viewer.open(path, plugin="bigslide")
+    slides = unstated_slide_open(shown_viewer, qtbot, tmp_path)
     slides.set_label(0, "tumor")
     slides.count_tiles()
     failed = "Counting tiles failed on 1 slide: unstated.tif: the file states no pixel size"
