@@ -3,6 +3,7 @@ the same prediction, and a checkpoint reads every slide at the resolution it was
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -201,6 +202,12 @@ def test_a_tables_mpp_column_reads_each_file_stating_none_at_its_rows_pixel_size
         assert sizes == [64, 32]  # 16 µm tiles on each scan
         read = [bags[i].x.numpy().astype(np.float64) for i in range(2)]
         slides.close()
+        # the same workers, the table's mpp taken away: the fallback again, not the earlier table's
+        unset = table.like([dataclasses.replace(e, mpp=None) for e in table.entries])
+        again = SlideCache(slide_mpp=1.0, workers=processes)
+        bags = BagDataset(unset, tile_size=32, target_mpp=0.5, bag_size=0, min_tissue=0.3, slides=again)
+        assert [grid.plan.size_level0 for grid in bags.grids] == [16, 16]
+        again.close()
     finally:
         if processes is not None:
             processes.close()

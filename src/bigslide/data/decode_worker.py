@@ -135,8 +135,7 @@ def _read(
     buffer = _BUFFERS[number]
     shape = (total, plan.size, plan.size, 3)
     slides = process_slides(slide_mpp)
-    if table_mpp is not None:
-        slides.state({path: table_mpp})
+    slides.state({path: table_mpp})  # None: this run's table gives none (an earlier one may have)
     with slides.opened(path) as slide:
         read_squares(slide, plan, coords, into=_squares(buffer, shape)[offset : offset + len(coords)])
 

@@ -105,8 +105,9 @@ class SlideCache:
         self._stated: dict[Path, float] = {}  # slide table rows' µm/px (their `mpp` column), by resolved path
         self._lock = threading.Lock()
 
-    def state(self, entries: Iterable[SlideEntry] | Mapping[Path, float]) -> None:
-        """Read these slides at their table rows' µm/px (`SlideEntry.mpp`, where given): a slide already
+    def state(self, entries: Iterable[SlideEntry] | Mapping[Path, float | None]) -> None:
+        """Read these slides at their table rows' µm/px (`SlideEntry.mpp`, where given; in a mapping, None:
+        the row gives none, as a decode worker is told when a table's mpp was taken away): a slide already
         open at another is opened again when next read."""
         given = entries if isinstance(entries, Mapping) else {e.path: e.mpp for e in entries if e.mpp}
         with self._lock:
@@ -114,7 +115,10 @@ class SlideCache:
                 key = Path(path).resolve()
                 if self._stated.get(key) == mpp:
                     continue
-                self._stated[key] = mpp
+                if mpp is None:
+                    del self._stated[key]
+                else:
+                    self._stated[key] = mpp
                 for opened in [p for p in self._open if Path(p).resolve() == key]:
                     self._mpp.pop(opened, None)
                     if not self._open[opened][1]:
@@ -169,16 +173,15 @@ class SlideCache:
         stated = self._stated_for(args)
         return self.workers.call(_with_process_slides, fn, self.slide_mpp, stated, folder, args, what=what)
 
-    def _stated_for(self, args: tuple[Any, ...]) -> dict[Path, float]:
+    def _stated_for(self, args: tuple[Any, ...]) -> dict[Path, float | None]:
         """The table rows' µm/px a worker needs for `args`: of the slides they name (paths, entries,
-        predictions), else all of them."""
-        if not self._stated:
-            return {}
+        predictions; None where the table gives none, since a worker outlives a table), else all of them."""
         named = {Path(a) for a in args if isinstance(a, (str, Path))}
         named |= {Path(a.path) for a in args if isinstance(a, SlideEntry)}
         named |= {Path(a.slide) for a in args if isinstance(getattr(a, "slide", None), (str, Path))}
-        wanted = {p.resolve(): self._stated.get(p.resolve()) for p in named}
-        return {p: v for p, v in wanted.items() if v is not None} if named else dict(self._stated)
+        if not named:
+            return dict(self._stated)
+        return {p.resolve(): self._stated.get(p.resolve()) for p in named}
 
     def map(
         self, fn: Callable[..., T], items: Sequence[tuple[Any, ...]], what: Callable[[tuple[Any, ...]], str]
@@ -326,7 +329,7 @@ def process_slides(slide_mpp: float | None, tiles: Path | None = None) -> SlideC
 def _with_process_slides(
     fn: Callable[..., T],
     slide_mpp: float | None,
-    stated: dict[Path, float],
+    stated: dict[Path, float | None],
     tiles: Path | None,
     args: tuple[Any, ...],
 ) -> T:
