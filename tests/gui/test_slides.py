@@ -292,3 +292,52 @@ def test_a_slide_that_cannot_be_tiled_is_marked_and_the_others_counted(
     status = panel.status.text()
     assert status.startswith("Counting tiles failed on 1 slide: cut.svs: the file is cut short")
     assert status.endswith(f". {sum(r.tiles for r in others)} tiles in 4 slides (the others).")
+
+
+def test_a_slides_own_pixel_size_is_typed_in_its_row(
+    viewer: Any, dock: Any, qtbot: Any, make_slide: Any, slide_image: Any, tmp_path: Path
+) -> None:
+    """Two slides from two microscopes, neither stating its µm/px: each takes the one typed in its own row,
+    on the canvas and in the run's table; a magnification typed there is refused, and clearing it gives
+    the slide back to the fallback."""
+    from qtpy.QtCore import Qt
+
+    pink = textured_tissue(slide_image.shape[:2])
+    layers = [
+        viewer.open(make_slide(pink, flavour="tiff", mpp=None, name=name).path, plugin="bigslide")[0]
+        for name in ("scope-a", "scope-b")
+    ]
+    panel = dock("Slides")
+    column = panel.column("µm/px")
+
+    def type_cell(row: int, text: str) -> None:  # select the cell, type over it, press Enter
+        panel.table.setCurrentCell(row, column)
+        qtbot.keyClicks(panel.table, text[0])  # the first key opens the cell's editor, holding it
+        editor = panel.table.focusWidget()
+        qtbot.keyClicks(editor, text[1:])
+        qtbot.keyClick(editor, Qt.Key.Key_Return)
+        qtbot.wait(50)  # the editor closes on the next turn of the event loop
+
+    type_cell(0, "0.25")
+    type_cell(1, "0.5")
+    assert [r.mpp for r in panel.session.rows] == [0.25, 0.5]
+    assert [tuple(layer.scale) for layer in layers] == [(0.25, 0.25), (0.5, 0.5)]
+    assert panel.table.item(0, column).text() == "0.25 (table)"
+    panel.set_label(0, "tumor")
+    panel.set_label(1, "normal")
+    replayed_run(viewer, panel.session, tmp_path / "run")  # the run reads each slide at its own
+    assert [e.mpp for e in SlideTable.from_csv(tmp_path / "run" / "slides.csv").entries] == [0.25, 0.5]
+    type_cell(0, "40")  # a magnification, not a pixel size
+    assert panel.session.rows[0].mpp == 0.25
+    assert "Row 1 (scope-a.tif): µm/px must be at most 10" in panel.status.text()
+    panel.table.setCurrentCell(0, column)  # cleared: the fallback below again (none typed: missing)
+    qtbot.keyClick(panel.table, Qt.Key.Key_F2)
+    qtbot.wait(50)
+    editor = panel.table.focusWidget()
+    qtbot.keyClick(editor, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(editor, Qt.Key.Key_Backspace)
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.wait(50)
+    assert panel.session.rows[0].mpp is None
+    assert panel.table.item(0, column).text() == "missing"
+    assert tuple(layers[0].scale) == (1.0, 1.0)  # drawn at the provisional size again

@@ -27,6 +27,7 @@ from bigslide.napari._number import parse_number
 from bigslide.napari._panel import Panel
 from bigslide.words import counted
 from bigslide.wsi.resolution import TABLE_AGREEMENT
+from bigslide.wsi.tiff_levels import COARSEST_MPP, FINEST_MPP
 
 if TYPE_CHECKING:
     from qtpy.QtWidgets import QLabel
@@ -36,12 +37,14 @@ if TYPE_CHECKING:
 SPLIT_WORDS = {"": "auto", "train": "train", "val": "val", "test": "test"}
 MPP_TIPS = {
     "file": "Level-0 µm per pixel stated by the file",
-    "typed": "The file states none: the 'slide µm/px if unstated' value below",
-    "table": "The file states none: its slide table row's mpp",
+    "typed": "The file states none: the 'slide µm/px if unstated' value below (type this slide's own here)",
+    "table": "The file states none: this row's µm/px (its table's mpp, or typed here; clear it for the "
+    "value below)",
     "at odds": "The file states this µm/px and its slide table row's mpp another: counting, training and "
     "prediction stop on it until the table is corrected or its mpp left empty",
     "missing": "The file states no pixel size: it is drawn at a provisional 1 µm/px and cannot be read at "
-    "a physical resolution until you enter its scanner's µm/px below ('slide µm/px if unstated')",
+    "a physical resolution until you type its scanner's µm/px here, or below for every such slide "
+    "('slide µm/px if unstated')",
     "closed": "Read from the file when the slide is opened or trained on",
 }
 ANNOTATED_TIP = "Tiles whose centres lie in the teaching annotations of {} (Count tiles counts them)"
@@ -140,7 +143,9 @@ class SlidesTable(Panel):
             self.table.setRowCount(len(self.session.rows))
             for i, row in enumerate(self.session.rows):
                 for name, text in self._cells(row).items():
+                    # a slide's µm/px is typed where its file states none (or the row's is at odds with it)
                     editable = name in EDIT_TIPS or name == "Split"
+                    editable |= name == "µm/px" and self._mpp_state(row)[1] != "file"
                     tip = EDIT_TIPS.get(name, SPLIT_TIP if name == "Split" else "")
                     if name == "Slide":
                         tip = str(row.path) + (f"\ndamaged: {row.damaged}" if row.damaged else "")
@@ -246,6 +251,21 @@ class SlidesTable(Panel):
             self.session.update(row.path, split=item.data(Qt.ItemDataRole.UserRole) or "")
         elif name in ("Time", "Event", "Target"):
             self._set_number(row, name, text)
+        elif name == "µm/px":
+            self._set_mpp(row, text.split(" (")[0].strip())  # typed over "0.5 (typed)" or after it
+
+    def _set_mpp(self, row: SlideRow, text: str) -> None:
+        """A slide's own level-0 µm/px typed in its row (empty: none, the fallback below again), kept when
+        a scanner's; else refused in the status line."""
+        value, problem = (
+            parse_number(text, float, minimum=FINEST_MPP, maximum=COARSEST_MPP) if text else (None, None)
+        )
+        if problem is None:
+            self.session.update(row.path, mpp=value)  # its slide moves to its size on the canvas
+            return
+        refused = f"Row {self.session.rows.index(row) + 1} ({row.path.name}): µm/px {problem}"
+        self.refresh()
+        self.status.setText(f"{refused}; kept {self._cells(row)['µm/px'] or 'empty'}.")
 
     def _set_number(self, row: SlideRow, name: str, text: str) -> None:
         """A typed time, event or target, kept when allowed; else refused in the status line and the cell
