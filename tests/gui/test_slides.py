@@ -34,6 +34,21 @@ def replayed_run(viewer: Any, session: Any, folder: Path) -> Any:
     return TrainConfig.from_yaml(folder / "config.yaml")
 
 
+def type_over_cell(qtbot: Any, table: Any, row: int, column: int, text: str) -> None:
+    """As a person edits a cell: select it, F2, select what is there, type (nothing: clear it), Enter."""
+    from qtpy.QtCore import Qt
+
+    table.setCurrentCell(row, column)
+    qtbot.keyClick(table, Qt.Key.Key_F2)
+    qtbot.wait(50)
+    editor = table.focusWidget()
+    qtbot.keyClick(editor, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(editor, Qt.Key.Key_Backspace)
+    qtbot.keyClicks(editor, text)
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.wait(50)  # the editor closes on the next turn of the event loop
+
+
 def tiles_at(path: Path, mpp: float, session: Any) -> int:
     """The 64 px tiles of the slide at `path` read as `mpp` µm/px, with the session's resolution and least
     tissue: what the panel's count must say of it."""
@@ -330,14 +345,38 @@ def test_a_slides_own_pixel_size_is_typed_in_its_row(
     type_cell(0, "40")  # a magnification, not a pixel size
     assert panel.session.rows[0].mpp == 0.25
     assert "Row 1 (scope-a.tif): µm/px must be at most 10" in panel.status.text()
-    panel.table.setCurrentCell(0, column)  # cleared: the fallback below again (none typed: missing)
-    qtbot.keyClick(panel.table, Qt.Key.Key_F2)
-    qtbot.wait(50)
-    editor = panel.table.focusWidget()
-    qtbot.keyClick(editor, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
-    qtbot.keyClick(editor, Qt.Key.Key_Backspace)
-    qtbot.keyClick(editor, Qt.Key.Key_Return)
-    qtbot.wait(50)
+    type_over_cell(qtbot, panel.table, 0, column, "")  # cleared: the fallback below again (none: missing)
     assert panel.session.rows[0].mpp is None
     assert panel.table.item(0, column).text() == "missing"
     assert tuple(layers[0].scale) == (1.0, 1.0)  # drawn at the provisional size again
+
+
+def test_slides_selected_become_one_case_renamed_in_the_case_column(
+    viewer: Any, dock: Any, qtbot: Any, make_slide: Any, slide_image: Any, tmp_path: Path
+) -> None:
+    """A patient's slides opened one by one become one case without a table: selected with the mouse,
+    One case, then the case's name typed over in its column; the run's table holds it."""
+    from qtpy.QtCore import Qt
+
+    pink = textured_tissue(slide_image.shape[:2])
+    for name in ("p1-a", "p1-b", "p2"):
+        viewer.open(make_slide(pink, flavour="svs", mpp=0.5, name=name).path, plugin="bigslide")
+    panel = dock("Slides")
+    qtbot.mouseClick(panel.case_button, Qt.MouseButton.LeftButton)  # nothing selected: says what to do
+    assert panel.status.text().startswith("Select two or more slides")
+    for row, modifier in ((0, Qt.KeyboardModifier.NoModifier), (1, Qt.KeyboardModifier.ControlModifier)):
+        rect = panel.table.visualItemRect(panel.table.item(row, 0))
+        qtbot.mouseClick(panel.table.viewport(), Qt.MouseButton.LeftButton, modifier, rect.center())
+    qtbot.mouseClick(panel.case_button, Qt.MouseButton.LeftButton)
+    assert [r.case for r in panel.session.rows] == ["p1-a", "p1-a", None]
+    column = panel.column("Case")
+    assert column >= 0  # shown once a slide has a case
+    for row in (0, 1):
+        type_over_cell(qtbot, panel.table, row, column, "patient 1")
+    assert panel.session.rows[0].case == "patient 1"
+    for row, label in enumerate(("tumor", "tumor", "normal")):
+        panel.set_label(row, label)
+    replayed_run(viewer, panel.session, tmp_path / "run")
+    written = SlideTable.from_csv(tmp_path / "run" / "slides.csv")
+    assert [e.case for e in written.entries] == ["patient 1", "patient 1", None]
+    assert list(written.cases().values()) == [[0, 1], [2]]

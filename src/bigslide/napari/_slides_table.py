@@ -56,6 +56,8 @@ EDIT_TIPS = {
     "Time": "Time to the event or to censoring (> 0, in the table's units)",
     "Event": "1: the event was observed; 0: censored",
     "Target": "The number the model learns to predict for this slide",
+    "Case": "The patient or case the slide belongs to: a case's slides are one bag, one prediction (type "
+    "a name; empty: the slide is its own case)",
 }
 
 
@@ -251,6 +253,8 @@ class SlidesTable(Panel):
             self.session.update(row.path, split=item.data(Qt.ItemDataRole.UserRole) or "")
         elif name in ("Time", "Event", "Target"):
             self._set_number(row, name, text)
+        elif name == "Case":
+            self.session.update(row.path, case=text or None)
         elif name == "µm/px":
             self._set_mpp(row, text.split(" (")[0].strip())  # typed over "0.5 (typed)" or after it
 
@@ -287,9 +291,29 @@ class SlidesTable(Panel):
         if item is not None:
             item.setText(label)
 
+    def selected_rows(self) -> list[int]:
+        """The rows selected in the table, top to bottom."""
+        return sorted({index.row() for index in self.table.selectedIndexes()})
+
+    def one_case(self) -> str | None:
+        """Make the selected slides one case (a patient's slides, one bag and one prediction): the case one
+        of them is in already, else one named after the first; the name can be typed over in the Case
+        column. Returns the case, or None (and says why) with fewer than two slides selected."""
+        rows = [self.session.rows[i] for i in self.selected_rows()]
+        if len(rows) < 2:
+            self.status.setText(
+                "Select two or more slides (Ctrl- or Shift-click their rows), then press One case."
+            )
+            return None
+        case = next((r.case for r in rows if r.case), None) or rows[0].path.stem
+        for row in rows:
+            row.case = case
+        self.session.changed.emit()
+        self.status.setText(f"{', '.join(r.path.name for r in rows)}: case '{case}'. {self.describe()}")
+        return case
+
     def remove_selected(self) -> None:
-        rows = sorted({index.row() for index in self.table.selectedIndexes()}, reverse=True)
-        for i in rows:
+        for i in reversed(self.selected_rows()):
             self.session.remove(self.session.rows[i].path)
 
 

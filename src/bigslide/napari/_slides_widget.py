@@ -94,6 +94,12 @@ class SlidesWidget(SlidesTable):
         self.load_button = QPushButton("Load table…")
         self.save_button = QPushButton("Save table…")
         self.remove_button = QPushButton("Remove")
+        self.case_button = QPushButton("One case")
+        self.case_button.setToolTip(
+            "Make the selected slides one case (one patient): trained and predicted as one bag of all their "
+            "tiles, with one label; rename it in the Case column"
+        )
+        self.case_button.clicked.connect(lambda: self.one_case())
         self.count_button = QPushButton("Count tiles")
         self.load_button.setToolTip(
             "Add slides from a CSV: slide,label (or time,event / target)[,split][,regions][,case][,mpp]"
@@ -114,10 +120,10 @@ class SlidesWidget(SlidesTable):
         settings.addRow("pen marks on the glass", self.pen_marks)
         layout = scrolled(body)
         layout.addWidget(self.table)
-        # the table's buttons, then the rows': five in one row are wider than the dock
+        # the table's buttons, then the rows': six in one row are wider than the dock
         for row in (
             (self.add_button, self.load_button, self.save_button),
-            (self.remove_button, self.count_button),
+            (self.remove_button, self.case_button, self.count_button),
         ):
             buttons = QHBoxLayout()
             for button in row:
