@@ -190,8 +190,8 @@ def set_fallback_mpp(viewer: napari.Viewer, fallback: float | None) -> None:
 
 
 def set_row_mpps(viewer: napari.Viewer, given: dict[Path, float]) -> None:
-    """Slide table rows' µm/px (their `mpp` column) for slides whose files state none, by resolved path:
-    applied as `set_fallback_mpp`, before the fallback."""
+    """The Slides table rows' own µm/px (a table's `mpp`, or typed in the row) for slides whose files state
+    none, by resolved path: applied as `set_fallback_mpp`, before the fallback."""
     keep_in_place(viewer)
     if _ROW_MPPS.get(viewer) == given:
         return

@@ -48,7 +48,7 @@ class SlideRow:
     annotated: int | None = None  # tiles inside them, once counted
     damaged: str | None = None  # why some of its tiles will not decode (seen while drawing it)
     untiled: str | None = None  # why it could not be tiled (seen while counting its tiles)
-    mpp: float | None = None  # level-0 µm/px from its slide table row, for a file that states none
+    mpp: float | None = None  # level-0 µm/px of a file that states none: its table's mpp, or typed in its row
 
 
 class Session:
@@ -129,7 +129,8 @@ class Session:
         return row.mpp if row is not None and row.mpp is not None else self.slide_mpp
 
     def row_mpps(self) -> dict[Path, float]:
-        """The level-0 µm/px the rows' slide table gave (files that state none are read at it)."""
+        """The level-0 µm/px the rows give (a table's mpp, or typed in the row): files that state none are
+        read at it."""
         return {r.path: r.mpp for r in self.rows if r.mpp is not None}
 
     def set_problem(self, field: str, refusal: str | None) -> None:
