@@ -26,7 +26,8 @@ from bigslide.engine.inference import load_trained, predict_slide
 from bigslide.errors import ConfigError
 from bigslide.methods.base import ModelSpec
 from bigslide.nn.backbone_args import backbone_arguments
-from bigslide.nn.backbones import cached_hub_models, create_encoder, hub_recipe
+from bigslide.nn.backbones import create_encoder
+from bigslide.nn.hub_models import cached_hub_models, hub_recipe
 from bigslide.synthetic.slide_set import make_slide_set
 
 HUB_ID = "bigslide-test/tiny-encoder"

@@ -339,7 +339,7 @@ def test_a_timm_model_of_the_hugging_face_cache_is_offered_and_trains_with_its_p
     from huggingface_hub import constants
     from qtpy.QtCore import QPoint, Qt
 
-    from bigslide.nn.backbones import hub_recipe
+    from bigslide.nn.hub_models import hub_recipe
     from tests.test_encoders import put_in_cache
 
     cache = tmp_path / "hf" / "hub"

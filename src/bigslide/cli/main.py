@@ -226,7 +226,7 @@ def _summary(module: str) -> str | None:
 def cmd_encoders(args: argparse.Namespace) -> int:
     from huggingface_hub import constants
 
-    from bigslide.nn.backbones import cached_hub_models
+    from bigslide.nn.hub_models import cached_hub_models
 
     found = cached_hub_models()
     for name in found:

@@ -45,7 +45,7 @@ from bigslide.explain.heatmap import ScoreGrid
 from bigslide.files import atomic_write_text
 from bigslide.memory.stepper import OptimStepper
 from bigslide.methods.base import Method, StepResult
-from bigslide.nn.backbones import hub_recipe
+from bigslide.nn.hub_models import hub_recipe
 
 NEXT_EPOCH_AHEAD = 2
 """Batches of the next epoch read while an epoch validates."""

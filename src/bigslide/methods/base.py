@@ -117,7 +117,7 @@ class ModelSpec:
     instance_weight: float = 0.0
     # the tile encoder's memory layout ("auto": channels-last for a CNN on CUDA; `encoder_layout`)
     channels_last: str = "auto"
-    # how a checkpoint's hub encoder is built without the hub (`bigslide.nn.backbones.hub_recipe`)
+    # how a checkpoint's hub encoder is built without the hub (`bigslide.nn.hub_models.hub_recipe`)
     recipe: dict[str, Any] | None = None
     # the side of the tiles the encoder reads (a bag method's data.tile_size; None: unknown), on which a
     # plain module's output is measured

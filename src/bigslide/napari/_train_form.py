@@ -103,7 +103,7 @@ class TrainForm(Panel):
         normalise.currentIndexChanged.connect(lambda _i: self._show_reference())
 
         defaults = OptimConfig()
-        from bigslide.nn.backbones import cached_hub_models
+        from bigslide.nn.hub_models import cached_hub_models
 
         self.backbone = combo_box(
             [*BACKBONES, *cached_hub_models()],  # and the timm models of the Hugging Face cache
