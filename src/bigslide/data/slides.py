@@ -29,7 +29,7 @@ from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings
 from bigslide.tiling.regions import Region, load_regions
 from bigslide.tiling.tissue import TissueMask, tissue_mask
-from bigslide.wsi.resolution import TABLE_AGREEMENT, check_mpp, slide_mpp
+from bigslide.wsi.resolution import check_mpp, mpp_at_odds, slide_mpp
 from bigslide.wsi.slide import Slide, open_slide
 
 MAX_OPEN_SLIDES = 32
@@ -67,7 +67,7 @@ def open_with_mpp(
         if slide.mpp is None:
             given = table_mpp if table_mpp is not None else fallback_mpp
             slide.mpp = (given, given) if given is not None else None
-        elif table_mpp is not None and abs(slide.mpp[0] / table_mpp - 1) > TABLE_AGREEMENT:
+        elif table_mpp is not None and mpp_at_odds(slide.mpp[0], table_mpp):
             raise SlideError(
                 f"{path}: the slide table gives {table_mpp:g} µm/px, but the file states {slide.mpp[0]:.4g}; "
                 "correct the table's mpp, or leave it empty to read the slide at its file's"

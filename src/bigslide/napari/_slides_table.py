@@ -26,7 +26,7 @@ from qtpy.QtWidgets import (
 from bigslide.napari._number import parse_number
 from bigslide.napari._panel import Panel
 from bigslide.words import counted
-from bigslide.wsi.resolution import TABLE_AGREEMENT
+from bigslide.wsi.resolution import mpp_at_odds
 from bigslide.wsi.tiff_levels import COARSEST_MPP, FINEST_MPP
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class SlidesTable(Panel):
         if layer is None:
             return "", "closed"
         stated, mpp = layer.metadata.get("stated_mpp"), layer.metadata.get("mpp")
-        if stated and row.mpp is not None and abs(float(stated[0]) / row.mpp - 1) > TABLE_AGREEMENT:
+        if stated and row.mpp is not None and mpp_at_odds(float(stated[0]), row.mpp):
             return f"{float(stated[0]):g} (table {row.mpp:g}!)", "at odds"
         if stated:
             return f"{float(stated[0]):g}", "file"
@@ -256,30 +256,23 @@ class SlidesTable(Panel):
         elif name == "Case":
             self.session.update(row.path, case=text or None)
         elif name == "µm/px":
-            self._set_mpp(row, text.split(" (")[0].strip())  # typed over "0.5 (typed)" or after it
-
-    def _set_mpp(self, row: SlideRow, text: str) -> None:
-        """A slide's own level-0 µm/px typed in its row (empty: none, the fallback below again), kept when
-        a scanner's; else refused in the status line."""
-        value, problem = (
-            parse_number(text, float, minimum=FINEST_MPP, maximum=COARSEST_MPP) if text else (None, None)
-        )
-        if problem is None:
-            self.session.update(row.path, mpp=value)  # its slide moves to its size on the canvas
-            return
-        refused = f"Row {self.session.rows.index(row) + 1} ({row.path.name}): µm/px {problem}"
-        self.refresh()
-        self.status.setText(f"{refused}; kept {self._cells(row)['µm/px'] or 'empty'}.")
+            self._set_number(row, name, text.split(" (")[0].strip())  # typed over "0.5 (typed)" or after it
 
     def _set_number(self, row: SlideRow, name: str, text: str) -> None:
-        """A typed time, event or target, kept when allowed; else refused in the status line and the cell
-        shows the kept value again."""
+        """A typed time, event, target or the slide's own level-0 µm/px (empty: none, the fallback below
+        again), kept when allowed; else refused in the status line and the cell shows the kept value
+        again."""
         if name == "Event":
             value, problem = parse_number(text, int, minimum=0, maximum=1)
+        elif name == "µm/px":  # a scanner's, not a magnification
+            value, problem = (
+                parse_number(text, float, minimum=FINEST_MPP, maximum=COARSEST_MPP) if text else (None, None)
+            )
         else:
             value, problem = parse_number(text, float, above=0 if name == "Time" else None)
         if problem is None:
-            self.session.update(row.path, **{name.lower(): value})
+            # a typed µm/px moves its slide to its size on the canvas
+            self.session.update(row.path, **{"mpp" if name == "µm/px" else name.lower(): value})
             return
         refused = f"Row {self.session.rows.index(row) + 1} ({row.path.name}): {name.lower()} {problem}"
         self.refresh()  # shows the kept value

@@ -31,6 +31,11 @@ TABLE_AGREEMENT = 0.05
 """A slide table's µm/px for a file that states its own must be within this share of the file's."""
 
 
+def mpp_at_odds(stated: float, table: float) -> bool:
+    """Whether a slide table's µm/px disagrees with the one its file states (beyond TABLE_AGREEMENT)."""
+    return abs(stated / table - 1) > TABLE_AGREEMENT
+
+
 def magnification_to_mpp(magnification: float) -> float:
     """Objective magnification to µm/px by the usual convention (20x = 0.5, 40x = 0.25)."""
     if not (math.isfinite(magnification) and magnification > 0):
