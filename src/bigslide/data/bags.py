@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -136,21 +137,17 @@ class BagDataset(Dataset[Sample]):
     def read_bag(self, i: int, indices: np.ndarray, pool: Pool = None) -> Sample:
         """The bag of tiles `indices` of case i; file tiles are decoded once, on `pool` when given."""
         rows = self.items[i]
-        starts = np.cumsum([0] + [len(self.grids[r]) for r in rows])
         squares: list[np.ndarray] = []
         coords: list[np.ndarray] = []
         parts: list[SlidePart] = []
         read: list[int] = []  # the rows of the slides the bag holds tiles of
-        for k, row in enumerate(rows):
-            grid = self.grids[row]
-            mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
-            if len(mine) or len(rows) == 1:
-                path = self.table.entries[row].path
-                squares.append(read_slide_squares(self.slides, path, grid.plan, grid.coords[mine], pool))
-                done = int(sum(len(c) for c in coords))
-                parts.append(SlidePart(str(path), np.arange(done, done + len(mine)), grid.tile_size_level0))
-                coords.append(grid.coords[mine])
-                read.append(row)
+        for k, mine, places in by_slide([len(self.grids[r]) for r in rows], indices):
+            row = rows[k]
+            grid, path = self.grids[row], self.table.entries[row].path
+            squares.append(read_slide_squares(self.slides, path, grid.plan, grid.coords[mine], pool))
+            parts.append(SlidePart(str(path), places, grid.tile_size_level0))
+            coords.append(grid.coords[mine])
+            read.append(row)
         # one slide: the worker's buffer as it is; several: one array (the reads' buffers are let go)
         x = torch.from_numpy(squares[0] if len(squares) == 1 else np.concatenate(squares))
         view = draw_view(x, np.random.default_rng([self.seed, self.epoch, i, 7919])) if self.augment else None
@@ -203,6 +200,21 @@ class BagDataset(Dataset[Sample]):
     def load(self, i: int, pool: Pool) -> Sample:
         """Item i, decoding on `pool` (the loader's processes)."""
         return self.read_bag(i, self.tile_indices(i), pool)
+
+
+def by_slide(sizes: Sequence[int], indices: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """A case's bag split by slide: `indices` (increasing) into its slides' tiles one after the other
+    (slide k has `sizes[k]`) as (k, the indices into slide k's own tiles, their places in the bag), for each
+    slide the bag holds tiles of (a case of one slide: that slide, always)."""
+    starts = np.cumsum([0, *sizes])
+    out = []
+    done = 0
+    for k in range(len(sizes)):
+        mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
+        if len(mine) or len(sizes) == 1:
+            out.append((k, mine, np.arange(done, done + len(mine))))
+            done += len(mine)
+    return out
 
 
 def slide_name(path: str | Path) -> str:

@@ -198,7 +198,7 @@ def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowCo
         return None
     sizes = [s.x.shape[0] if s.coords is not None else 1 for s in samples]
     index = torch.repeat_interleave(torch.arange(len(samples)), torch.as_tensor(sizes))
-    units, owner, sources = _units(samples, sizes, index) if reference is not None else (index, [], [])
+    units, owner, sources = _units(samples, sizes, index)
     stages: list[_LogStage] = []
     if reference is not None:
         norms = []
@@ -208,8 +208,6 @@ def row_colour(samples: Sequence[_Stained], reference: StainFit | None) -> RowCo
                 source = fit_stain(reference.method, _pixels(sample, rows), where=sample.slide)
             norms.append(normalising_map(source, reference))
         stages.append(_stage(norms))
-    else:
-        owner = list(range(len(samples)))
     rgb = None
     if augment:
         used = [j if j is not None else NO_JITTER for j in jitters]

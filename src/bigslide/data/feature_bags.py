@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bigslide.data.bags import BagDataset
+from bigslide.data.bags import BagDataset, by_slide
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.feature_store import (
     ExpectedTiles,
@@ -150,18 +150,14 @@ class FeatureBagDataset(BagDataset):
         their tiles' level-0 corners."""
         rows = self.items[i]
         files = [self.file(row) for row in rows]
-        starts = np.cumsum([0] + [f.rows for f in files])
         features: list[np.ndarray] = []
         coords: list[np.ndarray] = []
         parts: list[SlidePart] = []
-        for k, (row, file) in enumerate(zip(rows, files, strict=True)):
-            mine = indices[(indices >= starts[k]) & (indices < starts[k + 1])] - starts[k]
-            if len(mine) or len(rows) == 1:
-                done = int(sum(len(c) for c in coords))
-                path = str(self.table.entries[row].path)
-                parts.append(SlidePart(path, np.arange(done, done + len(mine)), file.tile_size_level0))
-                features.append(file.read(None if len(mine) == file.rows else mine))
-                coords.append(file.coords[mine])
+        for k, mine, places in by_slide([f.rows for f in files], indices):
+            file = files[k]
+            parts.append(SlidePart(str(self.table.entries[rows[k]].path), places, file.tile_size_level0))
+            features.append(file.read(None if len(mine) == file.rows else mine))
+            coords.append(file.coords[mine])
         entry = self.table.entries[rows[0]]
         return Sample(
             x=torch.from_numpy(features[0] if len(features) == 1 else np.concatenate(features)),
