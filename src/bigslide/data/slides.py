@@ -112,6 +112,8 @@ class SlideCache:
         given = entries if isinstance(entries, Mapping) else {e.path: e.mpp for e in entries if e.mpp}
         with self._lock:
             for path, mpp in given.items():
+                if mpp is None and not self._stated:  # nothing to take away (every read says so)
+                    continue
                 key = Path(path).resolve()
                 if self._stated.get(key) == mpp:
                     continue
@@ -181,7 +183,7 @@ class SlideCache:
         named |= {Path(a.slide) for a in args if isinstance(getattr(a, "slide", None), (str, Path))}
         if not named:
             return dict(self._stated)
-        return {p.resolve(): self._stated.get(p.resolve()) for p in named}
+        return {p: self.table_mpp(p) for p in named}
 
     def map(
         self, fn: Callable[..., T], items: Sequence[tuple[Any, ...]], what: Callable[[tuple[Any, ...]], str]
