@@ -4,6 +4,8 @@ it is kept; `ink_flatness: 0` is the rule without films."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -13,7 +15,10 @@ from bigslide.bench.tissue import Scan, scanned_levels
 from bigslide.data.config import DataConfig
 from bigslide.errors import DataError
 from bigslide.synthetic.marks import FAMILIES, Pen, random_pen, synthesize_marked_slide
+from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
+from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling import films
+from bigslide.tiling.grid import INK as INK_TILE
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import INK, PEN_FLATNESS, TISSUE, TissueSettings
 from bigslide.tiling.tissue import block_mean, classify_pixels
@@ -174,3 +179,54 @@ def test_thin_ink_opened_on_its_rectangle_equals_the_whole_image_opened(where: s
     for iterations in (1, 2, 4):
         expected = ndimage.binary_opening(mask, iterations=iterations)
         np.testing.assert_array_equal(films._opened(mask, iterations), expected)
+
+
+STROMA, STROKE = (1250, 1650, 150, 560), (200, 420, 300, 1800)  # rows, columns at 0.5 µm/px
+
+
+def _stroma_and_a_light_stroke(path: Path) -> Path:
+    """A 0.5 µm/px slide: tissue with a tongue of pale stroma (eosin-pink, sparse nuclei: flat on 8 µm
+    pixels) reaching from its edge onto the glass, and a light greyish blue stroke (118, 145, 183 at 0.45
+    of its strength, paler than the tissue) on the glass above it."""
+    rng = np.random.default_rng(0)
+    rgb = synthesize_slide((2048, 2048), lesions=0, seed=3).rgb.copy()
+    r0, r1, c0, c1 = STROMA
+    stroma = np.array((238, 200, 225), np.float32) + rng.normal(0, 2, (r1 - r0, c1 - c0, 3))
+    rows, cols = np.mgrid[0 : r1 - r0, 0 : c1 - c0]
+    for y, x in zip(rng.integers(0, r1 - r0, 45), rng.integers(0, c1 - c0, 45), strict=True):
+        stroma[(rows - y) ** 2 + (cols - x) ** 2 <= 16] = (120, 80, 160)  # a nucleus 4 µm across
+    rgb[r0:r1, c0:c1] = np.clip(stroma, 0, 255).astype(np.uint8)
+    r0, r1, c0, c1 = STROKE
+    od = -np.log(np.array((118, 145, 183)) / 255.0) * 0.45
+    rgb[r0:r1, c0:c1] = np.clip(rgb[100, 100] * np.exp(-od), 0, 255).astype(np.uint8)
+    return write_pyramid(path, downsample_pyramid(rgb, 3, 4), mpp=0.5)
+
+
+def _within(coords: np.ndarray, box: tuple[int, int, int, int], size0: int) -> np.ndarray:
+    r0, r1, c0, c1 = box
+    x, y = coords[:, 0], coords[:, 1]
+    return (x >= c0) & (x + size0 <= c1) & (y >= r0) & (y + size0 <= r1)
+
+
+def test_pale_stroma_at_the_tissues_edge_is_tissue_and_a_paler_blue_stroke_stays_ink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stroma flat on 8 µm pixels and meeting the glass is paler than the tissue and eosin-pink: not a
+    film. A stroke as pale, but blue, still is one."""
+    path = _stroma_and_a_light_stroke(tmp_path / "stroma.svs")
+
+    def tiles() -> tuple[int, int, int, int]:
+        with open_slide(path) as slide:
+            grid = TileGrid.from_slide(slide, 64, target_mpp=1.0)  # 128 px tiles at level 0
+        as_ink = grid.rejected[grid.rejected_reason == INK_TILE]
+        size0 = grid.tile_size_level0
+        return (
+            int(_within(grid.coords, STROMA, size0).sum()),
+            int(_within(as_ink, STROMA, size0).sum()),
+            int(_within(grid.coords, STROKE, size0).sum()),
+            int(_within(as_ink, STROKE, size0).sum()),
+        )
+
+    assert tiles() == (4, 0, 0, 11)  # the stroma's 4 tiles kept, the stroke's 11 ink
+    monkeypatch.setattr(films, "FILM_OVER_TISSUE", 0.0)  # films judged by place and flatness alone
+    assert tiles() == (0, 4, 0, 11)  # the stroma was taken for a film

@@ -7,7 +7,11 @@ patch of tissue (stroma, a blurred area, an aggregate) lies among textured tissu
 hue, of at least a stroke's breadth, whose surroundings are at least `GLASS_RIM` open glass is ink,
 whatever its colour, together with its soft edge (pixels of its own colour, or faint, beside it). For an
 area of a hue no stain makes (red, orange, green ink), that soft edge counts with the glass around it. Glass
-among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open glass. Films are looked for only on
+among tissue (fat, lumens, up to `OPEN_GLASS_UM` across) is not open glass. Stroma with sparse nuclei at
+the tissue's edge is flat on these pixels and meets the glass too, but it is paler than the tissue it
+belongs to and of its eosin's colour: a flat area as pale as the image's own textured tissue
+(`FILM_OVER_TISSUE`) and eosin-pink on the whole is tissue, not a film (a light blue or grey stroke, paler
+than the tissue too, is not pink). Films are looked for only on
 eosin-stained tissue (H&E): on the coarse pixels tiles are measured on (about 8 µm), an IHC slide's
 counterstain with sparse nuclei and its broad DAB fields are flat too, and where they meet the glass they
 would be taken for films.
@@ -71,6 +75,15 @@ EDGE_COSINE = 0.97
 """A stroke's soft edge: pixels whose OD points within acos(0.97) = 14 degrees of the stroke's mean."""
 
 
+FILM_OVER_TISSUE = 1.3
+"""A film whose summed OD is below FILM_OVER_TISSUE times the median of the image's textured tissue, and
+whose mean OD is eosin-pink (`_pale_stroma`), is stroma. On the tissue bench's tuning slides, flat areas
+of tissue taken for films (pale stroma at the tissue's edge, 99 areas) absorbed 0.46-1.06 times that
+median; pens' films 1.65 times or more. A light greyish blue stroke of the development slides absorbed
+less than the tissue: colour, not amount alone, tells it. On `bench grid`'s H&E slide, with no ink at
+all, the rule without this left 17 tiles of such stroma out as ink."""
+
+
 MIN_JUDGED_PX = 64
 """Textured tissue pixels an image needs for its stain to be judged."""
 
@@ -100,8 +113,10 @@ def films_on_glass(
     tissue = classes == TISSUE
     smooth = light_texture(total, sigma) < settings.ink_flatness
     flat = (tissue & smooth) | (classes == INK)
-    if not flat.any() or not _eosin_stained(od, tissue & ~smooth):
+    textured = tissue & ~smooth
+    if not flat.any() or not _eosin_stained(od, textured):
         return np.zeros(flat.shape, bool)
+    least = FILM_OVER_TISSUE * _typical(total, textured)
     reach = math.ceil(3 * sigma) + 2  # past the textured band a soft edge leaves around a stroke
     min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
     ink = np.zeros(flat.shape, bool)
@@ -127,7 +142,7 @@ def films_on_glass(
         part = grown_box(boxes[area - 1], reach, (h, w))
         own = areas[part] == area
         films = _films_of_one_hue(od[part], flat[part], open_glass[part], reach, min_size) & own
-        if films.any():
+        if films.any() and not _pale_stroma(od[part][films], least):
             ink[part] |= films
             found.append(area)
     out = ink.copy()
@@ -245,6 +260,22 @@ def _eosin_stained(od: np.ndarray, textured: np.ndarray) -> bool:
     red, green, blue = od[..., 0], od[..., 1], od[..., 2]
     pink = textured & (red < EOSIN_RED_GREEN * green) & (blue < EOSIN_BLUE_GREEN * green)
     return bool(np.count_nonzero(pink) / judged >= EOSIN_MIN_SHARE)
+
+
+def _pale_stroma(od: np.ndarray, least: float) -> bool:
+    """Whether a film of these (N, 3) OD pixels absorbs less than `least` (summed) and is eosin-pink."""
+    mean = od.mean(axis=0)
+    red, green, blue = (float(v) for v in mean)
+    return red + green + blue < least and red < EOSIN_RED_GREEN * green and blue < EOSIN_BLUE_GREEN * green
+
+
+def _typical(total: np.ndarray, textured: np.ndarray) -> float:
+    """The median summed OD of the `textured` pixels (a sample of at most about 100,000 of them); 0 when
+    there are fewer than MIN_JUDGED_PX (an image of glass and ink: no tissue to compare a film with)."""
+    values = total[textured]
+    if len(values) < MIN_JUDGED_PX:
+        return 0.0
+    return float(np.median(values[:: max(1, len(values) // 100_000)]))
 
 
 def _opened(mask: np.ndarray, iterations: int) -> np.ndarray:
