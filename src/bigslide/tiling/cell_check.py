@@ -44,7 +44,7 @@ def cell_shares(
     boxes = footprints(coords, size0, ds, (lh, lw))
 
     def shares(image: np.ndarray, local: np.ndarray) -> np.ndarray:
-        od = np.maximum(optical_density(image) - glass, 0)
+        od = optical_density(image, glass)
         stained = summed(od) >= INK_MIN_OD
         cells = stained & (colour_texture(od, sigma) >= CELL_COLOUR_TEXTURE)
         return box_means(cells, local) / np.maximum(box_means(stained, local), 1e-9)

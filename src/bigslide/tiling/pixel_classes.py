@@ -113,9 +113,14 @@ def greyscale(rgb: np.ndarray) -> np.ndarray:
     return rgb[..., 0] * LUMA[0] + rgb[..., 1] * LUMA[1] + rgb[..., 2] * LUMA[2]
 
 
-def optical_density(rgb: np.ndarray) -> np.ndarray:
-    """(..., 3) float32 OD of uint8 RGB, finite at 0 (intensities offset by half a level)."""
-    return -np.log((np.asarray(rgb[..., :3], np.float32) + 0.5) / 255.5)
+def optical_density(rgb: np.ndarray, glass: np.ndarray | None = None) -> np.ndarray:
+    """(..., 3) float32 OD of uint8 RGB, finite at 0 (intensities offset by half a level); with `glass`
+    (the glass's (3,) OD), the OD above it, never below 0."""
+    od = -np.log((np.asarray(rgb[..., :3], np.float32) + 0.5) / 255.5)
+    if glass is not None:
+        od -= np.asarray(glass, np.float32)
+        np.maximum(od, 0, out=od)
+    return od
 
 
 def summed(od: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ from bigslide.tiling.pixel_classes import (
     optical_density,
     summed,
 )
+from bigslide.wsi.tiff_tiles import LUMA
 
 if TYPE_CHECKING:
     from bigslide.wsi.slide import Slide
@@ -116,18 +117,16 @@ def classify_pixels(
         return np.pad(fine, [(0, max(0, n - m)) for n, m in zip(rgb.shape[:2], fine.shape)], mode="edge")[
             : rgb.shape[0], : rgb.shape[1]
         ]
-    grey = greyscale(rgb)
     if not settings.reject_ink:
+        grey = greyscale(rgb)
         out = np.full(grey.shape, GLASS, np.uint8)
         out[grey < RULE_LOW] = INK
         out[(grey >= RULE_LOW) & (grey <= RULE_HIGH)] = TISSUE
         return out
-    od = optical_density(rgb)
-    od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
-    np.maximum(od, 0, out=od)
+    od = optical_density(rgb, glass_od(rgb) if glass is None else glass)
     total = summed(od)
     sigma = max(1.0, TEXTURE_UM / pixel_um) if pixel_um else 1.0
-    ink = ink_mask(od, settings, sigma) | (grey < RULE_LOW)
+    ink = ink_mask(od, settings, sigma) | _darker_than(rgb, RULE_LOW)
     window = max(0.5, GLASS_WINDOW_UM / pixel_um) if pixel_um else 0.5
     faint = total >= 0.5 * GLASS_OD  # bare glass stays glass, however near a tissue's edge
     around = gaussian_planes(total[None], window)[0]
@@ -137,6 +136,16 @@ def classify_pixels(
         plain = _classes(total, ink, pixel_um, settings)
         films = films_on_glass(od, plain, settings, pixel_um or UNKNOWN_PIXEL_UM)
         out[films & (out != INK)] = FILM if mark_films else INK
+    return out
+
+
+def _darker_than(rgb: np.ndarray, level: float) -> np.ndarray:
+    """Pixels whose `greyscale` is below `level`, worked out only where every channel is dark enough for
+    that (each adds its weight times itself to the greyscale): most of a slide is far brighter."""
+    red, green, blue = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    maybe = (red < level / LUMA[0]) & (green < level / LUMA[1]) & (blue < level / LUMA[2])
+    out = np.zeros(maybe.shape, bool)
+    out[maybe] = greyscale(rgb[maybe]) < level
     return out
 
 
@@ -159,9 +168,8 @@ def textured_pixels(
     """Whether each `step`-th pixel of every `step`-th row of an (H, W, 3) image varies in light across a
     nucleus-wide window as cells make it vary (`light_texture` at least PEN_FLATNESS): what tissue looks
     like, and glass, a dark background or a film of ink does not."""
-    od = optical_density(np.asarray(rgb)[::step, ::step, :3])
-    od -= glass_od(rgb) if glass is None else np.asarray(glass, np.float32)
-    total = summed(np.maximum(od, 0))
+    od = optical_density(np.asarray(rgb)[::step, ::step, :3], glass_od(rgb) if glass is None else glass)
+    total = summed(od)
     return light_texture(total, flatness_window((pixel_um or UNKNOWN_PIXEL_UM) * step)) >= PEN_FLATNESS
 
 

@@ -196,7 +196,7 @@ def _not_bare(slide: Slide, coords: np.ndarray, size0: int, level: int) -> np.nd
     if coarse <= level or w * h > WHOLE_READ_PIXELS:
         return np.ones(len(coords), bool)
     image = slide.read_level(coarse)
-    od = np.maximum(optical_density(image) - glass_od(image), 0)
+    od = optical_density(image, glass_od(image))
     something = ndimage.binary_dilation(summed(od) >= BARE_OD)
     boxes = footprints(coords, size0, slide.level_downsamples[coarse], (h, w))
     return box_means(something, boxes) > 0
