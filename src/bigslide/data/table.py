@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
+from typing import NamedTuple
 
 import numpy as np
 
@@ -201,10 +203,7 @@ class SlideTable:
             )
         entries: list[SlideEntry] = []
         seen: dict[Path, int] = {}
-        case_rows: dict[str, tuple[int, tuple[object, ...]]] = {}
-        case_splits: dict[str, tuple[int, str | None]] = {}
         label_rows: dict[str, list[int]] = {}
-        disagree: str | None = None  # the first case whose slides disagree, said after the spelling check
         for row_no, row in enumerate(rows, start=2):
             if separator == ";":  # a spreadsheet's decimal comma: 12,5 is 12.5
                 row = {k: v.replace(",", ".") if k in NUMBER_COLUMNS else v for k, v in row.items()}
@@ -232,29 +231,30 @@ class SlideTable:
             entry.annotations = _resolve(path, row["annotations"]) if row.get("annotations") else None
             if entry.annotations is not None and check_files and not entry.annotations.is_file():
                 raise DataError(f"{where}: annotations file not found: {entry.annotations}")
-            if entry.case is not None and labels_required:  # prediction reads no split: left as written
-                first_row, split = case_splits.setdefault(entry.case, (row_no, entry.split))
-                if split != entry.split:
-                    raise DataError(
-                        f"{where}: case {entry.case!r} is in split {entry.split or '(none)'!r} here but in "
-                        f"{split or '(none)'!r} at row {first_row}; a case's slides must be on one side"
-                    )
-            if entry.case is not None and labels_required:
-                first_row, outcome = case_rows.setdefault(entry.case, (row_no, entry.outcome(task)))
-                if outcome != entry.outcome(task) and disagree is None:
-                    disagree = (
-                        f"{where}: case {entry.case!r} has {_said(entry.outcome(task), task)} here but "
-                        f"{_said(outcome, task)} at row {first_row}; a case's slides must agree"
-                    )
             entries.append(entry)
             if entry.label:
                 label_rows.setdefault(entry.label, []).append(row_no)
         if not entries:
             raise DataError(f"{path}: the slide table has no rows")
+        # a case's slides at odds, named by their rows (entry i is row i + 2); prediction reads no split
+        at_odds = case_conflicts(entries, task) if labels_required else []
+        split = min((c for c in at_odds if c.what == "split"), key=lambda c: c.other, default=None)
+        if split is not None:
+            here, there = entries[split.other].split, entries[split.first].split
+            raise DataError(
+                f"{path}, row {split.other + 2}: case {split.case!r} is in split {here or '(none)'!r} here "
+                f"but in {there or '(none)'!r} at row {split.first + 2}; a case's slides must be on one side"
+            )
         if task == "classification":  # first: 'Tumor' against 'tumor' is a spelling, not a case at odds
             check_label_spelling(label_rows, f"{path}: ", "row")
-        if disagree is not None:
-            raise DataError(disagree)
+        outcome = min((c for c in at_odds if c.what == "outcome"), key=lambda c: c.other, default=None)
+        if outcome is not None:
+            here_said = _said(entries[outcome.other].outcome(task), task)
+            raise DataError(
+                f"{path}, row {outcome.other + 2}: case {outcome.case!r} has {here_said} here but "
+                f"{_said(entries[outcome.first].outcome(task), task)} at row {outcome.first + 2}; a case's "
+                "slides must agree"
+            )
         return cls(entries, list(classes) if classes else [], task)
 
     def to_csv(self, path: str | Path) -> Path:
@@ -371,6 +371,32 @@ def _number(value: str, column: str, where: str) -> float:
     if not math.isfinite(number):
         raise DataError(f"{where}: {column} must be a finite number, got {value!r}")
     return number
+
+
+class CaseConflict(NamedTuple):
+    """Two slides of one case at odds (`first` and `other`: indices into a table's entries) on `what`:
+    "outcome" (what the task learns) or "split"."""
+
+    case: str
+    first: int
+    other: int
+    what: str
+
+
+def case_conflicts(entries: Sequence[SlideEntry], task: str) -> list[CaseConflict]:
+    """For each case (the case column), the first slide at odds with the case's first slide on what `task`
+    learns, and the first at odds on the split: a case is one patient, learnt from and held out as one."""
+    firsts: dict[str, int] = {}
+    found: dict[tuple[str, str], CaseConflict] = {}
+    for i, entry in enumerate(entries):
+        if entry.case is None:
+            continue
+        first = firsts.setdefault(entry.case, i)
+        if entry.outcome(task) != entries[first].outcome(task):
+            found.setdefault((entry.case, "outcome"), CaseConflict(entry.case, first, i, "outcome"))
+        if entry.split != entries[first].split:
+            found.setdefault((entry.case, "split"), CaseConflict(entry.case, first, i, "split"))
+    return list(found.values())
 
 
 def _said(outcome: tuple[object, ...], task: str) -> str:

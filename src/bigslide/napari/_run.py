@@ -19,7 +19,7 @@ from bigslide.errors import DataError, TrainingError
 if TYPE_CHECKING:
     import napari
 
-    from bigslide.data.table import SlideEntry, SlideTable
+    from bigslide.data.table import SlideTable
     from bigslide.engine.events import Event
     from bigslide.napari._session import Session
 
@@ -78,29 +78,23 @@ def case_problems(table: SlideTable) -> list[str]:
     """Slides of one case (the table's case column) that disagree on what the task learns or on their
     split, named as the Slides table shows them: the run reads its copy of the table back and would stop
     a few seconds in, naming a row of that copy, a file the user never wrote."""
-    from bigslide.data.table import TASK_COLUMNS
+    from bigslide.data.table import TASK_COLUMNS, case_conflicts
 
     columns = TASK_COLUMNS[table.task]
-    cases: dict[str, list[SlideEntry]] = {}
-    for entry in table.entries:
-        if entry.case is not None:
-            cases.setdefault(entry.case, []).append(entry)
     problems = []
-    for case, entries in cases.items():
-        first = entries[0]
-        other = next((e for e in entries if e.outcome(table.task) != first.outcome(table.task)), None)
-        if other is not None:
+    for at_odds in case_conflicts(table.entries, table.task):
+        first, other = table.entries[at_odds.first], table.entries[at_odds.other]
+        if at_odds.what == "outcome":
             said = [
                 ", ".join(f"{c} {v}" for c, v in zip(columns, e.outcome(table.task))) for e in (first, other)
             ]
             problems.append(
-                f"case '{case}': {first.path.name} has {said[0]} but {other.path.name} {said[1]}; a case's "
-                f"slides must agree: give them one {' and '.join(columns)} in the Slides panel"
+                f"case '{at_odds.case}': {first.path.name} has {said[0]} but {other.path.name} {said[1]}; a "
+                f"case's slides must agree: give them one {' and '.join(columns)} in the Slides panel"
             )
-        other = next((e for e in entries if e.split != first.split), None)
-        if other is not None:
+        else:
             problems.append(
-                f"case '{case}': {first.path.name} is in split {first.split or 'auto'} but "
+                f"case '{at_odds.case}': {first.path.name} is in split {first.split or 'auto'} but "
                 f"{other.path.name} in {other.split or 'auto'}; a case's slides must be on one side: give "
                 "them one Split in the Slides panel"
             )
