@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from bigslide.data.labels import check_label_spelling, class_order
+from bigslide.data.table_cells import (
+    check_slide_folder,
+    number_cell,
+    pixel_size_cell,
+    relative_path,
+    resolve_path,
+)
 from bigslide.data.table_text import NUMBER_COLUMNS, SEPARATORS, read_table_text
 from bigslide.errors import DataError
 from bigslide.wsi.dicom_series import DICOM_SUFFIX, is_dicom_file, looks_like_dicom_folder, starts_as_tiff
 from bigslide.wsi.names import WSI_SUFFIXES, is_slide_name
-from bigslide.wsi.tiff_levels import COARSEST_MPP, FINEST_MPP
 
 SPLITS = ("train", "val", "test")
 TASKS = ("classification", "survival", "regression")
@@ -210,9 +215,9 @@ class SlideTable:
             where = f"{path}, row {row_no}"
             if not row.get("slide"):
                 raise DataError(f"{where}: empty slide path")
-            slide = _resolve(path, row["slide"])
+            slide = resolve_path(path, row["slide"])
             if check_files and not slide.is_file():
-                _check_slide_folder(slide, where, row["slide"])
+                check_slide_folder(slide, where, row["slide"])
             if slide in seen:
                 raise DataError(f"{where}: {slide.name} is listed twice (first at row {seen[slide]})")
             seen[slide] = row_no
@@ -224,11 +229,11 @@ class SlideTable:
                 raise DataError(f"{where}: split {entry.split!r} is not one of {list(SPLITS)}")
             if classes is not None and entry.label and entry.label not in classes:
                 raise DataError(f"{where}: unknown label {entry.label!r}; known labels: {classes}")
-            entry.regions = _resolve(path, row["regions"]) if row.get("regions") else None
+            entry.regions = resolve_path(path, row["regions"]) if row.get("regions") else None
             if entry.regions is not None and check_files and not entry.regions.is_file():
                 raise DataError(f"{where}: regions file not found: {entry.regions}")
-            entry.mpp = _pixel_size(row["mpp"], where) if row.get("mpp") else None
-            entry.annotations = _resolve(path, row["annotations"]) if row.get("annotations") else None
+            entry.mpp = pixel_size_cell(row["mpp"], where) if row.get("mpp") else None
+            entry.annotations = resolve_path(path, row["annotations"]) if row.get("annotations") else None
             if entry.annotations is not None and check_files and not entry.annotations.is_file():
                 raise DataError(f"{where}: annotations file not found: {entry.annotations}")
             entries.append(entry)
@@ -249,11 +254,12 @@ class SlideTable:
             check_label_spelling(label_rows, f"{path}: ", "row")
         outcome = min((c for c in at_odds if c.what == "outcome"), key=lambda c: c.other, default=None)
         if outcome is not None:
-            here_said = _said(entries[outcome.other].outcome(task), task)
+            here, there = (
+                outcome_words(entries[k].outcome(task), task) for k in (outcome.other, outcome.first)
+            )
             raise DataError(
-                f"{path}, row {outcome.other + 2}: case {outcome.case!r} has {here_said} here but "
-                f"{_said(entries[outcome.first].outcome(task), task)} at row {outcome.first + 2}; a case's "
-                "slides must agree"
+                f"{path}, row {outcome.other + 2}: case {outcome.case!r} has {here} here but {there} at row "
+                f"{outcome.first + 2}; a case's slides must agree"
             )
         return cls(entries, list(classes) if classes else [], task)
 
@@ -268,16 +274,16 @@ class SlideTable:
             writer.writerow(columns)
             for e in self.entries:
                 values = {
-                    "slide": _relative(e.path, base),
+                    "slide": relative_path(e.path, base),
                     "label": e.label,
                     "time": "" if e.time is None else f"{e.time:g}",
                     "event": "" if e.event is None else str(e.event),
                     "target": "" if e.target is None else repr(e.target),
                     "split": e.split or "",
-                    "regions": _relative(e.regions, base) if e.regions else "",
+                    "regions": relative_path(e.regions, base) if e.regions else "",
                     "case": e.case or "",
                     "mpp": "" if e.mpp is None else f"{e.mpp:g}",
-                    "annotations": _relative(e.annotations, base) if e.annotations else "",
+                    "annotations": relative_path(e.annotations, base) if e.annotations else "",
                 }
                 writer.writerow([values[c] for c in columns])
         return path
@@ -311,36 +317,6 @@ class SlideTable:
         return self.like(entries)
 
 
-def _pixel_size(value: str, where: str) -> float:
-    """A row's mpp: µm per pixel of a scanner's level 0 (0.25 at 40x), not a magnification."""
-    mpp = _number(value, "mpp", where)
-    if not FINEST_MPP <= mpp <= COARSEST_MPP:
-        raise DataError(
-            f"{where}: mpp is the slide's µm per pixel ({FINEST_MPP:g} to {COARSEST_MPP:g}; 0.25 at 40x, "
-            f"0.5 at 20x), got {value}"
-        )
-    return mpp
-
-
-def _check_slide_folder(slide: Path, where: str, written: str) -> None:
-    """A slide that is not a file must be a folder of DICOM files (one whole-slide series); one not found
-    is named with what may have been meant (`written`: the table's cell)."""
-    if not slide.is_dir():
-        windows = PureWindowsPath(slide.name).drive  # "C:\\slides\\a.svs", read here as one file name
-        hint = f" (a Windows path, {windows}: give the slide's path on this machine)" if windows else ""
-        if not hint and Path(written).expanduser().exists():
-            hint = (
-                f" (there is a {written} in the working folder, {Path.cwd()}: a relative path is read from "
-                "the table's folder)"
-            )
-        raise DataError(f"{where}: slide file not found: {slide}{hint}")
-    if not looks_like_dicom_folder(slide):
-        raise DataError(
-            f"{where}: {slide} is a folder without DICOM files (a slide is a file, or a folder holding "
-            "one DICOM whole-slide series)"
-        )
-
-
 def _read_outcome(entry: SlideEntry, row: dict[str, str], task: str, required: bool, where: str) -> None:
     """The row's task columns into `entry`, with one-line errors naming the row."""
     if task == "classification":
@@ -350,27 +326,17 @@ def _read_outcome(entry: SlideEntry, row: dict[str, str], task: str, required: b
     if task == "regression":
         value = row.get("target", "")
         if value or required:
-            entry.target = _number(value, "target", where)
+            entry.target = number_cell(value, "target", where)
         return
     time, event = row.get("time", ""), row.get("event", "")
     if not (time or event or required):
         return
-    entry.time = _number(time, "time", where)
+    entry.time = number_cell(time, "time", where)
     if entry.time <= 0:
         raise DataError(f"{where}: time must be > 0 (time to event or censoring), got {time}")
     if event not in ("0", "1", "0.0", "1.0"):
         raise DataError(f"{where}: event must be 1 (observed) or 0 (censored), got {event!r}")
     entry.event = int(float(event))
-
-
-def _number(value: str, column: str, where: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise DataError(f"{where}: {column} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise DataError(f"{where}: {column} must be a finite number, got {value!r}")
-    return number
 
 
 class CaseConflict(NamedTuple):
@@ -399,27 +365,6 @@ def case_conflicts(entries: Sequence[SlideEntry], task: str) -> list[CaseConflic
     return list(found.values())
 
 
-def _said(outcome: tuple[object, ...], task: str) -> str:
+def outcome_words(outcome: tuple[object, ...], task: str) -> str:
+    """A row's outcome (`SlideEntry.outcome`) as its columns and values: "label tumor", "time 3, event 1"."""
     return ", ".join(f"{c} {v}" for c, v in zip(TASK_COLUMNS[task], outcome))
-
-
-def _resolve(csv_path: Path, value: str) -> Path:
-    """A table's path: relative to the CSV's folder unless absolute. A table written on Windows separates
-    folders with backslashes: read as / where no file has the name as written."""
-    p = _as_written(csv_path, value)
-    if "\\" in value and not p.exists():
-        other = _as_written(csv_path, value.replace("\\", "/"))
-        return other if other.exists() or not PureWindowsPath(value).drive else p
-    return p
-
-
-def _as_written(csv_path: Path, value: str) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else (csv_path.parent / p).resolve()
-
-
-def _relative(p: Path, base: Path) -> str:
-    try:
-        return str(p.resolve().relative_to(base))
-    except ValueError:
-        return str(p)

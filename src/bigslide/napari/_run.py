@@ -78,16 +78,14 @@ def case_problems(table: SlideTable) -> list[str]:
     """Slides of one case (the table's case column) that disagree on what the task learns or on their
     split, named as the Slides table shows them: the run reads its copy of the table back and would stop
     a few seconds in, naming a row of that copy, a file the user never wrote."""
-    from bigslide.data.table import TASK_COLUMNS, case_conflicts
+    from bigslide.data.table import TASK_COLUMNS, case_conflicts, outcome_words
 
     columns = TASK_COLUMNS[table.task]
     problems = []
     for at_odds in case_conflicts(table.entries, table.task):
         first, other = table.entries[at_odds.first], table.entries[at_odds.other]
         if at_odds.what == "outcome":
-            said = [
-                ", ".join(f"{c} {v}" for c, v in zip(columns, e.outcome(table.task))) for e in (first, other)
-            ]
+            said = [outcome_words(e.outcome(table.task), table.task) for e in (first, other)]
             problems.append(
                 f"case '{at_odds.case}': {first.path.name} has {said[0]} but {other.path.name} {said[1]}; a "
                 f"case's slides must agree: give them one {' and '.join(columns)} in the Slides panel"
