@@ -253,24 +253,27 @@ def _measure_tiling(slide, marked: MarkedSlide, tiling: Tiling, result: SetResul
     t = truth(marked, whole.coords, size0)
     found = kinds(t)
     index = {tuple(c): i for i, c in enumerate(whole.coords.tolist())}
+
+    def at(coords: np.ndarray) -> np.ndarray:
+        """Which of the whole grid's tiles lie at `coords`."""
+        out = np.zeros(len(whole), bool)
+        out[[index[tuple(c)] for c in coords.tolist()]] = True
+        return out
+
     for name, settings in RULES.items():
         start = time.perf_counter()
         grid = TileGrid.from_slide(slide, tile_size, target_mpp=target, tissue=settings)
         result.seconds[name] += time.perf_counter() - start
-        rows = [index[tuple(c)] for c in grid.coords.tolist()]
-        kept = np.zeros(len(whole), bool)
-        kept[rows] = True
+        kept = at(grid.coords)
         for kind, among in found.items():
             result.tallies[(name, tiling)].add(kind, kept, among)
         if name == DEFAULT_RULE:
-            flagged = np.zeros(len(whole), bool)
-            flagged[rows] = grid.out_of_focus
+            flagged = at(grid.coords[grid.out_of_focus])
             blurred = (t["blur"] >= 0.9) & (t["ink"] == 0) & kept
             sharp = found["clean"] & (t["blur"] == 0) & kept
             result.flags[tiling].add("blurred", flagged, blurred)
             result.flags[tiling].add("sharp", flagged, sharp)
-            as_ink = np.zeros(len(whole), bool)
-            as_ink[[index[tuple(c)] for c in grid.rejected[grid.rejected_reason == INK].tolist()]] = True
+            as_ink = at(grid.rejected[grid.rejected_reason == INK])
             unmarked = (t["tissue"] >= 0.5) & (t["ink"] == 0) & (t["dust"] == 0) & (t["blur"] == 0)
             result.flags[tiling].add("tissue_as_ink", as_ink, unmarked)
 

@@ -19,7 +19,9 @@ would be taken for films.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import ndimage
@@ -116,7 +118,8 @@ def films_on_glass(
     textured = tissue & ~smooth
     if not flat.any() or not _eosin_stained(od, textured):
         return np.zeros(flat.shape, bool)
-    least = FILM_OVER_TISSUE * _typical(total, textured)
+    # the tissue's typical amount is wanted only for an eosin-pink film: found once, when first asked
+    least = functools.cache(lambda: FILM_OVER_TISSUE * _typical(total, textured))
     reach = math.ceil(3 * sigma) + 2  # past the textured band a soft edge leaves around a stroke
     min_size = math.pi * (FILM_MIN_UM / pixel_um) ** 2
     ink = np.zeros(flat.shape, bool)
@@ -262,11 +265,10 @@ def _eosin_stained(od: np.ndarray, textured: np.ndarray) -> bool:
     return bool(np.count_nonzero(pink) / judged >= EOSIN_MIN_SHARE)
 
 
-def _pale_stroma(od: np.ndarray, least: float) -> bool:
-    """Whether a film of these (N, 3) OD pixels absorbs less than `least` (summed) and is eosin-pink."""
-    mean = od.mean(axis=0)
-    red, green, blue = (float(v) for v in mean)
-    return red + green + blue < least and red < EOSIN_RED_GREEN * green and blue < EOSIN_BLUE_GREEN * green
+def _pale_stroma(od: np.ndarray, least: Callable[[], float]) -> bool:
+    """Whether a film of these (N, 3) OD pixels is eosin-pink and absorbs less than `least()` (summed)."""
+    red, green, blue = (float(v) for v in od.mean(axis=0))
+    return red < EOSIN_RED_GREEN * green and blue < EOSIN_BLUE_GREEN * green and red + green + blue < least()
 
 
 def _typical(total: np.ndarray, textured: np.ndarray) -> float:
