@@ -98,10 +98,12 @@ def test_a_slide_that_cannot_be_read_in_validation_or_test_keeps_the_trained_ste
     skipping = config_for(rows, tmp_path / "skipping", workers, skip=True)
     events, result = drive(train(skipping))
     where = "validation" if split == "val" else "the test split"
-    left_out = [e.text for e in events if isinstance(e, Message) and "left out of" in e.text]
+    said = [e for e in events if isinstance(e, Message) and "left out of" in e.text]
+    left_out = [e.text for e in said]
     assert left_out == [left_out[0]]
     assert left_out[0].startswith(f"left out of {where} (data.skip_bad_slides): ")
     assert str(bad) in left_out[0]
+    assert said[0].left_out == (str(bad),)  # named as a file too, for napari's last words
     assert result.steps == 4
     if split == "val":
         assert result.history[-1]["val"]  # scored on the validation slide that could be read

@@ -163,9 +163,10 @@ def test_a_slide_that_kills_workers_stops_training_naming_it_or_is_left_out(
 
     with pytest.warns(RuntimeWarning):
         events, result = drive(train(config_for(slide_csv, tmp_path / "skipping", 2, skip_bad_slides=True)))
-    left_out = [e.text for e in events if isinstance(e, Message) and "left out of training" in e.text]
-    assert len(left_out) == 1
-    assert str(bad) in left_out[0]
+    said = [e for e in events if isinstance(e, Message) and "left out of training" in e.text]
+    assert len(said) == 1
+    assert str(bad) in said[0].text
+    assert said[0].left_out == (str(bad),)  # named as a file too, for napari's last words
     assert result.steps == 2 * (len(train_slides) - 1)
     assert not multiprocessing.active_children()
 

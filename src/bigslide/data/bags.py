@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class BagDataset(Dataset[Sample]):
         self.min_tissue = min_tissue
         self.tissue = tissue
         self.grids: list[TileGrid] = []
-        self.left_out: list[str] = []  # why each slide left out (skip_bad) was
+        self.left_out: dict[str, str] = {}  # each slide left out (skip_bad): why
         kept = []
         # every slide tiled at once, in the decode workers when the slides have them
         made = self.slides.grids(table.entries, tile_size, target_mpp, min_tissue, tissue)
@@ -95,11 +96,10 @@ class BagDataset(Dataset[Sample]):
             except (SlideError, DataError, RegionError) as err:
                 if not skip_bad:
                     raise
-                self.left_out.append(str(err))
+                self.left_out[str(entry.path)] = str(err)
         if self.left_out and not kept:
-            raise DataError(
-                f"every slide of the table was left out (data.skip_bad_slides): {self.left_out[0]}"
-            )
+            first = next(iter(self.left_out.values()))
+            raise DataError(f"every slide of the table was left out (data.skip_bad_slides): {first}")
         self.table = table.like(kept) if self.left_out else table
         self.items = list(self.table.cases().values())  # table rows of each case, in table order
         self.annotated = AnnotatedTiles.of(self.table, self.grids, instance_classes)
@@ -219,3 +219,11 @@ def by_slide(sizes: Sequence[int], indices: np.ndarray) -> list[tuple[int, np.nd
 
 def slide_name(path: str | Path) -> str:
     return Path(path).name
+
+
+def item_slides(dataset: Any, i: int) -> tuple[str, ...]:
+    """The slide files item `i` of `dataset` is read from (a case's several); none for a dataset of
+    images that are not slides."""
+    if not isinstance(dataset, BagDataset):
+        return ()
+    return tuple(str(dataset.table.entries[row].path) for row in dataset.items[i])

@@ -34,6 +34,7 @@ class CheckpointSaved:
 @dataclass(frozen=True)
 class Message:
     text: str
+    left_out: tuple[str, ...] = ()  # the slides a message says were left out (data.skip_bad_slides)
 
 
 Event = Progress | Loss | Metrics | CheckpointSaved | Message

@@ -105,8 +105,8 @@ def _start(
     slides = SlideCache(slide_mpp=config.data.slide_mpp, tiles=tiles, workers=processes)
     data = data or setup.build_data(config, get_method(config.method.name).kind, slides)
     for dataset in (data.train, data.val, data.test):
-        for why in getattr(dataset, "left_out", []):
-            yield Message(f"left out (data.skip_bad_slides): {why}")
+        for path, why in getattr(dataset, "left_out", {}).items():
+            yield Message(f"left out (data.skip_bad_slides): {why}", left_out=(path,))
     if tiles is not None and tiles.hits + tiles.misses:
         yield Message(f"tile grids: {tiles.hits} from {tiles.folder}, {tiles.misses} made and kept there")
     endpoint = data.endpoint

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bigslide.data.bags import BagDataset
+from bigslide.data.bags import BagDataset, item_slides
 from bigslide.data.endpoint import Endpoint
 from bigslide.data.loader import BatchLoader
 from bigslide.data.sample import Batch, Sample, collate
@@ -188,7 +188,10 @@ class Run:
             samples = self.take(batches[state["batch"]])
             for i in sorted(set(self.loader.bad) - self.reported):
                 self.reported.add(i)
-                yield Message(f"left out of training (data.skip_bad_slides): {self.loader.bad[i]}")
+                yield Message(
+                    f"left out of training (data.skip_bad_slides): {self.loader.bad[i]}",
+                    left_out=item_slides(self.data.train, i),
+                )
             if not samples:  # every item of the batch is a bad slide, left out
                 state["batch"] += 1
                 continue
@@ -218,7 +221,7 @@ class Run:
         sampled = isinstance(val, BagDataset) and repeats > 0 and val.bag_size > 0
         drawn = self.board is not None and shows_heatmaps(val) and not sampled
         preds = self.predict_shared(val, repeats, "validating", first_map=drawn)
-        yield from self.left_out(preds, "validation")
+        yield from self.left_out(preds, self.val, "validation")
         if preds is not None and len(preds.labels):
             record["val"] = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
             outputs, split = preds.probs, "validation"
@@ -252,7 +255,7 @@ class Run:
         """Validate the weights the run starts from (a checkpoint's, model.init_from): what its training
         then changes on the same validation slides is read against this."""
         preds = self.predict_shared(self.val, self.config.data.inference_repeats, "validating")
-        yield from self.left_out(preds, "validation")
+        yield from self.left_out(preds, self.val, "validation")
         if preds is None or not len(preds.labels):
             return
         self.start_val = endpoint_metrics(self.endpoint, preds.labels, preds.probs)
@@ -293,12 +296,13 @@ class Run:
         probs = np.concatenate([np.asarray(pr) for _items, _labels, pr in parts if len(pr)])[at]
         return DatasetPredictions(labels, probs, preds.grids[:1])  # rank 0's first item is the first
 
-    def left_out(self, preds: DatasetPredictions | None, split: str) -> Iterator[Message]:
-        """A message for each slide of `split` left out (data.skip_bad_slides), once per run."""
-        for why in [] if preds is None else preds.left_out.values():
+    def left_out(self, preds: DatasetPredictions | None, dataset: Any, split: str) -> Iterator[Message]:
+        """A message for each slide of `split` (read from `dataset`) left out (data.skip_bad_slides), once
+        per run."""
+        for i, why in {} if preds is None else preds.left_out.items():
             if (split, why) not in self.reported_eval:
                 self.reported_eval.add((split, why))
-                yield Message(f"left out of {split} (data.skip_bad_slides): {why}")
+                yield Message(f"left out of {split} (data.skip_bad_slides): {why}", item_slides(dataset, i))
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches of training items (this rank's share), in the order they are trained."""
@@ -371,7 +375,7 @@ class Run:
         """The table's test split, with every tile as `bigslide predict` reads a slide (the figure a user
         reproduces from the CLI); a survival run also draws its Kaplan-Meier plot."""
         preds = self.predict_shared(self.test, 0, "scoring the test split")
-        yield from self.left_out(preds, "the test split")
+        yield from self.left_out(preds, self.test, "the test split")
         if preds is None or not len(preds.labels):
             return None
         decision = self.decision if self.endpoint.task == "classification" else None

@@ -215,8 +215,7 @@ class TrainWidget(TrainForm):
             self.session.checkpoint_saved.emit(self.last_checkpoint)
         elif kind == "Message":
             self.status.setText(event.text)
-            if event.text.startswith("left out") and "): " in event.text:
-                self.left_out.append(Path(event.text.split("): ", 1)[1].split(": ", 1)[0]).name)
+            self.left_out.extend(Path(path).name for path in event.left_out)
 
     def _on_returned(self, result: Any) -> None:
         self.last_checkpoint = getattr(result, "checkpoint", None) or self.last_checkpoint
