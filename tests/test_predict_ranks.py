@@ -100,6 +100,19 @@ def test_the_predict_bench_times_the_command_under_torchrun(tmp_path: Path) -> N
     # prediction is held to the slower of its reading and its model, reading to the workers' decode floor
     assert "target predict, 1 worker >= 0.8 x min(reading, 1 worker; model alone)" in done.stdout
     assert "target reading, 1 worker >= 0.8 x 1 x decode floor" in done.stdout
+    # what a worker does beyond the floor, timed apart, bounds what reading can reach
+    assert "| tile grids alone (1 process, cold) |" in done.stdout
+    assert "| decode and place the squares (1 process, grids given) |" in done.stdout
+    work = re.search(
+        r"decoding ([\d.]+) s \(the floor\), placing the squares in memory \+(-?[\d.]+) s, the tile grids "
+        r"([\d.]+) s: reading can reach at most ([\d.]+) x the floor per worker",
+        done.stdout,
+    )
+    assert work, done.stdout
+    decode, place, grids, most = (float(v) for v in work.groups())
+    assert grids > 0
+    assert decode > 0
+    assert most == pytest.approx(decode / (decode + place + grids), rel=0.1, abs=0.01)
 
 
 DYING_RANK = """

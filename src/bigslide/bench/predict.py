@@ -16,6 +16,13 @@ real encoder on a CPU costs many times the decode (`--backbone test_resnet` to s
 the host's cores to the decode workers. For context, the slides are also read through predict's loader
 with no model ("reading" rows), and the model step alone is timed on tiles in memory.
 
+What a decode worker does beyond the floor is timed apart, after the runs above, each in a process
+forked for it (one core), the floor timed around them: making the slides' tile grids (tissue, ink and
+focus; `TileGrid.from_slide` on freshly opened slides) and decoding with placing (`read_squares` of the
+grids' squares into one buffer used for every slide: each square written to memory once, as a worker
+writes it into its shared buffer; the floor only decodes). From these the report gives the most one
+worker could read on this machine: the floor against the sum of the two, median over repeats.
+
 Targets (exit status 1 when one is missed; `--no-targets` only reports): reading at w workers >= 0.8 x w
 x the 1-process decode floor, as the median over repeats of each timing against the floor timed around
 it; predict at w workers >= 0.8 x the slower of reading at w workers (same repeat) and the model alone
@@ -33,6 +40,7 @@ process can use (unheld, one rank and its worker already keep two cores busy).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -42,8 +50,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from bigslide.bench.io_slide import MPP, QUALITY, TILE, DecodeFloor, ensure_slide, touched_file_tiles
 from bigslide.bench.targets import Targets, add_target_argument, machine_line
+from bigslide.data.decode import read_squares
+from bigslide.tiling.grid import TileGrid
+from bigslide.wsi.slide import open_slide
 
 if TYPE_CHECKING:
     from bigslide.data.bags import BagDataset
@@ -137,6 +150,24 @@ def run(args: argparse.Namespace) -> int:
         )
         return done.failed
 
+    def make_grids() -> None:
+        for p in paths:
+            with open_slide(p) as slide:
+                TileGrid.from_slide(slide, args.tile_size, min_tissue=grids.min_tissue, target_mpp=MPP)
+
+    def place() -> None:
+        for p, grid in zip(paths, grids.grids):
+            with open_slide(p) as slide:
+                read_squares(slide, grid.plan, grid.coords, into=buffer[: len(grid)])
+
+    def placed() -> float:  # into a buffer written once before: no page is new to the process
+        buffer.fill(0)
+        return _timed(place)
+
+    buffer = np.empty((max(len(g) for g in grids.grids), args.tile_size, args.tile_size, 3), np.uint8)
+    apart: dict[str, Callable[[], float]] = {GRIDS_ROW: lambda: _timed(make_grids), PLACE_ROW: placed}
+    apart_rows = (FLOOR_ROW, PLACE_ROW, GRIDS_ROW)  # the floors timed around them are the last
+
     def read(w: int) -> int:
         failed = 0
         for _rows, slide in read_cohort(trained, table, workers=w):
@@ -149,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     for w in counts:
         runs[read_row(w)] = (w, read)
         runs[predict_row(w)] = (w, predict)
-    timings: dict[str, list[float]] = {FLOOR_ROW: [], **{name: [] for name in runs}}
+    timings: dict[str, list[float]] = {FLOOR_ROW: [], **{name: [] for name in [*apart, *runs]}}
     paired: dict[str, list[float]] = {read_row(w): [] for w in counts}  # against the floor
     failed = 0
     for _ in range(args.repeats):  # interleaved, so the machine's load hits every run alike
@@ -163,6 +194,15 @@ def run(args: argparse.Namespace) -> int:
             timings[name].append(run_time)
             if name in paired:
                 paired[name].append(floor_time / (w * run_time))
+    most: list[float] = []  # per repeat: the floor against a worker's work, each timed around the other
+    for _ in range(args.repeats):  # after the runs above, which nothing here may disturb
+        # each in a forked process: this one's memory, which predict forks its workers from, stays as it was
+        floor_time = floor(range(0, args.slides, 2))
+        for name, timed in apart.items():
+            timings[name].append(_in_child(timed))
+        floor_time += floor(range(1, args.slides, 2))
+        timings[FLOOR_ROW].append(floor_time)
+        most.append(floor_time / (timings[PLACE_ROW][-1] + timings[GRIDS_ROW][-1]))
     for f in floors:
         f.close()
     shutil.rmtree(out, ignore_errors=True)
@@ -180,6 +220,13 @@ def run(args: argparse.Namespace) -> int:
         f"(tiles/s counts the {n_tiles} tissue tiles; the floor decodes {n_file_tiles} file tiles: "
         f"{n_file_tiles / statistics.median(timings[FLOOR_ROW]):.0f} file tiles/s; reading = the slides "
         "through predict's loader, no model)"
+    )
+    floor_s, place_s, grids_s = (statistics.median(timings[r][-args.repeats :]) for r in apart_rows)
+    print(
+        f"one worker's work for the cohort (medians, one core): decoding {floor_s:.3f} s (the floor), "
+        f"placing the squares in memory +{place_s - floor_s:.3f} s, the tile grids {grids_s:.3f} s: "
+        f"reading can reach at most {statistics.median(most):.2f} x the floor per worker here (median over "
+        f"repeats; min {min(most):.2f})"
     )
     for w in counts:
         plural = "s" if w > 1 else ""
@@ -298,7 +345,30 @@ def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targ
         )
 
 
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _in_child(timed: Callable[[], float]) -> float:
+    """What `timed` returns, run in a forked process."""
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe(duplex=False)
+    child = context.Process(target=lambda: theirs.send(timed()))
+    child.start()
+    theirs.close()
+    try:
+        return float(ours.recv())
+    except EOFError:
+        raise RuntimeError(f"bench predict: a timing process ended with status {child.exitcode}") from None
+    finally:
+        child.join()
+
+
 FLOOR_ROW = "decode floor (1 process)"
+GRIDS_ROW = "tile grids alone (1 process, cold)"
+PLACE_ROW = "decode and place the squares (1 process, grids given)"
 
 
 def predict_row(workers: int) -> str:
