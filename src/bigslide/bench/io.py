@@ -26,7 +26,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from bigslide.bench.targets import machine_line
+    from bigslide.bench.targets import machine_line, timed
     from bigslide.data.bags import BagDataset
     from bigslide.data.loader import BatchLoader, default_workers
     from bigslide.data.table import SlideEntry, SlideTable
@@ -115,26 +115,26 @@ def run(args: argparse.Namespace) -> int:
     # Each loader lives through every repeat, as it does through a training run: its processes start
     # and its buffers warm once (timed apart, below), and each repeat reads the same bags again.
     loaders = {w: BatchLoader(bags, workers=w, prefetch=2) for w in counts}
-    startup = {w: _timed(lambda w=w: load_bags(loaders[w], [0])) for w in counts}  # type: ignore[misc]
+    startup = {w: timed(lambda w=w: load_bags(loaders[w], [0])) for w in counts}  # type: ignore[misc]
     # Each loader timing follows a floor timing of its own, and the target compares each pair: this
     # machine's speed drifts between timings a minute apart more than the loader differs from the floor.
     # The floor decodes in a process forked for it, the kind of process a worker decodes in (not in this
     # one, which holds the loaders' threads and has forked their workers).
     paired: dict[int, list[float]] = {w: [] for w in counts}
     for _ in range(args.repeats):  # interleaved, so machine load hits every reader alike
-        timings["sequential read_region"].append(_timed(sequential))
+        timings["sequential read_region"].append(timed(sequential))
         for w in parallel:
             timings[f"decode floor ({w} threads)"].append(
-                _timed(lambda w=w: floor.decode_bags(file_tiles, threads=w))  # type: ignore[misc]
+                timed(lambda w=w: floor.decode_bags(file_tiles, threads=w))  # type: ignore[misc]
             )
             timings[f"decode floor ({w} processes)"].append(
-                _timed(lambda w=w: floor.decode_bags(file_tiles, processes=w))  # type: ignore[misc]
+                timed(lambda w=w: floor.decode_bags(file_tiles, processes=w))  # type: ignore[misc]
             )
         for w in counts:
             # the floor brackets the loader: half its bags just before, half just after
-            floor_time = _timed(lambda: floor.decode_bags(file_tiles[0::2], processes=1))
-            loader_time = _timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
-            floor_time += _timed(lambda: floor.decode_bags(file_tiles[1::2], processes=1))
+            floor_time = timed(lambda: floor.decode_bags(file_tiles[0::2], processes=1))
+            loader_time = timed(lambda w=w: load_bags(loaders[w], range(args.bags)))  # type: ignore[misc]
+            floor_time += timed(lambda: floor.decode_bags(file_tiles[1::2], processes=1))
             timings[FLOOR_ROW].append(floor_time)
             timings[loader_row(w)].append(loader_time)
             paired[w].append(floor_time / (w * loader_time))
@@ -291,9 +291,3 @@ def load_bags(loader: Any, items: Iterable[int]) -> None:
     loader.plan(order)
     for b in order:
         loader.take(b)
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bigslide.bench.io_slide import MPP, QUALITY, TILE, DecodeFloor, ensure_slide, touched_file_tiles
-from bigslide.bench.targets import Targets, add_target_argument, machine_line
+from bigslide.bench.targets import Targets, add_target_argument, machine_line, timed
 from bigslide.data.decode import read_squares
 from bigslide.tiling.grid import TileGrid
 from bigslide.wsi.slide import open_slide
@@ -162,10 +162,10 @@ def run(args: argparse.Namespace) -> int:
 
     def placed() -> float:  # into a buffer written once before: no page is new to the process
         buffer.fill(0)
-        return _timed(place)
+        return timed(place)
 
     buffer = np.empty((max(len(g) for g in grids.grids), args.tile_size, args.tile_size, 3), np.uint8)
-    apart: dict[str, Callable[[], float]] = {GRIDS_ROW: lambda: _timed(make_grids), PLACE_ROW: placed}
+    apart: dict[str, Callable[[], float]] = {GRIDS_ROW: lambda: timed(make_grids), PLACE_ROW: placed}
     apart_rows = (FLOOR_ROW, PLACE_ROW, GRIDS_ROW)  # the floors timed around them are the last
 
     def read(w: int) -> int:
@@ -198,8 +198,8 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(args.repeats):  # after the runs above, which nothing here may disturb
         # each in a forked process: this one's memory, which predict forks its workers from, stays as it was
         floor_time = floor(range(0, args.slides, 2))
-        for name, timed in apart.items():
-            timings[name].append(_in_child(timed))
+        for name, measure in apart.items():
+            timings[name].append(_in_child(measure))
         floor_time += floor(range(1, args.slides, 2))
         timings[FLOOR_ROW].append(floor_time)
         most.append(floor_time / (timings[PLACE_ROW][-1] + timings[GRIDS_ROW][-1]))
@@ -345,17 +345,11 @@ def _time_ranks(args: argparse.Namespace, cache: Path, ckpt: Path, targets: Targ
         )
 
 
-def _timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _in_child(timed: Callable[[], float]) -> float:
-    """What `timed` returns, run in a forked process."""
+def _in_child(measure: Callable[[], float]) -> float:
+    """What `measure` returns, run in a forked process."""
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe(duplex=False)
-    child = context.Process(target=lambda: theirs.send(timed()))
+    child = context.Process(target=lambda: theirs.send(measure()))
     child.start()
     theirs.close()
     try:

@@ -1,4 +1,5 @@
-"""What every bench shares: min / median summaries, and targets checked against this run's measurements.
+"""What every bench shares: timing a call, min / median summaries, and targets checked against this
+run's measurements.
 
 A bench states a target only through `Targets.check`, with a value it measured in the same invocation;
 the verdict line is printed from that comparison, and `exit_code` is non-zero when any target was missed
@@ -11,7 +12,8 @@ import argparse
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -21,6 +23,13 @@ def add_target_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only report: exit 0 even when a stated target is missed",
     )
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds `fn()` takes (wall clock)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def min_median(values: Sequence[float]) -> tuple[float, float]:
