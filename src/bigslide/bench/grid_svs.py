@@ -17,11 +17,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from bigslide.bench.io_slide import DecodeFloor
+from bigslide.bench.io_slide import LEVEL_FACTORS, MPP, QUALITY, TILE, DecodeFloor, write_jpeg_svs
 from bigslide.bench.targets import Targets, min_median
 from bigslide.synthetic.pyramid import downsample_pyramid
 from bigslide.tiling.blur import sharpness_level, tile_sharpness
@@ -29,19 +28,13 @@ from bigslide.tiling.grid import TileGrid, full_grid
 from bigslide.tiling.tissue_measure import measure_tiles
 from bigslide.wsi.slide import Slide, open_slide
 
-TILE = 256
-QUALITY = 80
-MPP = 0.5
 BLOCK = 4096
 """Side of each separately drawn block of tissue (a multiple of 16, the pyramid's coarsest factor)."""
-FACTORS = (4, 16)
 TARGET_RATIO = 0.10  # grid seconds over level-0 decode seconds, median over repeats
 
 
 def ensure_he_slide(folder: Path, width: int, height: int) -> Path:
     """Write the H&E JPEG SVS unless a complete copy is already cached."""
-    import tifffile
-
     from bigslide.synthetic.slides import synthesize_slide
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -50,9 +43,10 @@ def ensure_he_slide(folder: Path, width: int, height: int) -> Path:
         return path
     print(f"writing {path} (once) ...", flush=True)
     n_rows, n_cols = -(-height // BLOCK), -(-width // BLOCK)
-    reduced: dict[int, list[np.ndarray]] = {f: [] for f in FACTORS}
+    reduced: dict[int, list[np.ndarray]] = {f: [] for f in LEVEL_FACTORS}
 
     def block_row(b: int) -> np.ndarray:
+        """Row `b` of blocks at level 0; its reduced levels are kept in `reduced`."""
         blocks = [
             downsample_pyramid(
                 synthesize_slide((BLOCK, BLOCK), lesions=(b + c) % 2, seed=b * n_cols + c).rgb, 3, 4
@@ -60,44 +54,24 @@ def ensure_he_slide(folder: Path, width: int, height: int) -> Path:
             for c in range(n_cols)
         ]
         rows = min(BLOCK, height - b * BLOCK)
-        for k, factor in enumerate(FACTORS, start=1):
+        for k, factor in enumerate(LEVEL_FACTORS, start=1):
             whole = np.concatenate([levels[k] for levels in blocks], axis=1)
             reduced[factor].append(whole[: rows // factor, : width // factor])
         return np.concatenate([levels[0] for levels in blocks], axis=1)[:rows, :width]
 
-    def level0() -> Iterator[np.ndarray]:
-        for b in range(n_rows):
-            image = block_row(b)
-            yield from _tiles(image)
+    def level_tiles(factor: int) -> Iterator[np.ndarray]:
+        """A level's file tiles: level 0 block row by block row, a reduced level once level 0 is written."""
+        if factor == 1:
+            for b in range(n_rows):
+                yield from _tiles(block_row(b))
+        else:
+            yield from _tiles(np.concatenate(reduced[factor]))
 
-    kw: dict[str, Any] = {
-        "tile": (TILE, TILE),
-        "photometric": "rgb",
-        "compression": "jpeg",
-        "compressionargs": {"level": QUALITY},
-        "dtype": np.uint8,
-    }
-    partial = path.with_suffix(".partial.svs")
-    with tifffile.TiffWriter(partial, bigtiff=True) as tif:
-        desc = (
-            f"Aperio Image Library v12.0.0\r\n{width}x{height} [0,0 {width}x{height}] ({TILE}x{TILE}) "
-            f"JPEG/RGB Q={QUALITY}|AppMag = 20|MPP = {MPP}"
-        )
-        tif.write(level0(), shape=(height, width, 3), description=desc, **kw)
-        coarsest = np.concatenate(reduced[FACTORS[-1]])
-        thumb = np.ascontiguousarray(coarsest[::4, ::4])
-        tif.write(thumb, photometric="rgb", description=f"{width}x{height} -> thumbnail")
-        for factor in FACTORS:
-            level = np.concatenate(reduced[factor])
-            h, w = level.shape[:2]
-            tif.write(
-                _tiles(level),
-                shape=(h, w, 3),
-                subfiletype=1,
-                description=f"{width}x{height} -> {w}x{h}",
-                **kw,
-            )
-    partial.replace(path)
+    def thumbnail() -> np.ndarray:
+        return np.ascontiguousarray(np.concatenate(reduced[LEVEL_FACTORS[-1]])[::4, ::4])
+
+    levels = [(width // f, height // f, level_tiles(f)) for f in (1, *LEVEL_FACTORS)]
+    write_jpeg_svs(path, levels, thumbnail)
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import numpy as np
 TILE = 256
 QUALITY = 80
 MPP = 0.5
+LEVEL_FACTORS = (4, 16)
+"""The reduced levels' downsamples, as an Aperio scanner writes them."""
 
 
 def touched_file_tiles(coords: np.ndarray, size: int, tile: int) -> list[tuple[int, int]]:
@@ -72,7 +75,6 @@ class DecodeFloor:
 def ensure_slide(folder: Path, width: int, height: int, *, seed: int = 0) -> Path:
     """A tissue-textured JPEG SVS (Q80, 256 px tiles, 3 levels), written once and cached; `seed` picks
     its tiles (slides of other seeds are other files, e.g. a cohort)."""
-    import tifffile
     from skimage import data as skdata
     from skimage.transform import rescale
 
@@ -93,6 +95,21 @@ def ensure_slide(folder: Path, width: int, height: int, *, seed: int = 0) -> Pat
             tile = source[y : y + TILE, x : x + TILE]
             yield np.rot90(tile, int(rng.integers(4))).copy()
 
+    thumb = np.full((height // 64, width // 64, 3), 200, np.uint8)
+    levels = [(width // f, height // f, tiles(width // f, height // f, 1 / f)) for f in (1, *LEVEL_FACTORS)]
+    write_jpeg_svs(path, levels, lambda: thumb)
+    return path
+
+
+def write_jpeg_svs(
+    path: Path, levels: Sequence[tuple[int, int, Iterator[np.ndarray]]], thumbnail: Callable[[], np.ndarray]
+) -> None:
+    """An Aperio-layout JPEG SVS (Q`QUALITY` in TILE px file tiles, MPP µm/px) at `path`, written under
+    another name and renamed once whole: `levels` (width, height, file tiles row-major), level 0 first,
+    each consumed only once the one before is written; the thumbnail (made once level 0 is written) after
+    level 0, as Aperio orders its pages."""
+    import tifffile
+
     kw: dict[str, Any] = {
         "tile": (TILE, TILE),
         "photometric": "rgb",
@@ -100,23 +117,15 @@ def ensure_slide(folder: Path, width: int, height: int, *, seed: int = 0) -> Pat
         "compressionargs": {"level": QUALITY},
         "dtype": np.uint8,
     }
-    tmp = path.with_suffix(".tmp")
-    with tifffile.TiffWriter(tmp, bigtiff=True) as tif:
+    (width, height, level0), *reduced = levels
+    partial = path.with_suffix(".partial.svs")
+    with tifffile.TiffWriter(partial, bigtiff=True) as tif:
         desc = (
             f"Aperio Image Library v12.0.0\r\n{width}x{height} [0,0 {width}x{height}] ({TILE}x{TILE}) "
             f"JPEG/RGB Q={QUALITY}|AppMag = 20|MPP = {MPP}"
         )
-        tif.write(tiles(width, height, 1.0), shape=(height, width, 3), description=desc, **kw)
-        thumb = np.full((height // 64, width // 64, 3), 200, np.uint8)
-        tif.write(thumb, photometric="rgb", description=f"{width}x{height} -> thumbnail")
-        for factor in (4, 16):
-            w, h = width // factor, height // factor
-            tif.write(
-                tiles(w, h, 1 / factor),
-                shape=(h, w, 3),
-                subfiletype=1,
-                description=f"{width}x{height} -> {w}x{h}",
-                **kw,
-            )
-    tmp.replace(path)
-    return path
+        tif.write(level0, shape=(height, width, 3), description=desc, **kw)
+        tif.write(thumbnail(), photometric="rgb", description=f"{width}x{height} -> thumbnail")
+        for w, h, tiles in reduced:
+            tif.write(tiles, shape=(h, w, 3), subfiletype=1, description=f"{width}x{height} -> {w}x{h}", **kw)
+    partial.replace(path)
