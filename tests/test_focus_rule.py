@@ -1,7 +1,7 @@
 """Which tiles are out of focus: those far softer than the rest of their slide. A scanner's focus and JPEG
 set how sharp a whole slide is, and a slide scanned a little soft throughout is not flagged tile by tile;
-a patch out of the focal plane on it is. Small tiles are judged on 32-pixel windows, and a slide that
-mostly measures out of focus is named in the tissue check's warning."""
+a patch out of the focal plane on it is. Small tiles are judged on 32-pixel windows and on their own
+footprints, and a slide that mostly measures out of focus is named in the tissue check's warning."""
 
 from __future__ import annotations
 
@@ -17,15 +17,18 @@ from bigslide.synthetic.pyramid import downsample_pyramid, write_pyramid
 from bigslide.synthetic.slides import synthesize_slide
 from bigslide.tiling.blur import (
     GREY_NOISE,
+    OWN_SPAN,
+    OWN_WEIGHT,
     RELATIVE_FOCUS,
     SHARPNESS_SPAN,
     out_of_focus,
+    sharpness,
     tile_sharpness,
     widened,
 )
 from bigslide.tiling.grid import TileGrid
 from bigslide.tiling.pixel_classes import TissueSettings, greyscale
-from bigslide.tiling.tissue_measure import footprints
+from bigslide.tiling.tissue_measure import apply_in_runs, footprints
 from bigslide.wsi.slide import open_slide
 
 PATCH = (512, 768)  # columns of the patch out of focus, in level-0 pixels (0.5 µm/px)
@@ -142,25 +145,70 @@ def test_short_boxes_grow_to_the_span_about_their_centre_within_the_image() -> N
     np.testing.assert_array_equal(widened(np.array([[0, 10, 0, 10]]), (20, 20)), [[0, 20, 0, 20]])
 
 
-def test_small_tiles_are_judged_on_a_window_of_the_span(tissue: np.ndarray, tmp_path: Path) -> None:
-    # 64 px tiles at 0.5 µm/px on a 2 µm/px scan span 16 px of its finest level
-    path = write_pyramid(
-        tmp_path / "coarse.svs",
-        downsample_pyramid(tissue[::4, ::4].copy(), 2),
-        mpp=2.0,
-        tile=64,
-        flavour="svs",
-    )
-    with open_slide(path) as slide:
+EDGE_PATCH = (496, 784)
+"""Columns (0.5 µm/px) of a patch out of focus on the 2 µm/px scans below: 124-196 there, 4 px past the
+16 px tiles at 128 and 176, whose 32 px windows reach 8 px beyond their footprints."""
+
+
+def _coarse_patch_scan(path: Path, tissue: np.ndarray) -> Path:
+    """`tissue` (drawn at 0.5 µm/px) with EDGE_PATCH out of focus (σ 12 px: 6 µm) scanned at 2 µm/px: 64 px
+    tiles at 0.5 µm/px span 16 px of its finest level, half the focus window."""
+    rgb = tissue.copy()
+    rgb[:, EDGE_PATCH[0] : EDGE_PATCH[1]] = _blurred(tissue, 12.0)[:, EDGE_PATCH[0] : EDGE_PATCH[1]]
+    return write_pyramid(path, downsample_pyramid(rgb[::4, ::4].copy(), 2), mpp=2.0, tile=64, flavour="svs")
+
+
+def _edge_tiles(grid: TileGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tiles inside the patch, those of them whose windows reach past it, and tiles well outside it."""
+    x0, x1 = EDGE_PATCH[0] // 4, EDGE_PATCH[1] // 4
+    x = grid.coords[:, 0]  # level-0 pixels of the 2 µm/px scan
+    inside = (x >= x0) & (x + OWN_SPAN <= x1)
+    reach = (SHARPNESS_SPAN - OWN_SPAN) // 2
+    edge = inside & ((x - reach < x0) | (x + OWN_SPAN + reach > x1))
+    outside = (x + OWN_SPAN + reach <= x0) | (x - reach >= x1)
+    return inside, edge, outside
+
+
+def _measure(grey: np.ndarray, lap: np.ndarray, box: np.ndarray) -> float:
+    r0, r1, c0, c1 = box
+    return float(lap[r0:r1, c0:c1].var() / (grey[r0:r1, c0:c1].var() + GREY_NOISE))
+
+
+def test_small_tiles_are_judged_on_a_window_of_the_span_and_on_their_own_footprint(
+    tissue: np.ndarray, tmp_path: Path
+) -> None:
+    with open_slide(_coarse_patch_scan(tmp_path / "coarse.svs", tissue)) as slide:
         grid = TileGrid.from_slide(slide, 64, target_mpp=0.5, min_tissue=0.0)
         values = tile_sharpness(slide, grid.coords, grid.tile_size_level0, grid.level)
         whole = greyscale(slide.read_level(0)).astype(np.float64)
     boxes = footprints(grid.coords, grid.tile_size_level0, 1.0, whole.shape)
-    assert (boxes[:, 1] - boxes[:, 0] == 16).all()
+    assert (boxes[:, 1] - boxes[:, 0] == OWN_SPAN).all()
     lap = ndimage.laplace(whole, mode="nearest")
-    expected = []
-    for r0, r1, c0, c1 in widened(boxes, whole.shape):
-        assert r1 - r0 == SHARPNESS_SPAN
-        assert c1 - c0 == SHARPNESS_SPAN
-        expected.append(lap[r0:r1, c0:c1].var() / (whole[r0:r1, c0:c1].var() + GREY_NOISE))
-    np.testing.assert_allclose(values, expected, rtol=1e-3, atol=1e-6)
+    windows = widened(boxes, whole.shape)
+    assert (windows[:, 1] - windows[:, 0] == SHARPNESS_SPAN).all()
+    assert (windows[:, 3] - windows[:, 2] == SHARPNESS_SPAN).all()
+    window = np.array([_measure(whole, lap, b) for b in windows])
+    own = np.array([_measure(whole, lap, b) for b in boxes])
+    np.testing.assert_allclose(values, np.minimum(window, OWN_WEIGHT * own), rtol=1e-3, atol=1e-6)
+    _inside, edge, outside = _edge_tiles(grid)
+    assert (OWN_WEIGHT * own[edge] < window[edge]).all()  # the footprint decides at the patch's edge
+    assert np.isclose(values[outside], window[outside], rtol=1e-3).mean() > 0.9  # the window, on sharp tissue
+
+
+def test_small_tiles_inside_a_blurred_patchs_edge_are_out_of_focus(
+    tissue: np.ndarray, tmp_path: Path
+) -> None:
+    with open_slide(_coarse_patch_scan(tmp_path / "patch.svs", tissue)) as slide:
+        grid = TileGrid.from_slide(slide, 64, target_mpp=0.5)
+        shape = (slide.dimensions[1], slide.dimensions[0])
+        boxes = widened(footprints(grid.coords, OWN_SPAN, 1.0, shape), shape)
+        window = apply_in_runs(slide, 0, boxes, sharpness, margin=1, luma=True)
+    inside, edge, outside = _edge_tiles(grid)
+    assert edge.sum() >= 20
+    assert outside.sum() >= 40
+    # judged on their windows alone, the edge tiles would pass as sharp ...
+    least, reference = TissueSettings().min_sharpness, grid.check.focus_reference
+    assert out_of_focus(window, least, reference)[edge].mean() < 0.2
+    # ... their own pixels tell
+    assert grid.out_of_focus[inside].mean() >= 0.95
+    assert grid.out_of_focus[outside].mean() <= 0.02

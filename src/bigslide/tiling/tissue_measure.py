@@ -256,7 +256,9 @@ def apply_in_runs(
     neighbouring tiles in a row of tiles is one rectangle (with `margin` pixels around it where the level
     has them), (h, w, 3) uint8, or (h, w) float32 luma with `luma`. Runs go top to bottom and each file
     tile of `level` is decoded once (`FileTiles`). A tile over a file tile that cannot be decoded gets NaN
-    (the tile read for training names the broken file tile)."""
+    (the tile read for training names the broken file tile). `boxes` may hold further groups of four
+    columns after the first: boxes within each tile's (row0, row1, col0, col1), moved into the image
+    alike."""
     out = np.zeros(len(boxes), np.float64)
     lw, lh = slide.level_dimensions[level]
     tiles = FileTiles(slide, level, luma)
@@ -265,10 +267,10 @@ def apply_in_runs(
         x0, x1 = max(0, int(boxes[batch, 2].min()) - margin), min(lw, int(boxes[batch, 3].max()) + margin)
         tiles.forget_above(y0)
         image, failed = tiles.region(y0, y1, x0, x1)
-        local = boxes[batch] - np.array([y0, y0, x0, x0])
+        local = boxes[batch] - np.tile([y0, y0, x0, x0], boxes.shape[1] // 4)
         out[batch] = per_run(image, local)
         for fy0, fy1, fx0, fx1 in failed:
-            r0, r1, c0, c1 = (local - margin * np.array([1, -1, 1, -1])).T
+            r0, r1, c0, c1 = (local[:, :4] - margin * np.array([1, -1, 1, -1])).T
             out[batch[(r0 < fy1) & (fy0 < r1) & (c0 < fx1) & (fx0 < c1)]] = np.nan
     return out
 
