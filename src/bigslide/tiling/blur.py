@@ -105,9 +105,8 @@ def _laplacian(grey: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> np.ndarr
 def tile_sharpness(slide: Slide, coords: np.ndarray, size0: int, read_level: int = 0) -> np.ndarray:
     """Sharpness of each tile (`coords` level-0 top-left corners, side `size0`) on `sharpness_level`, over
     at least SHARPNESS_SPAN pixels around it (or OWN_WEIGHT times its own footprint's, when lower: see
-    OWN_SPAN); see `sharpness`. The level is read as luma (from a JPEG file
-    tile, its decoder's own greyscale: `Slide.read_file_tile_luma`). NaN where the pixels cannot be
-    decoded."""
+    OWN_SPAN); see `sharpness`. The level is read as luma (from a JPEG file tile, its decoder's own
+    greyscale: `Slide.read_file_tile_luma`). NaN where the pixels cannot be decoded."""
     if len(coords) == 0:
         return np.zeros(0, np.float64)
     level = sharpness_level(slide, size0, read_level)
